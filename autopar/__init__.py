@@ -1,0 +1,1 @@
+"""autopar: a compiler for training parallelism."""

@@ -1,0 +1,102 @@
+"""Datasheet numbers for the devices autopar knows by name.
+
+Each preset is a partial cluster description in base units (bytes, FLOP/s, bytes/s,
+seconds): the device and the two links of a typical node built from it. ``load_cluster``
+layers a user's file or shorthand over it, so a preset only has to be right on average and
+any number can be overridden.
+
+Conventions, so the presets can be compared with each other:
+
+- Peak FLOP/s are dense (no 2:4 sparsity). ``fp32`` is the non-tensor-core figure; ``tf32``,
+  ``bf16``, ``fp16`` and ``fp8`` are tensor-core figures, present only where supported.
+- Memory is the datasheet capacity read as GiB (HBM stacks are binary-sized); the CUDA/ROCm
+  context takes 0.5-2 GiB of it, which the memory model must reserve, not this table.
+- Link bandwidth is per device and per direction, the "bus bandwidth" nccl-tests reports.
+  Intra-node is the datasheet NVLink figure (half the bidirectional number); inter-node is
+  the device's share of the node's NICs (8 x 400 Gb/s NDR -> 50 GB/s per GPU).
+- ``matmul_efficiency`` is the fraction of bf16 (fp16 on V100) peak that a large GEMM
+  reaches in cuBLAS/hipBLASLt: an estimate to be replaced by calibration, not a datasheet.
+- Latencies are per-message software+wire latencies of a collective step, rough figures.
+- MI300X is the exception to datasheet links: its 448 GB/s is seven 64 GB/s point-to-point
+  xGMI links, of which ~48 GB/s each is usable after CRC and protocol overhead (AMD ROCm
+  blog "Understanding RCCL Bandwidth and xGMI Performance on MI300X", 2025), so 336 GB/s.
+- ``cpu`` models local torch.distributed gloo processes on one machine: 8 GiB and ~50 GFLOP/s
+  per process, ~2 GB/s and ~50 µs through loopback; rough defaults that calibration replaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 2**30
+GB = 1e9
+TFLOPS = 1e12
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Dtype keys of ``peak_flops``, in display order."""
+
+
+def _preset(
+    name: str,
+    *,
+    memory_gib: float,
+    tflops: dict[str, float],
+    hbm_gb_per_s: float,
+    matmul_efficiency: float,
+    intra: tuple[float, float],
+    inter: tuple[float, float],
+    backend: str = "nccl",
+) -> dict[str, Any]:
+    """One preset as a cluster dict in base units; links are (GB/s, µs)."""
+    return {
+        "backend": backend,
+        "device": {
+            "name": name,
+            "memory_bytes": round(memory_gib * GIB),
+            "peak_flops": {k: v * TFLOPS for k, v in tflops.items()},
+            "memory_bandwidth_bytes_per_s": hbm_gb_per_s * GB,
+            "matmul_efficiency": matmul_efficiency,
+        },
+        "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6},
+        "inter_node_link": {"bandwidth_bytes_per_s": inter[0] * GB, "latency_s": inter[1] / 1e6},
+    }
+
+
+# fmt: off
+_TABLE = [
+    # V100 SXM2 32GB datasheet; NVLink2 6 x 25 GB/s per direction; DGX-1: 4 x EDR 100 Gb/s / 8 GPUs.
+    _preset("V100-32GB", memory_gib=32, tflops={"fp32": 15.7, "fp16": 125.0},
+            hbm_gb_per_s=900, matmul_efficiency=0.75, intra=(150, 5), inter=(6.25, 10)),
+    # A100 SXM4 40GB datasheet (HBM2 1555 GB/s); NVLink3 600 GB/s bidir; DGX A100: 8 x HDR 200G.
+    _preset("A100-40GB", memory_gib=40,
+            tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            hbm_gb_per_s=1555, matmul_efficiency=0.75, intra=(300, 3), inter=(25, 10)),
+    # A100 SXM4 80GB datasheet (HBM2e 2039 GB/s); NVLink3 600 GB/s bidir; DGX A100: 8 x HDR.
+    _preset("A100-80GB", memory_gib=80,
+            tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            hbm_gb_per_s=2039, matmul_efficiency=0.75, intra=(300, 3), inter=(25, 10)),
+    # H100 SXM5 (Hopper whitepaper, dense); NVLink4 900 GB/s bidir; DGX H100: 8 x NDR 400 Gb/s.
+    _preset("H100-80GB", memory_gib=80,
+            tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
+            hbm_gb_per_s=3350, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8)),
+    # H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; NVLink4; DGX H200: 8 x NDR.
+    _preset("H200", memory_gib=141,
+            tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
+            hbm_gb_per_s=4800, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8)),
+    # HGX B200 datasheet per GPU (sparse/2): 180 GB, 7.7 TB/s; NVLink5 1.8 TB/s bidir; 8 x NDR.
+    _preset("B200", memory_gib=180,
+            tflops={"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+            hbm_gb_per_s=7700, matmul_efficiency=0.7, intra=(900, 3), inter=(50, 8)),
+    # MI300X datasheet; xGMI 7 links x ~48 GB/s usable (see above) = 336 GB/s; 8 x 400 Gb/s NICs.
+    _preset("MI300X", memory_gib=192,
+            tflops={"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+            hbm_gb_per_s=5300, matmul_efficiency=0.6, intra=(336, 5), inter=(50, 10)),
+    # gloo processes on one machine, rough until calibrated (see above); 10 GbE between hosts.
+    _preset("cpu", memory_gib=8, tflops={"fp32": 0.05, "bf16": 0.05, "fp16": 0.05},
+            hbm_gb_per_s=10, matmul_efficiency=0.8, intra=(2, 50), inter=(1.25, 100),
+            backend="gloo"),
+]
+# fmt: on
+
+PRESETS: dict[str, dict[str, Any]] = {p["device"]["name"]: p for p in _TABLE}
+"""Preset name -> partial cluster dict (base units), in the schema ``load_cluster`` reads."""

@@ -1,0 +1,17 @@
+"""Sharding strategies: per-op rules listing how each node can run on a mesh axis."""
+
+from autopar.strategies.registry import has_rule, register_rule, rule_for, strategies_for
+from autopar.strategies.rule import OpCall, Rule, Strategy, TensorMeta, norm_dim, replicate_all
+
+__all__ = [
+    "OpCall",
+    "Rule",
+    "Strategy",
+    "TensorMeta",
+    "has_rule",
+    "norm_dim",
+    "register_rule",
+    "replicate_all",
+    "rule_for",
+    "strategies_for",
+]

@@ -1,0 +1,64 @@
+"""Build the OpCall a sharding rule sees from an annotated fx node."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from autopar.graph_facts import META_KEY
+from autopar.strategies.rule import OpCall, TensorMeta
+
+_SPLITS = {"aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default"}
+
+
+def tensor_meta(node: fx.Node, index: int = 0) -> TensorMeta:
+    facts = node.meta[META_KEY]
+    return TensorMeta(facts.shapes[index], getattr(torch, facts.dtypes[index]))
+
+
+def op_call(node: fx.Node) -> OpCall:
+    """The node's call with tensor arguments replaced by their TensorMeta."""
+
+    def describe(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            facts = a.meta.get(META_KEY)
+            if facts is not None and facts.shapes:
+                if a.op == "call_function" and a.target is operator.getitem:
+                    return tensor_meta(a)
+                if len(facts.shapes) == 1 and isinstance(a.meta.get("val"), torch.Tensor):
+                    return tensor_meta(a)
+            val = a.meta.get("val")
+            return val if isinstance(val, (int, float, bool)) else a
+        return a
+
+    args, kwargs = tree_map(describe, (tuple(node.args), dict(node.kwargs)))
+    facts = node.meta[META_KEY]
+    out = tuple(
+        TensorMeta(shape, getattr(torch, dtype)) for shape, dtype in zip(facts.shapes, facts.dtypes)
+    )
+    return OpCall(node.target, args, kwargs, out, hints=_hints(node))
+
+
+def _hints(node: fx.Node) -> dict[str, Any]:
+    """``split_groups``: into how many equal chunks consumers split this node's last dim."""
+    facts = node.meta[META_KEY]
+    if not facts.shapes or not facts.shapes[0]:
+        return {}
+    last = len(facts.shapes[0]) - 1
+    size = facts.shapes[0][-1]
+    groups = set()
+    for user in node.users:
+        name = str(user.target)
+        if name not in _SPLITS or user.args[0] is not node:
+            continue
+        dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+        if dim % (last + 1) != last:
+            continue
+        pieces = len(user.meta[META_KEY].shapes)
+        if pieces > 1 and all(s[-1] == size // pieces for s in user.meta[META_KEY].shapes):
+            groups.add(pieces)
+    return {"split_groups": tuple(sorted(groups))} if groups else {}

@@ -1,0 +1,83 @@
+"""The registry of sharding rules: op -> rule.
+
+Built-in rules register themselves when ``autopar.strategies`` is imported. A plugin adds
+a rule for its own op (or replaces a built-in one) the same way::
+
+    from autopar.strategies import register_rule, Strategy, replicate_all
+
+    @register_rule(torch.ops.mylib.fused_gelu.default)
+    def fused_gelu(call, axis_size):
+        ...
+        return [replicate_all(call), ...]
+
+An op without a rule runs replicated; the plan counts such ops (``unruled_ops``) so a user
+sees what the solver could not shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
+
+_RULES: dict[Any, Rule] = {}
+
+
+def register_rule(*targets: Any, replace: bool = False) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the sharding rule of each of ``targets``.
+
+    A target is an aten ``OpOverload`` (``torch.ops.aten.add.Tensor``) or an
+    ``OpOverloadPacket`` (``torch.ops.aten.add``: every overload). Registering a target twice
+    is an error unless ``replace=True``, so two plugins cannot silently fight over an op.
+    """
+
+    def decorate(fn: Rule) -> Rule:
+        for target in targets:
+            keys = _expand(target)
+            for key in keys:
+                if key in _RULES and not replace and _RULES[key] is not fn:
+                    raise ValueError(
+                        f"a sharding rule for {key} is already registered "
+                        f"({_RULES[key].__module__}.{_RULES[key].__name__}); "
+                        "pass replace=True to override it"
+                    )
+                _RULES[key] = fn
+        return fn
+
+    return decorate
+
+
+def _expand(target: Any) -> list[Any]:
+    # An OpOverloadPacket stands for all its overloads.
+    overloads = getattr(target, "overloads", None)
+    if callable(overloads):
+        return [getattr(target, name) for name in overloads()]
+    return [target]
+
+
+def rule_for(target: Any) -> Rule | None:
+    return _RULES.get(target)
+
+
+def has_rule(target: Any) -> bool:
+    return target in _RULES
+
+
+def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Every strategy for ``call`` on an axis of ``axis_size``; replicated if no rule.
+
+    The replicated strategy comes first, and duplicates are dropped, so the order (and so
+    the solver's result) is deterministic.
+    """
+    rule = _RULES.get(call.target)
+    base = replicate_all(call)
+    if rule is None or axis_size == 1:
+        return [base]
+    out = [base]
+    seen = {base}
+    for strategy in rule(call, axis_size):
+        if strategy not in seen:
+            seen.add(strategy)
+            out.append(strategy)
+    return out

@@ -1,0 +1,146 @@
+"""Attach a NodeFacts to every node: shapes, dtypes, FLOPs, bytes, parameters, owners."""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.utils._pytree import tree_flatten
+
+from autopar.graph_facts import META_KEY, NodeFacts, ParamFacts
+from autopar.trace.op_costs import OpCostMeter, concrete
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def tensor_vals(node: fx.Node) -> list[torch.Tensor]:
+    """The tensor outputs of a node, flattened (a split gives several)."""
+    val = node.meta.get("val")
+    return [t for t in tree_flatten(val)[0] if isinstance(t, torch.Tensor)]
+
+
+def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:
+    """Input nodes that carry a tensor, in the flattened order strategies use."""
+    leaves, _ = tree_flatten((node.args, node.kwargs))
+    return [
+        a for a in leaves if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+    ]
+
+
+def is_view_op(target: Any) -> bool:
+    if target is operator.getitem:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    return any(r.alias_info is not None for r in schema.returns) and not any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+    )
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    n = 1
+    for s in t.shape:
+        n *= concrete(s)
+    return n * t.element_size()
+
+
+def _module_owner(node: fx.Node) -> tuple[str, str]:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return "", ""
+    path, kind = list(stack.values())[-1]
+    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    return str(path), kind_name.rsplit(".", 1)[-1]
+
+
+def _source(node: fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    found = _FILE_LINE.findall(trace)
+    user = [f for f in found if "site-packages/torch/" not in f[0]]
+    pick = (user or found or [None])[-1]
+    return f"{pick[0]}:{pick[1]}" if pick else ""
+
+
+def _param_facts(gm: fx.GraphModule, node: fx.Node) -> ParamFacts | None:
+    target = str(node.target)
+    try:
+        value = operator.attrgetter(target)(gm)
+    except AttributeError:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return None  # a submodule (the body of a higher-order op)
+    is_buffer = not isinstance(value, torch.nn.Parameter)
+    return ParamFacts(
+        fqn=target,
+        shape=tuple(value.shape),
+        dtype=str(value.dtype).removeprefix("torch."),
+        trainable=(not is_buffer) and value.requires_grad,
+        is_buffer=is_buffer,
+    )
+
+
+def _output_requires_grad(node: fx.Node, input_grads: list[bool]) -> bool:
+    vals = tensor_vals(node)
+    if not vals or not any(t.is_floating_point() for t in vals):
+        return False
+    name = str(node.target)
+    if "wrap_with_set_grad_enabled" in name and node.args and node.args[0] is False:
+        return False
+    if name.startswith("aten.detach") or "_assert" in name:
+        return False
+    return any(input_grads)
+
+
+def annotate(gm: fx.GraphModule) -> None:
+    """Fill ``node.meta["autopar"]`` for every node of ``gm``."""
+    vals = [t for n in gm.graph.nodes for t in tensor_vals(n)]
+    fake_mode = detect_fake_mode(vals)
+    meter = OpCostMeter(fake_mode, gm) if fake_mode is not None else None
+    requires_grad: dict[fx.Node, bool] = {}
+
+    for node in gm.graph.nodes:
+        outs = tensor_vals(node)
+        module_path, module_type = _module_owner(node)
+        facts = NodeFacts(
+            name=node.name,
+            op=node.op,
+            target=str(node.target),
+            shapes=tuple(tuple(concrete(s) for s in t.shape) for t in outs),
+            dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
+            module_path=module_path,
+            module_type=module_type,
+            source=_source(node),
+        )
+        inputs = tensor_input_nodes(node)
+        input_grads = [requires_grad.get(a, False) for a in inputs]
+        if node.op == "get_attr":
+            facts.param = _param_facts(gm, node)
+            requires_grad[node] = bool(facts.param and facts.param.trainable)
+            facts.module_path = facts.param.fqn.rsplit(".", 1)[0] if facts.param else ""
+        elif node.op == "placeholder":
+            requires_grad[node] = False
+        elif node.op == "call_function":
+            requires_grad[node] = _output_requires_grad(node, input_grads)
+            facts.params = tuple(
+                a.meta[META_KEY].param.fqn
+                for a in inputs
+                if a.op == "get_attr" and a.meta[META_KEY].param is not None
+            )
+            facts.is_view = is_view_op(node.target)
+            if not facts.is_view:
+                facts.bytes_read = sum(_nbytes(t) for a in inputs for t in tensor_vals(a))
+                facts.bytes_written = sum(_nbytes(t) for t in outs)
+            if meter is not None:
+                m = meter.measure(node, input_grads)
+                facts.fwd_flops, facts.bwd_flops = m.fwd_flops, m.bwd_flops
+                if requires_grad[node]:
+                    facts.saved_inputs = m.saved_inputs
+                    facts.saves_output = m.saves_output
+                    facts.extra_saved_bytes = m.extra_saved_bytes
+        facts.requires_grad = requires_grad.get(node, False)
+        node.meta[META_KEY] = facts

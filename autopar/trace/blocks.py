@@ -1,0 +1,90 @@
+"""Find repeated blocks (transformer layers) so the solver decides each kind once.
+
+A node belongs to layer ``i`` of container ``c`` when its module path (or, for a parameter,
+its name) starts with ``c.i``, and ``c`` has at least two numbered children. Two layers
+share a *signature* when their nodes, in graph order, have the same ops, shapes and wiring;
+the node at position ``k`` of one then corresponds to the node at position ``k`` of the
+other. The outermost numbered container wins, so the experts inside a MoE layer are part of
+the layer, not blocks of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from autopar.graph_facts import META_KEY, BlockFacts, NodeFacts
+
+_NUMBERED = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
+
+
+def _layer_of(path: str) -> tuple[str, int] | None:
+    m = _NUMBERED.match(path)
+    if not m or not m.group(1):
+        return None
+    return m.group(1), int(m.group(2))
+
+
+def assign_blocks(gm: fx.GraphModule) -> list[BlockFacts]:
+    """Set ``block``, ``layer`` and ``position`` in each node's facts; return the blocks."""
+    members: dict[str, dict[int, list[fx.Node]]] = defaultdict(lambda: defaultdict(list))
+    for node in gm.graph.nodes:
+        facts: NodeFacts = node.meta[META_KEY]
+        found = _layer_of(facts.module_path) if facts.module_path else None
+        if found:
+            members[found[0]][found[1]].append(node)
+
+    blocks = []
+    for container in sorted(members):
+        layers = members[container]
+        if len(layers) < 2:
+            continue
+        signatures: dict[tuple, int] = {}
+        block = BlockFacts(container=container, layers=tuple(sorted(layers)))
+        for index in block.layers:
+            nodes = layers[index]
+            sig = _signature(nodes)
+            block.signature_of[index] = signatures.setdefault(sig, len(signatures))
+            for position, node in enumerate(nodes):
+                facts = node.meta[META_KEY]
+                facts.block, facts.layer, facts.position = container, index, position
+        blocks.append(block)
+    return blocks
+
+
+def _signature(nodes: list[fx.Node]) -> tuple:
+    index = {n: i for i, n in enumerate(nodes)}
+
+    def ref(a: object) -> object:
+        if isinstance(a, fx.Node):
+            return ("in", index[a]) if a in index else ("ext",)
+        return repr(a)
+
+    out = []
+    for n in nodes:
+        facts = n.meta[META_KEY]
+        leaves, _ = tree_flatten((n.args, n.kwargs))
+        param_shape = facts.param.shape if facts.param else None
+        out.append((n.op, facts.target if n.op != "get_attr" else "attr", facts.shapes,
+                    facts.dtypes, param_shape, tuple(ref(a) for a in leaves)))
+    return tuple(out)
+
+
+def fingerprint(gm: fx.GraphModule) -> str:
+    """A stable hash of the model: ops, wiring and parameter names and shapes.
+
+    Activation shapes are left out, so the same model traced at another batch size or
+    sequence length has the same fingerprint (a plan records those separately).
+    """
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        facts: NodeFacts = node.meta[META_KEY]
+        leaves, _ = tree_flatten((node.args, node.kwargs))
+        args = [a.name if isinstance(a, fx.Node) else repr(a) for a in leaves]
+        param = (facts.param.fqn, facts.param.shape) if facts.param else None
+        h.update(repr((node.name, node.op, facts.target, param, facts.dtypes, args)).encode())
+    return h.hexdigest()[:16]

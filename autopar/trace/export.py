@@ -1,0 +1,120 @@
+"""Turn a model into an ATen-level fx graph: torch.export first, symbolic_trace as fallback.
+
+``torch.export`` (non-strict) gives the training IR: whole ``aten.linear`` and
+``aten.scaled_dot_product_attention`` nodes, parameters as ``get_attr`` nodes named by
+their place in the model, and a fake-tensor value on every node, so nothing is computed and
+meta-device models trace without memory. ``torch.fx.symbolic_trace`` is tried only when
+export fails; its graph is module-level, so fewer ops have sharding rules.
+"""
+
+from __future__ import annotations
+
+import traceback
+from types import TracebackType
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from autopar.errors import TraceError
+
+_LIB_MARKERS = ("site-packages/torch/", "/torch/_", "<string>", "autopar/trace/")
+
+
+def export_model(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule, str]:
+    """The model's graph, and which tracer made it."""
+    try:
+        program = torch.export.export(model, args, kwargs, strict=False)
+    except Exception as export_error:  # noqa: BLE001 - every failure is translated below
+        gm = _symbolic_fallback(model, args, kwargs)
+        if gm is None:
+            raise translate_trace_error(export_error, model) from export_error
+        return gm, "symbolic_trace"
+    gm = program.module()
+    strip_guards(gm)
+    return gm, "torch.export"
+
+
+def strip_guards(gm: fx.GraphModule) -> None:
+    """Remove export's input-shape guards: the per-rank program runs on local shapes."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards_fn"):
+            gm.graph.erase_node(node)
+            if hasattr(gm, node.target):
+                delattr(gm, node.target)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _symbolic_fallback(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule | None:
+    if kwargs:
+        return None  # symbolic_trace cannot bind keyword-only example inputs reliably
+    try:
+        gm = fx.symbolic_trace(model)
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        FakeTensorProp(gm, mode).propagate(*fake_args)
+        return gm
+    except Exception:  # noqa: BLE001 - the export error is the one worth reporting
+        return None
+
+
+def translate_trace_error(error: BaseException, model: nn.Module) -> TraceError:
+    """A TraceError naming the failure's kind, the module and source line, and a fix."""
+    kind, fix = _classify(error)
+    where = _user_location(error.__traceback__, model)
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return TraceError(f"cannot trace the model: {kind}: {first_line}", where=where, fix=fix)
+
+
+def _classify(error: BaseException) -> tuple[str, str]:
+    name = type(error).__name__
+    text = str(error)
+    if "data-dependent" in text or name in ("GuardOnDataDependentSymNode", "DataDependentOutputException"):
+        return (
+            "data-dependent control flow",
+            "Python control flow (if/while) or a size depends on tensor values; use "
+            "torch.where / torch.cond, or move the decision out of forward()",
+        )
+    if "not a known type" in text or "pytree" in text:
+        return (
+            "unsupported output type",
+            "return tensors, tuples, lists, dicts or dataclasses registered with "
+            "torch.utils._pytree.register_dataclass",
+        )
+    if "Dynamic control flow" in text or "symbolically traced variables" in text:
+        return ("data-dependent control flow", "replace Python branches on tensors with torch.where")
+    if isinstance(error, (TypeError, ValueError)) and ("argument" in text or "positional" in text):
+        return (
+            "example inputs do not match forward()",
+            "pass the inputs forward() expects: a tuple of positional inputs or a dict of "
+            "keyword inputs",
+        )
+    return (f"{name} while tracing", "see the source line above; simplify that code path")
+
+
+def _user_location(tb: TracebackType | None, model: nn.Module) -> str:
+    """Module path and source line of the innermost user frame of a traceback."""
+    names = {id(m): name for name, m in model.named_modules()}
+    module_path = None
+    location = None
+    for frame, lineno in traceback.walk_tb(tb):
+        filename = frame.f_code.co_filename
+        if any(marker in filename for marker in _LIB_MARKERS):
+            continue
+        location = f"{filename}:{lineno} in {frame.f_code.co_name}"
+        owner = frame.f_locals.get("self")
+        if owner is not None and id(owner) in names:
+            module_path = names[id(owner)] or "<root>"
+    if location is None:
+        return "model.forward"
+    if module_path is not None:
+        return f"module '{module_path}' ({type(_get(model, module_path)).__name__}) at {location}"
+    return location
+
+
+def _get(model: nn.Module, path: str) -> nn.Module:
+    return model if path == "<root>" else model.get_submodule(path)

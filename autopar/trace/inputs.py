@@ -1,0 +1,97 @@
+"""Example inputs: what a model is called with while it is traced.
+
+A user gives real tensors, or only their shapes and dtypes (an input spec), which become
+meta tensors so that nothing is allocated::
+
+    trace(model, {"input_ids": TensorSpec((8, 2048), "int64")})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autopar.errors import TraceError
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "int64": torch.int64,
+    "long": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one example input; traced as a meta tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str = "int64"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise TraceError(
+                f"unknown dtype {self.dtype!r} in an input spec",
+                where="TensorSpec.dtype",
+                fix=f"use one of {', '.join(sorted(DTYPES))}",
+            )
+        if any((not isinstance(s, int)) or s <= 0 for s in self.shape):
+            raise TraceError(
+                f"input spec shape {self.shape} must be positive integers",
+                where="TensorSpec.shape",
+                fix="give every dimension as a positive int, e.g. (8, 1024)",
+            )
+
+    def make(self, device: str | torch.device = "meta") -> torch.Tensor:
+        dtype = DTYPES[self.dtype]
+        return torch.empty(self.shape, dtype=dtype, device=device)
+
+
+def split_example_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """Normalize the ways a user can pass example inputs into ``(args, kwargs)``.
+
+    Accepted: a tensor; a tuple of positional arguments; a dict of keyword arguments; or a
+    pair ``(args_tuple, kwargs_dict)``. ``TensorSpec`` values become meta tensors.
+    """
+    if example_inputs is None:
+        return (), {}
+    if isinstance(example_inputs, (torch.Tensor, TensorSpec)):
+        args, kwargs = (example_inputs,), {}
+    elif isinstance(example_inputs, Mapping):
+        args, kwargs = (), dict(example_inputs)
+    elif (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[0], (tuple, list))
+        and isinstance(example_inputs[1], Mapping)
+    ):
+        args, kwargs = tuple(example_inputs[0]), dict(example_inputs[1])
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    else:
+        raise TraceError(
+            f"example inputs of type {type(example_inputs).__name__} are not understood",
+            where="example_inputs",
+            fix="pass a tensor, a tuple of positional inputs, a dict of keyword inputs, "
+            "or (args, kwargs)",
+        )
+    return _materialize(args), {k: _materialize(v) for k, v in kwargs.items()}
+
+
+def _materialize(value: Any) -> Any:
+    if isinstance(value, TensorSpec):
+        return value.make()
+    if isinstance(value, tuple):
+        return tuple(_materialize(v) for v in value)
+    if isinstance(value, list):
+        return [_materialize(v) for v in value]
+    return value

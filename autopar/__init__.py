@@ -1,1 +1,30 @@
-"""autopar: a compiler for training parallelism."""
+"""autopar: a compiler for training parallelism.
+
+Three ways in:
+
+- ``autopar.trace(model, example_inputs)``: the annotated fx graph;
+- ``autopar.plan(model, cluster, example_inputs)``: a Plan (JSON), with no processes;
+- ``autopar.parallelize(model, cluster, example_inputs)``: under torchrun, this rank's part
+  of the model, ready for an ordinary optimizer loop.
+"""
+
+from autopar.cluster import Cluster, load_cluster
+from autopar.errors import AutoparError
+from autopar.plan import Plan
+from autopar.planning import plan
+from autopar.runtime.parallelize import parallelize
+from autopar.trace import TensorSpec, trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoparError",
+    "Cluster",
+    "Plan",
+    "TensorSpec",
+    "__version__",
+    "load_cluster",
+    "parallelize",
+    "plan",
+    "trace",
+]

@@ -30,17 +30,37 @@ def collective_time(kind: str, nbytes: float, n: int, link: LinkSpec) -> float:
     ``nbytes`` is the size of the whole tensor: the all-reduced tensor, the all-gather's
     output, the reduce-scatter's input, the all-to-all's input on one device.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown collective {kind!r}; expected one of {KINDS}")
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return collective_latency(kind, n, link) + collective_transfer_time(kind, nbytes, n, link)
+
+
+def collective_latency(kind: str, n: int, link: LinkSpec) -> float:
+    """The latency part of a collective: one hop per ring step."""
+    _check(kind)
+    if n <= 1:
+        return 0.0
+    steps = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
+    return steps * link.latency_s
+
+
+def collective_transfer_time(kind: str, nbytes: float, n: int, link: LinkSpec) -> float:
+    """The bandwidth part of a collective; linear in ``nbytes``, so tensors sent together
+    (a gradient bucket) cost the sum of their transfer times plus one latency."""
+    _check(kind)
     if n <= 1 or nbytes <= 0:
         return 0.0
     frac = (n - 1) / n
-    bw, lat = link.bandwidth_bytes_per_s, link.latency_s
     if kind == "all_reduce":
-        return 2 * frac * nbytes / bw + 2 * (n - 1) * lat
+        return 2 * frac * nbytes / link.bandwidth_bytes_per_s
     if kind == "broadcast":
-        return nbytes / bw + (n - 1) * lat
-    return frac * nbytes / bw + (n - 1) * lat
+        return nbytes / link.bandwidth_bytes_per_s
+    return frac * nbytes / link.bandwidth_bytes_per_s
+
+
+def _check(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {KINDS}")
 
 
 def axis_span(mesh: Mapping[str, int], axis: str) -> int:

@@ -1,0 +1,32 @@
+"""Plan-driven graph rewrites, one pass per file, run by a PassManager."""
+
+from autopar.passes.infra import (
+    GraphPass,
+    PassContext,
+    PassManager,
+    PassResult,
+    get_pass,
+    register_pass,
+)
+from autopar.passes.insert_collectives import InsertCollectives
+from autopar.passes.localize_shapes import LocalizeShapes
+from autopar.passes.shard_parameters import ShardParameters
+
+
+def sharding_passes() -> list[GraphPass]:
+    """The passes that turn the traced graph into this rank's program, in order."""
+    return [ShardParameters(), LocalizeShapes(), InsertCollectives()]
+
+
+__all__ = [
+    "GraphPass",
+    "InsertCollectives",
+    "LocalizeShapes",
+    "PassContext",
+    "PassManager",
+    "PassResult",
+    "ShardParameters",
+    "get_pass",
+    "register_pass",
+    "sharding_passes",
+]

@@ -1,0 +1,36 @@
+"""``autopar plan MODEL --cluster SPEC``: solve, explain, optionally write JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from autopar.cli.load import trace_model, zero_stages
+from autopar.cli.summary import format_plan
+from autopar.plan import Plan
+from autopar.planning import plan
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[Plan, float, str]:
+    traced = trace_model(args.model, args.batch, args.seq)
+    result = plan(
+        traced.gm,
+        args.cluster,
+        dp=args.dp,
+        tp=args.tp,
+        global_batch=traced.batch,
+        microbatch=args.microbatch,
+        precision=args.precision,
+        zero_stages=zero_stages(args.zero),
+        time_limit_s=args.time_limit,
+        model_name=traced.spec.name,
+    )
+    return result, traced.trace_s, traced.spec.name
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    result, trace_s, name = plan_from_args(args)
+    print(format_plan(result, name, trace_s))
+    if args.json:
+        result.save(args.json)
+        print(f"\nplan written to {args.json}")
+    return 0

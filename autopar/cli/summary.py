@@ -1,0 +1,76 @@
+"""The readable plan summary ``autopar plan`` prints (every number labelled modelled)."""
+
+from __future__ import annotations
+
+from autopar.plan import Plan
+from autopar.units import format_bytes, format_count, format_seconds
+
+_KEY_OPS = ("linear", "addmm", "matmul", "bmm", "scaled_dot_product", "embedding", "layer_norm",
+            "cross_entropy")
+
+
+def _role(placement: str, name: str) -> str:
+    if not name.endswith("weight"):
+        return ""
+    if placement.startswith("S(0)"):
+        return "column-parallel (output features split)"
+    if placement.startswith("S(1)"):
+        return "row-parallel (input features split)"
+    return ""
+
+
+def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> str:
+    p = plan.predicted
+    mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
+    cluster = plan.cluster
+    b = plan.batch
+    t = plan.training
+    lines = [
+        f"autopar plan: {model_label} on {cluster.get('name')} ({cluster['devices']} devices)",
+        "",
+        f"model     {format_count(plan.model['params'])} parameters"
+        + (f", traced in {trace_s:.1f} s (measured)" if trace_s is not None else "")
+        + f", {plan.solver.get('nodes', 0)} graph nodes, {plan.solver.get('decisions', 0)} "
+        "decisions",
+        f"batch     {b['global']} sequences x {b['seq']} tokens; microbatch {b['microbatch']} x "
+        f"{b['microbatches']} per data-parallel rank",
+        f"mesh      {mesh}   (tp innermost, inside a node)   ZeRO-{t['zero_stage']}, "
+        f"{t['precision']}, {t['optimizer']}",
+        f"solver    {plan.solver['status']} in {plan.solver['wall_s']:.2f} s (measured), "
+        f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
+        f"{len(plan.solver.get('candidates', []))} considered",
+    ]
+    if plan.unruled_ops:
+        ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
+        lines.append(f"replicated (no sharding rule): {ops}")
+    lines += ["", "tensor-parallel strategies (per layer kind)"]
+    if not plan.layers:
+        lines.append("  everything replicated on tp (pure data parallelism)")
+    for row in plan.layers:
+        lines.append(f"  {row['block']}  layers {row['layers']}")
+        for name, strategy in row["strategies"].items():
+            if "(" in name and not any(k in name for k in _KEY_OPS):
+                continue
+            placement = strategy.split("->")[-1].strip("()")
+            role = _role(placement, name)
+            lines.append(f"    {name:<52} {strategy:<28} {role}")
+    mem = p["memory"]
+    capacity = p["memory_capacity_bytes"]
+    lines += ["", "memory per device (modelled)"]
+    for key in ("params", "grads", "optimizer", "activations", "buffers"):
+        lines.append(f"  {key:<12} {format_bytes(mem[key]):>12}")
+    used = mem["total"] / capacity
+    lines.append(
+        f"  {'total':<12} {format_bytes(mem['total']):>12} of {format_bytes(capacity)} "
+        f"({used:.0%}; headroom {format_bytes(capacity - mem['total'])})"
+    )
+    lines += [
+        "",
+        "step (modelled)",
+        f"  step time    {format_seconds(p['step_time_s'])}",
+        f"  compute      {format_seconds(p['compute_s'])}   tp comm {format_seconds(p['tp_comm_s'])}"
+        f"   dp comm {format_seconds(p['dp_comm_s'])} ({format_seconds(p['dp_exposed_s'])} exposed)",
+        f"  throughput   {p['tokens_per_s']:,.0f} tokens/s, {p['tflops_per_device']:.1f} TFLOP/s "
+        f"per device (model FLOPs), MFU {p['mfu']:.1%}",
+    ]
+    return "\n".join(lines)

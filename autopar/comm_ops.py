@@ -1,0 +1,195 @@
+"""Autograd-aware collectives on named mesh axes: the ops the rewritten graph calls.
+
+The tensor-parallel pass inserts calls such as ``redistribute(x, 'tp', 'P', 'R')`` between
+nodes whose placements differ; the runtime binds each axis name to a process group once
+(:func:`bind_axis_groups`). Written by hand because the rewritten graph computes on plain
+local tensors with the Megatron gradient convention (DTensor keeps placements at runtime and
+would need a from_local/to_local pair with explicit gradient placements at every edge):
+
+- on ``tp`` the gradient of a replicated tensor is whole on every device, so ``S -> R`` is an
+  all-gather whose backward is a local slice, ``P -> R`` an all-reduce whose backward is the
+  identity, and a replicated tensor read by sharded computation passes through
+  :func:`grad_all_reduce` (Megatron's "f": identity forward, all-reduce backward);
+- on ``dp`` each device's gradient is that of its own loss term (DDP/FSDP average them
+  afterwards), so ``S -> R`` backward is a reduce-scatter and ``R -> S`` backward a zero-pad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from autopar.placements import Partial, Placement, Replicate, Shard, parse_placement
+
+_GROUPS: dict[str, dist.ProcessGroup] = {}
+DATA_AXES = ("dp",)
+
+
+def bind_axis_groups(groups: Mapping[str, dist.ProcessGroup]) -> None:
+    """Tell the collectives which process group each mesh axis name means."""
+    _GROUPS.clear()
+    _GROUPS.update(groups)
+
+
+def _group(axis: str) -> tuple[dist.ProcessGroup | None, int, int]:
+    group = _GROUPS.get(axis)
+    if group is None:
+        return None, 1, 0
+    return group, dist.get_world_size(group), dist.get_rank(group)
+
+
+# --- building blocks on local tensors ------------------------------------------------------
+def _blocks(x: torch.Tensor, dim: int, groups: int) -> list[torch.Tensor]:
+    return list(x.chunk(groups, dim)) if groups > 1 else [x]
+
+
+def local_slice(x: torch.Tensor, p: Shard, n: int, rank: int) -> torch.Tensor:
+    """This device's part of a whole tensor (split-then-shard for groups > 1).
+
+    >>> local_slice(torch.arange(6), Shard(0, groups=3), 2, 1).tolist()
+    [1, 3, 5]
+    """
+    return torch.cat([b.chunk(n, p.dim)[rank] for b in _blocks(x, p.dim, p.groups)], p.dim)
+
+
+def _gather(x: torch.Tensor, p: Shard, group: dist.ProcessGroup, n: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    if p.groups == 1:
+        return torch.cat(parts, p.dim)
+    per_rank = [_blocks(t, p.dim, p.groups) for t in parts]
+    return torch.cat([torch.cat([r[j] for r in per_rank], p.dim) for j in range(p.groups)], p.dim)
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out = x.contiguous().clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _reduce_scatter(x: torch.Tensor, p: Shard, group, n: int, rank: int) -> torch.Tensor:
+    # Sum the whole tensor, keep this device's part. (gloo's reduce_scatter needs equal
+    # contiguous chunks along dim 0; the all-reduce route works for any dim and groups.)
+    return local_slice(_all_reduce(x, group), p, n, rank)
+
+
+def _zero_pad(x: torch.Tensor, p: Shard, n: int, rank: int, full: torch.Size) -> torch.Tensor:
+    out = x.new_zeros(full)
+    blocks_out = _blocks(out, p.dim, p.groups)
+    blocks_in = _blocks(x, p.dim, p.groups)
+    for bo, bi in zip(blocks_out, blocks_in):
+        bo.narrow(p.dim, rank * bi.shape[p.dim], bi.shape[p.dim]).copy_(bi)
+    return out
+
+
+# --- autograd functions --------------------------------------------------------------------
+class _Redistribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis: str, src: Placement, dst: Placement):  # noqa: D401
+        group, n, rank = _group(axis)
+        ctx.axis, ctx.src, ctx.dst, ctx.shape = axis, src, dst, x.shape
+        if group is None or src == dst:
+            return x.view_as(x)
+        if isinstance(src, Shard) and isinstance(dst, Replicate):
+            return _gather(x, src, group, n)
+        if isinstance(src, Replicate) and isinstance(dst, Shard):
+            return local_slice(x, dst, n, rank).contiguous()
+        if isinstance(src, Partial) and isinstance(dst, Replicate):
+            out = _all_reduce(x, group)
+            return out / n if src.reduce == "avg" else out
+        if isinstance(src, Partial) and isinstance(dst, Shard):
+            out = _reduce_scatter(x, dst, group, n, rank)
+            return out / n if src.reduce == "avg" else out
+        if isinstance(src, Shard) and isinstance(dst, Shard):
+            return local_slice(_gather(x, src, group, n), dst, n, rank).contiguous()
+        if isinstance(src, Replicate) and isinstance(dst, Partial):
+            return x.clone() if rank == 0 else torch.zeros_like(x)
+        if isinstance(src, Shard) and isinstance(dst, Partial):
+            out = _gather(x, src, group, n)
+            return out if rank == 0 else torch.zeros_like(out)
+        if isinstance(src, Partial) and isinstance(dst, Partial):
+            out = _all_reduce(x, group) / (n if src.reduce == "avg" else 1)
+            return out if rank == 0 else torch.zeros_like(out)
+        raise ValueError(f"cannot redistribute {src} -> {dst}")
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, n, rank = _group(ctx.axis)
+        src, dst = ctx.src, ctx.dst
+        if group is None or src == dst:
+            return grad, None, None, None
+        data_axis = ctx.axis in DATA_AXES
+        if isinstance(src, Shard) and isinstance(dst, (Replicate, Partial)):
+            if data_axis:
+                return _reduce_scatter(grad, src, group, n, rank), None, None, None
+            return local_slice(grad, src, n, rank).contiguous(), None, None, None
+        if isinstance(src, Replicate) and isinstance(dst, Shard):
+            if data_axis:
+                return _zero_pad(grad, dst, n, rank, ctx.shape), None, None, None
+            return _gather(grad, dst, group, n), None, None, None
+        if isinstance(dst, Replicate) or isinstance(dst, Partial):
+            # P -> R, R -> P, P -> P: the gradient of a partial tensor is whole.
+            return grad, None, None, None
+        if isinstance(src, Partial) and isinstance(dst, Shard):
+            return _gather(grad, dst, group, n), None, None, None
+        if isinstance(src, Shard) and isinstance(dst, Shard):
+            return local_slice(_gather(grad, dst, group, n), src, n, rank).contiguous(), None, None, None
+        raise ValueError(f"no backward for {src} -> {dst}")
+
+
+class _GradAllReduce(torch.autograd.Function):
+    """Megatron's "f": identity forward; the partial gradients of sharded consumers are
+    summed in backward."""
+
+    @staticmethod
+    def forward(ctx, x, axis: str):
+        ctx.axis = axis
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, _, _ = _group(ctx.axis)
+        return (grad if group is None else _all_reduce(grad, group)), None
+
+
+class _GatherScatterGrad(torch.autograd.Function):
+    """All-gather forward, reduce-scatter backward: a gathered tensor read only by sharded
+    computation (sequence parallelism's entry into a column-parallel matmul)."""
+
+    @staticmethod
+    def forward(ctx, x, axis: str, src: Shard):
+        group, n, _ = _group(axis)
+        ctx.axis, ctx.src = axis, src
+        return x.view_as(x) if group is None else _gather(x, src, group, n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, n, rank = _group(ctx.axis)
+        if group is None:
+            return grad, None, None
+        return _reduce_scatter(grad, ctx.src, group, n, rank), None, None
+
+
+# --- what the graph calls ------------------------------------------------------------------
+def redistribute(x: torch.Tensor, axis: str, src: str, dst: str) -> torch.Tensor:
+    """Change ``x``'s placement on mesh ``axis`` from ``src`` to ``dst`` (e.g. 'P' -> 'R')."""
+    return _Redistribute.apply(x, axis, parse_placement(src), parse_placement(dst))
+
+
+def grad_all_reduce(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """Identity forward; all-reduce of the gradient over ``axis`` in backward."""
+    return _GradAllReduce.apply(x, axis)
+
+
+def gather_scatter_grad(x: torch.Tensor, axis: str, src: str) -> torch.Tensor:
+    """All-gather ``x`` (placement ``src``) forward; reduce-scatter its gradient backward."""
+    placement = parse_placement(src)
+    assert isinstance(placement, Shard)
+    return _GatherScatterGrad.apply(x, axis, placement)
+
+
+def axis_rank(axis: str) -> int:
+    """This device's index on ``axis`` (0 when the axis is not bound)."""
+    return _group(axis)[2]

@@ -1,0 +1,72 @@
+"""``autopar.plan``: trace (if needed) and solve, with no process group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+from autopar.cluster import Cluster, load_cluster
+from autopar.graph_facts import META_KEY
+from autopar.plan import Plan
+from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
+from autopar.solver.search import search
+from autopar.solver.to_plan import make_plan
+from autopar.trace import trace
+
+
+def default_precision(cluster: Cluster) -> str:
+    """bf16 mixed precision on accelerators, fp32 on CPU (gloo) clusters."""
+    return "fp32" if cluster.backend == "gloo" else "bf16"
+
+
+def plan(
+    model: nn.Module | fx.GraphModule,
+    cluster: Cluster | str | Path,
+    example_inputs: Any = None,
+    *,
+    dp: int | None = None,
+    tp: int | None = None,
+    global_batch: int | None = None,
+    microbatch: int | None = None,
+    precision: str | None = None,
+    optimizer: str = "adamw",
+    zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE,
+    memory_fraction: float = 0.9,
+    time_limit_s: float = 20.0,
+    model_name: str | None = None,
+) -> Plan:
+    """Plan ``model`` for ``cluster`` without starting any process.
+
+    ``model`` is a module (traced with ``example_inputs``, which may be TensorSpecs) or a
+    GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
+    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``microbatch`` pin
+    what they name; the solver chooses the rest.
+
+    >>> import torch, autopar
+    >>> from autopar.models import GPT, GPTConfig
+    >>> gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    >>> idx = torch.randint(0, 64, (4, 16))
+    >>> autopar.plan(gpt, "2xcpu", (idx, idx)).mesh
+    {'dp': 2, 'tp': 1}
+    """
+    cluster = load_cluster(cluster)
+    gm = model if isinstance(model, fx.GraphModule) and META_KEY in model.meta else None
+    if gm is None:
+        gm = trace(model, example_inputs)
+    options = PlanOptions(
+        global_batch=global_batch,
+        dp=dp,
+        tp=tp,
+        microbatch=microbatch,
+        precision=precision or default_precision(cluster),
+        optimizer=optimizer,
+        zero_stages=tuple(zero_stages),
+        memory_fraction=memory_fraction,
+        time_limit_s=time_limit_s,
+    )
+    result = search(gm, cluster, options)
+    name = model_name or type(model).__name__
+    return make_plan(gm, result, cluster, options, name)

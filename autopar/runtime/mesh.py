@@ -1,0 +1,69 @@
+"""Process groups for a plan's mesh, from the processes torchrun started."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from autopar import comm_ops
+from autopar.errors import RuntimeSetupError
+from autopar.plan import Plan
+
+
+@dataclass
+class MeshContext:
+    mesh: DeviceMesh | None  # None when running a single process
+    coords: dict[str, int]  # this rank's index on each axis
+    device: torch.device
+
+    def group(self, axis: str) -> dist.ProcessGroup | None:
+        if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
+            return None
+        return self.mesh[axis].get_group()
+
+
+def ensure_process_group(backend: str) -> None:
+    """Join the process group torchrun describes in the environment, if not joined yet."""
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return  # a single process: no group needed
+    if backend == "nccl" and not torch.cuda.is_available():
+        backend = "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+
+
+def device_for(backend: str) -> torch.device:
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def build_mesh(plan: Plan, backend: str) -> MeshContext:
+    """The plan's device mesh (``dp`` outer, ``tp`` inner), bound for the collectives."""
+    ensure_process_group(backend)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != plan.world_size:
+        mesh_text = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
+        raise RuntimeSetupError(
+            f"the plan needs {plan.world_size} processes ({mesh_text}) but {world} were "
+            "launched",
+            where="world size",
+            fix=f"launch with torchrun --nproc-per-node {plan.world_size} (or re-plan for "
+            f"{world} devices)",
+        )
+    device = device_for(backend)
+    if world == 1:
+        comm_ops.bind_axis_groups({})
+        return MeshContext(None, {axis: 0 for axis in plan.mesh}, device)
+    names = tuple(plan.mesh)
+    mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
+    coords = {axis: mesh.get_local_rank(axis) for axis in names}
+    comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names if plan.mesh[axis] > 1})
+    return MeshContext(mesh, coords, device)

@@ -1,0 +1,135 @@
+"""What ``autopar.parallelize`` returns: this rank's program, ready for an optimizer loop."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+
+from autopar.placements import Shard
+from autopar.plan import Plan
+from autopar.runtime.mesh import MeshContext
+
+
+def find_loss(outputs: Any) -> torch.Tensor:
+    """The scalar loss in a model's outputs: a scalar tensor, ``.loss``, or the first scalar
+    tensor of a tuple/list/dict."""
+    if isinstance(outputs, torch.Tensor) and outputs.ndim == 0:
+        return outputs
+    loss = getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    items = outputs.values() if isinstance(outputs, Mapping) else outputs
+    if isinstance(items, (tuple, list)) or isinstance(outputs, Mapping):
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.ndim == 0:
+                return item
+    raise TypeError(
+        f"cannot find a scalar loss in the model's outputs ({type(outputs).__name__}); "
+        "return the loss as a scalar tensor, in a tuple, or as .loss"
+    )
+
+
+class ParallelModule(nn.Module):
+    """This rank's part of the model.
+
+    ``module(*local_inputs)`` runs the per-rank program on this rank's share of the batch;
+    ``shard_batch(*global_inputs)`` cuts that share out of a global batch; ``train_step``
+    runs forward and backward over the plan's microbatches and returns the global loss.
+    Gradients land on this rank's (local) parameters for an ordinary ``optimizer.step()``.
+    """
+
+    def __init__(self, program: fx.GraphModule, wrapped: nn.Module, plan: Plan, ctx: MeshContext):
+        super().__init__()
+        self.wrapped = wrapped
+        self.plan = plan
+        self.mesh_context = ctx
+        self._program = program  # the per-rank fx program (printable with .code)
+        self._input_shards = self._input_placements(program)
+
+    @property
+    def code(self) -> str:
+        """The per-rank program as Python source."""
+        return self._program.code
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.wrapped(*args, **kwargs)
+
+    def _input_placements(self, program: fx.GraphModule) -> dict[int, bool]:
+        """Placeholder position -> is it split over dp (batch-sharded)."""
+        out = {}
+        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+        for i, node in enumerate(placeholders):
+            entry = self.plan.strategies.get(node.name, {}).get("dp")
+            out[i] = bool(entry and entry["out"] and entry["out"][0].startswith("S("))
+        return out
+
+    def shard_batch(self, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """This rank's slice of a global batch: inputs the plan splits over ``dp`` are cut
+        along dim 0; everything else passes through. Returns ``(args, kwargs)``."""
+        dp = self.plan.mesh.get("dp", 1)
+        rank = self.mesh_context.coords.get("dp", 0)
+        flat_inputs = list(args) + list(kwargs.values())
+        sharded = [self._input_shards.get(i, False) for i in range(len(flat_inputs))]
+
+        def cut(value: Any, split: bool) -> Any:
+            if split and isinstance(value, torch.Tensor) and dp > 1:
+                return value.chunk(dp, 0)[rank].to(self.mesh_context.device)
+            if isinstance(value, torch.Tensor):
+                return value.to(self.mesh_context.device)
+            return value
+
+        new_args = tuple(cut(a, s) for a, s in zip(args, sharded[: len(args)]))
+        new_kwargs = {k: cut(v, s) for (k, v), s in zip(kwargs.items(), sharded[len(args):])}
+        return new_args, new_kwargs
+
+    def train_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Forward and backward over this rank's local batch, split into the plan's
+        microbatches; returns the loss averaged over all data-parallel ranks."""
+        m = self.plan.batch.get("microbatches", 1)
+        chunks = _split_microbatches(args, kwargs, m)
+        total = torch.zeros((), device=self.mesh_context.device)
+        for i, (a, k) in enumerate(chunks):
+            sync = i == len(chunks) - 1
+            context = self.wrapped.no_sync() if (not sync and hasattr(self.wrapped, "no_sync")) else _null()
+            with context:
+                loss = find_loss(self.wrapped(*a, **k)) / len(chunks)
+                loss.backward()
+            total += loss.detach()
+        group = self.mesh_context.group("dp")
+        if group is not None:
+            dist.all_reduce(total, group=group)
+            total /= dist.get_world_size(group)
+        return total
+
+    def local_placement(self, fqn: str, axis: str = "tp") -> Shard | None:
+        """How parameter ``fqn`` is split on ``axis`` (None when whole)."""
+        p = self.plan.param_placement(fqn, axis)
+        return p if isinstance(p, Shard) else None
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _split_microbatches(args: tuple, kwargs: dict, m: int) -> list[tuple[tuple, dict]]:
+    if m <= 1:
+        return [(args, kwargs)]
+
+    def part(value: Any, i: int) -> Any:
+        if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] % m == 0:
+            return value.chunk(m, 0)[i]
+        return value
+
+    return [
+        (tuple(part(a, i) for a in args), {k: part(v, i) for k, v in kwargs.items()})
+        for i in range(m)
+    ]

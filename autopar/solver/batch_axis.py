@@ -1,0 +1,86 @@
+"""Placements on the data-parallel axis: the batch dimension, propagated from the inputs.
+
+Data parallelism splits the batch: inputs are sharded on dim 0 and every op keeps its batch
+dimension sharded where its sharding rule allows it without communication. For each node
+this picks, among the rule's strategies on the ``dp`` axis, the one needing the least
+communication from its producers (a slice of a replicated tensor is free), then the fewest
+redistributions, then the most sharded outputs. Parameters stay replicated on ``dp`` (ZeRO
+shards their storage, not their use). The result is deterministic: no choice is left for the
+solver on this axis.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from autopar.graph_facts import META_KEY
+from autopar.placements import Partial, Placement, Replicate, Shard
+from autopar.strategies import Strategy, strategies_for
+from autopar.strategies.calls import op_call
+from autopar.values import is_decision, tensor_inputs, value_of
+
+R = Replicate()
+
+
+def batch_strategies(gm: fx.GraphModule, dp: int, batch_size: int | None) -> dict[str, Strategy]:
+    """Node name -> strategy on the dp axis, for every decision node."""
+    chosen: dict[str, Strategy] = {}
+    for node in gm.graph.nodes:
+        if not is_decision(node):
+            continue
+        facts = node.meta[META_KEY]
+        if node.op == "placeholder":
+            shape = facts.shapes[0]
+            sharded = (
+                dp > 1 and batch_size is not None and shape and shape[0] == batch_size
+                and batch_size % dp == 0
+            )
+            chosen[node.name] = Strategy((), (Shard(0) if sharded else R,))
+            continue
+        if node.op == "get_attr" or dp == 1:
+            n_in = len(tensor_inputs(node)) if node.op == "call_function" else 0
+            chosen[node.name] = Strategy((R,) * n_in, (R,) * len(facts.shapes))
+            continue
+        inputs = tensor_inputs(node)
+        produced = [_placement(chosen, a) for a in inputs]
+        sizes = [_nbytes(a) for a in inputs]
+        candidates = strategies_for(op_call(node), dp)
+        chosen[node.name] = min(
+            enumerate(candidates), key=lambda item: _score(item, produced, sizes)
+        )[1]
+    return chosen
+
+
+def _score(item: tuple[int, Strategy], produced: list[Placement], sizes: list[int]) -> tuple:
+    """Least communication, then fewest redistributions, then most sharded outputs."""
+    index, s = item
+    comm = moves = 0
+    for have, need, size in zip(produced, s.inputs, sizes):
+        if have == need:
+            continue
+        moves += 1
+        if not (isinstance(have, Replicate) and isinstance(need, Shard)):
+            comm += size
+    sharded = sum(1 for p in s.outputs if not isinstance(p, Replicate))
+    return (comm, moves, -sharded, index)
+
+
+def _nbytes(node: fx.Node) -> int:
+    facts = node.meta[META_KEY]
+    n = 1
+    for d in facts.shapes[0] if facts.shapes else ():
+        n *= d
+    return max(n, 1)
+
+
+def _placement(chosen: dict[str, Strategy], node: fx.Node) -> Placement:
+    producer, index = value_of(node)
+    strategy = chosen.get(producer.name)
+    if strategy is None or index >= len(strategy.outputs):
+        return R
+    return strategy.outputs[index]
+
+
+def batch_scaled(placement: Placement) -> bool:
+    """Does a value with this dp placement shrink with the (micro)batch?"""
+    return isinstance(placement, (Shard, Partial))

@@ -1,0 +1,176 @@
+"""The CP-SAT model: one strategy per decision, minimizing predicted step time under memory.
+
+Variables: ``x[d, s]`` (decision ``d`` takes strategy ``s``). For each value, ``need[q]``
+says some consumer needs placement ``q`` of it, and ``move[p, q] >= has[p] + need[q] - 1``
+pays the redistribution from the producer's placement ``p`` once per (value, placement) —
+the runtime shares one redistributed copy among all consumers. This "marginal" form keeps
+the model linear and small: an 80-layer model has the variables of one layer because the
+layers share decisions. The objective is the exact :func:`evaluate` step time at the
+optimum, in integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from autopar.cost_models.comm import collective_latency, collective_transfer_time
+from autopar.placements import Replicate
+from autopar.solver.costs import CostTables, sharded_compute
+from autopar.solver.evaluate import DDP_BUCKET_BYTES
+
+NS = 1e-9  # time unit of the objective
+KIB = 1024.0  # memory unit of the constraint
+R = Replicate()
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: str  # OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN
+    choice: list[int] | None
+    objective_s: float | None
+    wall_s: float
+
+
+def _t(seconds: float) -> int:
+    return int(round(seconds / NS))
+
+
+def _kib(nbytes: float) -> int:
+    return int(-(-nbytes // KIB))  # round up: never under-count memory
+
+
+def solve(tables: CostTables, time_limit_s: float, hint: list[int] | None = None) -> SolveResult:
+    started = time.perf_counter()
+    problem, setting = tables.problem, tables.setting
+    model = cp_model.CpModel()
+    m = setting.microbatches
+
+    x = []
+    per_micro = []  # per-microbatch time terms
+    fwd_terms, bwd_terms = [], []
+    memory_terms = []
+    grad_terms = []
+    weight_terms = []
+    for d in problem.decisions:
+        xs = [model.NewBoolVar(f"x{d.index}_{i}") for i in range(len(d.candidates))]
+        model.AddExactlyOne(xs)
+        x.append(xs)
+        for i, s in enumerate(d.candidates):
+            f, b = tables.compute(d, s)
+            fwd_terms.append(_t(f) * xs[i])
+            bwd_terms.append(_t(b) * xs[i])
+            st = tables.states(d, s)
+            memory_terms.append(_kib(tables.activation_memory(d, s) + st.total) * xs[i])
+            if setting.dp > 1:
+                g = tables.grad_bytes(d, s)
+                if g:
+                    grad_terms.append((g, xs[i]))
+                if setting.zero == 3 and d.kind == "param" and d.facts.param is not None:
+                    weight_terms.append((d, s, xs[i]))
+
+    for key, info in problem.values.items():
+        producer = problem.decisions[key[0]]
+        has: dict = {}
+        for i, s in enumerate(producer.candidates):
+            has.setdefault(s.outputs[key[1]], []).append(x[key[0]][i])
+        need: dict = {}
+        saved: dict = {}
+        partial = None
+        for use in info.uses:
+            if use.consumer < 0:
+                need.setdefault(R, model.NewConstant(1))
+                continue
+            consumer = problem.decisions[use.consumer]
+            by_q: dict = {}
+            sharded_r = []
+            for i, s in enumerate(consumer.candidates):
+                q = s.inputs[use.slot]
+                by_q.setdefault(q, []).append(x[use.consumer][i])
+                if q == R and sharded_compute(s):
+                    sharded_r.append(x[use.consumer][i])
+            for q, lits in by_q.items():
+                var = need.setdefault(q, model.NewBoolVar(""))
+                model.Add(var >= sum(lits))
+                if use.saves:
+                    sv = saved.setdefault(q, model.NewBoolVar(""))
+                    model.Add(sv >= sum(lits))
+            if sharded_r and tables.requires_grad(key):
+                partial = partial if partial is not None else model.NewBoolVar("")
+                model.Add(partial >= sum(sharded_r))
+        for p, lits in has.items():
+            has_p = sum(lits)
+            for q, need_q in need.items():
+                if q == p:
+                    continue
+                cost = _t(tables.redistribution(key, p, q))
+                if cost:
+                    move = model.NewBoolVar("")
+                    model.Add(move >= has_p + need_q - 1)
+                    per_micro.append(cost * move)
+            if partial is not None:
+                cost = _t(tables.partial_grad(key, p))
+                if cost:
+                    back = model.NewBoolVar("")
+                    model.Add(back >= has_p + partial - 1)
+                    per_micro.append(cost * back)
+        for q, sv in saved.items():
+            memory_terms.append(_kib(tables.saved_bytes(key, q)) * sv)
+
+    fwd = sum(fwd_terms)
+    bwd = sum(bwd_terms)
+    objective = m * (fwd + bwd + sum(per_micro))
+    buffers = 0
+    if setting.dp > 1:
+        exposed = model.NewIntVar(0, 2**60, "dp_exposed")
+        link, n = tables.dp_link, setting.dp
+        if setting.zero == 0:
+            buffers = _kib(2 * DDP_BUCKET_BYTES)
+            comm = _t(collective_latency("all_reduce", n, link)) + sum(
+                _t(collective_transfer_time("all_reduce", g, n, link)) * lit for g, lit in grad_terms
+            )
+            model.Add(exposed >= comm - bwd)
+        else:
+            comm_terms = [
+                _t(collective_transfer_time("reduce_scatter", g, n, link)) * lit
+                for g, lit in grad_terms
+            ]
+            peak_terms = []
+            for d, s, lit in weight_terms:
+                tp_div = setting.tp if not isinstance(s.outputs[0], Replicate) else 1
+                one = d.facts.param.numel / tp_div * tables.element_bytes
+                comm_terms.append(
+                    _t(2 * collective_transfer_time("all_gather", one * d.count, n, link)) * lit
+                )
+                # Gathered weights at peak: the root's, and two layers' (prefetch).
+                peak_terms.append(_kib(one * (d.count if d.facts.layer is None else 2)) * lit)
+            latency = 2 * collective_latency("all_gather", n, link) + collective_latency(
+                "reduce_scatter", n, link
+            )
+            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - fwd - bwd))
+            memory_terms.extend(peak_terms)
+        objective = objective + exposed
+    model.Add(sum(memory_terms) + buffers <= int(tables.capacity // KIB))
+    model.Minimize(objective)
+
+    if hint is not None:
+        for d, i in enumerate(hint):
+            for j, lit in enumerate(x[d]):
+                model.AddHint(lit, j == i)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1  # one worker: the same inputs always give the same plan
+    solver.parameters.random_seed = 0
+    problem_text = model.Validate()
+    if problem_text:
+        raise RuntimeError(f"internal error: invalid CP-SAT model: {problem_text}")
+    status = solver.Solve(model)
+    name = solver.StatusName(status)
+    wall = time.perf_counter() - started
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(name, None, None, wall)
+    choice = [next(i for i, lit in enumerate(xs) if solver.Value(lit)) for xs in x]
+    return SolveResult(name, choice, solver.ObjectiveValue() * NS, wall)

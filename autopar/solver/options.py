@@ -1,0 +1,76 @@
+"""What a user can pin or tune when planning; validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cost_models.memory import OPTIMIZER_STATE_BYTES, PRECISIONS
+from autopar.errors import AutoparError
+
+ZERO_STAGES_RUNNABLE = (0, 3)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of one planning run. ``None`` means "let the solver choose".
+
+    - ``global_batch``: sequences per optimizer step (default: the traced batch).
+    - ``dp``/``tp``: pin mesh degrees. ``microbatch``: pin the per-device microbatch size.
+    - ``precision``: compute/storage precision of weights and activations ("bf16" and
+      "fp16" mean mixed precision with fp32 master weights).
+    - ``zero_stages``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
+    - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
+      for the allocator and the runtime's own buffers).
+    - ``time_limit_s``: CP-SAT time limit per mesh candidate.
+    """
+
+    global_batch: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    microbatch: int | None = None
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE
+    memory_fraction: float = 0.9
+    time_limit_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "dp", "tp", "microbatch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise AutoparError(
+                    f"{name} must be a positive integer, got {value!r}",
+                    where=f"PlanOptions.{name}",
+                    fix=f"pass {name}=None to let the solver choose, or a positive int",
+                )
+        if self.precision not in PRECISIONS:
+            raise AutoparError(
+                f"unknown precision {self.precision!r}",
+                where="PlanOptions.precision",
+                fix=f"use one of {', '.join(PRECISIONS)}",
+            )
+        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+            raise AutoparError(
+                f"unknown optimizer {self.optimizer!r}",
+                where="PlanOptions.optimizer",
+                fix=f"use one of {', '.join(sorted(OPTIMIZER_STATE_BYTES))}",
+            )
+        bad = [z for z in self.zero_stages if z not in (0, 1, 2, 3)]
+        if bad or not self.zero_stages:
+            raise AutoparError(
+                f"zero_stages must be a non-empty subset of 0-3, got {self.zero_stages}",
+                where="PlanOptions.zero_stages",
+                fix="e.g. zero_stages=(0, 3)",
+            )
+        if not 0 < self.memory_fraction <= 1:
+            raise AutoparError(
+                f"memory_fraction must be in (0, 1], got {self.memory_fraction}",
+                where="PlanOptions.memory_fraction",
+                fix="e.g. 0.9 leaves 10% headroom",
+            )
+        if self.time_limit_s <= 0:
+            raise AutoparError(
+                f"time_limit_s must be positive, got {self.time_limit_s}",
+                where="PlanOptions.time_limit_s",
+                fix="e.g. 20",
+            )

@@ -1,0 +1,169 @@
+"""The planning problem for one mesh: decisions, their candidate strategies, and values.
+
+Nodes that play the same part in structurally identical layers form one *decision* (the
+solver gives them one strategy), so an 80-layer model has about as many decisions as a
+one-layer model. A *value* is one tensor output of a decision; its *uses* are the consumer
+slots that read it, with how many instances of that edge the graph has.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from autopar.graph_facts import META_KEY, NodeFacts, graph_facts
+from autopar.placements import Replicate, Shard
+from autopar.strategies import Strategy, has_rule, strategies_for
+from autopar.strategies.calls import op_call
+from autopar.values import is_decision, output_values, tensor_inputs, value_of
+
+R = Replicate()
+ValueKey = tuple[int, int]  # (decision index, output index)
+
+
+@dataclass
+class Decision:
+    index: int
+    nodes: list[fx.Node]
+    candidates: list[Strategy]  # strategies on the tp axis
+    batch: Strategy  # the strategy on the dp axis (fixed by batch propagation)
+    unruled: bool = False  # the op has no sharding rule: it can only run replicated
+
+    @property
+    def name(self) -> str:
+        return self.nodes[0].name
+
+    @property
+    def facts(self) -> NodeFacts:
+        return self.nodes[0].meta[META_KEY]
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def kind(self) -> str:
+        return {"get_attr": "param", "placeholder": "input"}.get(self.nodes[0].op, "op")
+
+
+@dataclass
+class Use:
+    consumer: int  # decision index; -1 for the graph output
+    slot: int
+    count: int
+    saves: bool  # the consumer keeps this input for its backward
+
+
+@dataclass
+class ValueInfo:
+    key: ValueKey
+    uses: list[Use] = field(default_factory=list)
+
+
+@dataclass
+class Problem:
+    gm: fx.GraphModule
+    tp: int
+    decisions: list[Decision]
+    values: dict[ValueKey, ValueInfo]
+    decision_of: dict[str, int]  # node name -> decision index
+
+    def value_key(self, node: fx.Node) -> ValueKey:
+        producer, index = value_of(node)
+        return self.decision_of[producer.name], index
+
+
+def decision_key(node: fx.Node) -> object:
+    facts: NodeFacts = node.meta[META_KEY]
+    if facts.layer is None or facts.block is None:
+        return node.name
+    for block in graph_facts_blocks(node):
+        if block.container == facts.block:
+            return (facts.block, block.signature_of[facts.layer], facts.position)
+    return node.name
+
+
+def graph_facts_blocks(node: fx.Node) -> list:
+    gm = node.graph.owning_module
+    return graph_facts(gm).blocks if gm is not None else []
+
+
+def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Problem:
+    """Group nodes into decisions, list tp candidates compatible with the dp placements,
+    and record every value's uses."""
+    groups: dict[object, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if is_decision(node):
+            groups.setdefault(decision_key(node), []).append(node)
+
+    decisions: list[Decision] = []
+    decision_of: dict[str, int] = {}
+    for nodes in groups.values():
+        d = Decision(len(decisions), nodes, [], batch[nodes[0].name])
+        decisions.append(d)
+        for n in nodes:
+            decision_of[n.name] = d.index
+
+    problem = Problem(gm, tp, decisions, {}, decision_of)
+    uses: dict[ValueKey, dict[tuple[int, int], list]] = defaultdict(dict)
+    for d in decisions:
+        for node in d.nodes:
+            saved = set(node.meta[META_KEY].saved_inputs)
+            for slot, a in enumerate(tensor_inputs(node)):
+                key = problem.value_key(a)
+                entry = uses[key].setdefault((d.index, slot), [0, False])
+                entry[0] += 1
+                entry[1] = entry[1] or slot in saved
+    for producer, index in output_values(gm.graph):
+        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False])
+
+    for key in sorted(uses):
+        info = ValueInfo(key)
+        for (consumer, slot), (count, saves) in sorted(uses[key].items()):
+            info.uses.append(Use(consumer, slot, count, saves))
+        problem.values[key] = info
+
+    for d in decisions:
+        if d.kind == "op":
+            _op_candidates(d, tp)
+    for d in decisions:
+        if d.kind != "op":
+            _source_candidates(problem, d, tp)
+    return problem
+
+
+def _op_candidates(d: Decision, tp: int) -> None:
+    call = op_call(d.nodes[0])
+    d.unruled = not has_rule(call.target) and tp > 1
+    d.candidates = [s for s in strategies_for(call, tp) if _compatible(s, d.batch)]
+
+
+def _compatible(tp_strategy: Strategy, dp_strategy: Strategy) -> bool:
+    """A dim sharded on dp cannot also be sharded on tp (no nested sharding)."""
+    pairs = list(zip(tp_strategy.inputs, dp_strategy.inputs)) + list(
+        zip(tp_strategy.outputs, dp_strategy.outputs)
+    )
+    for t, b in pairs:
+        if isinstance(t, Shard) and isinstance(b, Shard) and t.dim == b.dim:
+            return False
+    return True
+
+
+def _source_candidates(problem: Problem, d: Decision, tp: int) -> None:
+    """Parameters may be stored in any placement a consumer can use; inputs are whole."""
+    if d.kind == "input" or tp == 1:
+        d.candidates = [Strategy((), (R,))]
+        return
+    wanted = {R}
+    for use in problem.values.get((d.index, 0), ValueInfo((d.index, 0))).uses:
+        if use.consumer >= 0:
+            for s in problem.decisions[use.consumer].candidates:
+                wanted.add(s.inputs[use.slot])
+    ordered = sorted(wanted, key=lambda p: (not isinstance(p, Replicate), str(p)))
+    d.candidates = [Strategy((), (p,)) for p in ordered if not _is_partial(p)]
+
+
+def _is_partial(p: object) -> bool:
+    return not isinstance(p, (Replicate, Shard))

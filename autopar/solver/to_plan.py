@@ -1,0 +1,129 @@
+"""Turn a search result into a Plan (the JSON other tools read)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch.fx as fx
+
+from autopar.cluster import Cluster
+from autopar.graph_facts import graph_facts
+from autopar.placements import Replicate
+from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
+from autopar.solver.options import PlanOptions
+from autopar.solver.search import SearchResult
+
+
+def make_plan(
+    gm: fx.GraphModule,
+    result: SearchResult,
+    cluster: Cluster,
+    options: PlanOptions,
+    model_name: str,
+) -> Plan:
+    facts = graph_facts(gm)
+    best, problem = result.best, result.problem
+    setting, prediction, choice = best.setting, best.prediction, best.choice
+    assert prediction is not None and choice is not None
+
+    strategies: dict[str, dict] = {}
+    params: dict[str, dict[str, str]] = {}
+    unruled: Counter[str] = Counter()
+    for d in problem.decisions:
+        tp_strategy = d.candidates[choice[d.index]]
+        for node in d.nodes:
+            strategies[node.name] = {
+                "dp": strategy_to_json(result.batch[node.name]),
+                "tp": strategy_to_json(tp_strategy),
+            }
+            if d.unruled:
+                unruled[str(node.target)] += 1
+            param = node.meta["autopar"].param
+            if param is not None:
+                params[param.fqn] = {
+                    "dp": str(result.batch[node.name].outputs[0]),
+                    "tp": str(tp_strategy.outputs[0]),
+                }
+
+    traced = facts.batch_size or 1
+    global_batch = options.global_batch or traced
+    seq = facts.seq_len or 1
+    step = prediction.step_time_s
+    model_flops = (facts.fwd_flops + facts.bwd_flops) * global_batch / traced
+    tflops = model_flops / step / cluster.world_size / 1e12 if step > 0 else 0.0
+    peak = cluster.device.peak(options.precision)
+    predicted = {
+        "label": "modelled",
+        "step_time_s": step,
+        "peak_memory_bytes": int(prediction.peak_memory_bytes),
+        "tflops_per_device": tflops,
+        "tokens_per_s": global_batch * seq / step if step > 0 else 0.0,
+        "mfu": tflops * 1e12 / peak,
+        "model_flops_per_step": model_flops,
+        "memory": prediction.memory.to_dict(),
+        "memory_capacity_bytes": int(cluster.device.memory_bytes),
+        "compute_s": prediction.compute_s,
+        "tp_comm_s": prediction.tp_comm_s,
+        "dp_comm_s": prediction.dp_comm_s,
+        "dp_exposed_s": prediction.dp_exposed_s,
+    }
+    cluster_dict = cluster.to_dict()
+    cluster_dict["devices"] = cluster.world_size
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        model={
+            "name": model_name,
+            "fingerprint": facts.fingerprint,
+            "params": facts.params,
+            "trainable_params": facts.trainable_params,
+            "tracer": facts.tracer,
+        },
+        cluster=cluster_dict,
+        mesh=setting.mesh,
+        batch={
+            "global": global_batch,
+            "microbatch": setting.microbatch,
+            "microbatches": setting.microbatches,
+            "seq": seq,
+            "traced": traced,
+        },
+        training={
+            "precision": options.precision,
+            "optimizer": options.optimizer,
+            "zero_stage": setting.zero,
+        },
+        strategies=strategies,
+        params=params,
+        predicted=predicted,
+        solver={
+            "status": best.status,
+            "wall_s": result.wall_s,
+            "decisions": len(problem.decisions),
+            "nodes": len(strategies),
+            "candidates": [c.summary() for c in result.candidates],
+        },
+        layers=_layer_summary(result),
+        unruled_ops=dict(sorted(unruled.items())),
+    )
+
+
+def _layer_summary(result: SearchResult) -> list[dict]:
+    """Per repeated-block kind: the non-replicated tensor-parallel choices of one layer."""
+    problem, choice = result.problem, result.best.choice
+    rows: dict[tuple, dict] = {}
+    for d in problem.decisions:
+        facts = d.facts
+        s = d.candidates[choice[d.index]]
+        if all(isinstance(p, Replicate) for p in (*s.inputs, *s.outputs)):
+            continue
+        if facts.layer is None:
+            key = ("<outside layers>",)
+            layers = "-"
+        else:
+            key = (facts.block,)
+            layers_of = sorted(n.meta["autopar"].layer for n in d.nodes)
+            layers = f"{layers_of[0]}-{layers_of[-1]}" if len(layers_of) > 1 else str(layers_of[0])
+        row = rows.setdefault(key, {"block": key[0], "layers": layers, "strategies": {}})
+        label = facts.param.fqn if facts.param else f"{d.name} ({facts.target})"
+        row["strategies"][label] = str(s)
+    return list(rows.values())

@@ -1,0 +1,19 @@
+"""The built-in sharding rules: importing this module registers them all.
+
+Each rule file registers its ops with :func:`autopar.strategies.register_rule` when
+imported; this module only imports them, so the set of built-in rules is listed in one
+place. Ops with a data-dependent output shape (``nonzero``, ``index_put_``, ``histc``, ...)
+deliberately have no rule and run replicated.
+"""
+
+from autopar.strategies import (  # noqa: F401  (imported for their registrations)
+    attention,
+    embedding,
+    factories,
+    losses,
+    matmul,
+    norms,
+    pointwise,
+    reductions,
+    views,
+)

@@ -1,0 +1,73 @@
+"""Sharding rules for classification losses: cross_entropy_loss, nll_loss(_nd), and
+nll_loss(2d)_forward.
+
+The class dim (dim 1, or 0 for a single sample) is normalized over and indexed by the
+target, so it stays ``Replicate``; class weights too. Any other (batch or spatial) dim can
+be sharded on the input and the target together. What the local loss then is depends on the
+reduction (0 none, 1 mean, 2 sum):
+
+- none: the per-element loss, sharded like the target;
+- sum: each device sums its elements: ``Partial("sum")``;
+- mean: each device averages its elements: ``Partial("avg")``. This is exact only when every
+  shard has the same number of non-ignored targets (and, with class weights, the same total
+  weight), since the global mean divides by the global count. Shards of an LM batch padded
+  with ``ignore_index`` are generally *not* equal; a plan that needs the exact mean should
+  use reduction sum and divide by the global count.
+
+``nll_loss`` is linear in its (log-probability) input, whose normalizer does not depend on
+it, so a ``Partial`` input gives a ``Partial`` loss; cross-entropy is not linear.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autopar.placements import Partial, Placement, Shard, can_shard
+from autopar.strategies.pointwise import R, partial_strategies
+from autopar.strategies.registry import register_rule
+from autopar.strategies.rule import OpCall, Strategy, replicate_all
+
+aten = torch.ops.aten
+
+_REDUCED = {1: Partial("avg"), 2: Partial("sum")}
+
+
+def _loss_strategies(call: OpCall, axis_size: int, reduction: int) -> list[Strategy]:
+    """Shard the input and target on each non-class dim."""
+    x, target = call.tensor_args[:2]
+    n_in = len(call.tensor_args)
+    class_dim = 1 if x.ndim >= 2 else 0
+    probs = target.ndim == x.ndim  # class-probability targets have the input's shape
+    two_outputs = len(call.out) == 2  # nll_loss*_forward: (output, total_weight)
+    strategies = [replicate_all(call)]
+    for d, size in enumerate(x.shape):
+        if d == class_dim or not can_shard(size, axis_size):
+            continue
+        td = d if probs or d == 0 else d - 1
+        out: Placement = _REDUCED.get(reduction, Shard(td))
+        ins: tuple[Placement, ...] = (Shard(d), Shard(td)) + (R,) * (n_in - 2)
+        outs: tuple[Placement, ...] = (out,)
+        if two_outputs:
+            outs += (R if reduction == 0 else Partial("sum"),)
+        strategies.append(Strategy(ins, outs))
+    return strategies
+
+
+@register_rule(aten.cross_entropy_loss.default)
+def cross_entropy_loss(call: OpCall, axis_size: int) -> list[Strategy]:
+    return _loss_strategies(call, axis_size, int(call.arg(3, "reduction", 1)))
+
+
+@register_rule(aten.nll_loss.default, aten.nll_loss_nd.default)
+def nll_loss(call: OpCall, axis_size: int) -> list[Strategy]:
+    reduction = int(call.arg(3, "reduction", 1))
+    return _loss_strategies(call, axis_size, reduction) + partial_strategies(call, [[0]])
+
+
+@register_rule(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Also returns ``total_weight`` (the weight of the non-ignored targets; 0 for reduction
+    none): summed over shards it is the global one, and it does not depend on the input."""
+    reduction = int(call.arg(3, "reduction"))
+    strategies = _loss_strategies(call, axis_size, reduction)
+    return strategies + partial_strategies(call, [[0]], out_placements=(None, R))

@@ -1,0 +1,71 @@
+"""Sharding rules for normalizations: layer_norm, native_layer_norm, rms_norm, softmax and
+log_softmax.
+
+A normalization computes statistics over some dims and rescales along them. Run locally on
+a shard of a normalized dim, it would normalize with the wrong statistics, so only the other
+(leading, or for softmax: all but ``dim``) dims can be sharded; the affine weight and bias
+cover the normalized dims and stay replicated. None of these is linear: no ``Partial``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autopar.placements import Placement, Shard, can_shard
+from autopar.strategies.pointwise import R, group_options
+from autopar.strategies.registry import register_rule
+from autopar.strategies.rule import OpCall, Strategy, norm_dim, replicate_all
+
+aten = torch.ops.aten
+
+
+def _leading_dims(call: OpCall, axis_size: int, n_leading: int) -> list[Strategy]:
+    """Shard one of the first ``n_leading`` dims of the input and of every output; any
+    other tensor input (weight, bias) is replicated."""
+    x = call.tensor_args[0]
+    n_in = len(call.tensor_args)
+    strategies = [replicate_all(call)]
+    for d in range(n_leading):
+        for g in group_options(call, d, x.ndim):
+            if can_shard(x.shape[d], axis_size, g):
+                ins: tuple[Placement, ...] = (Shard(d, g),) + (R,) * (n_in - 1)
+                outs = tuple(Shard(d, g) for _ in call.out)
+                strategies.append(Strategy(ins, outs))
+    return strategies
+
+
+@register_rule(
+    aten.layer_norm.default,
+    aten.native_layer_norm.default,
+    aten.rms_norm.default,
+    aten._fused_rms_norm.default,
+)
+def layer_norm(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Normalize over the last ``len(normalized_shape)`` dims: shard the dims before them.
+
+    ``native_layer_norm`` also returns the mean and rstd, of shape ``(leading..., 1, ...)``,
+    sharded like the output; ``_fused_rms_norm`` likewise returns rstd.
+    """
+    x = call.tensor_args[0]
+    k = len(call.arg(1, "normalized_shape"))
+    return _leading_dims(call, axis_size, x.ndim - k)
+
+
+@register_rule(
+    aten.softmax.int,
+    aten._softmax.default,
+    aten.log_softmax.int,
+    aten._log_softmax.default,
+)
+def softmax(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Softmax over ``dim``: every other dim can be sharded."""
+    x = call.tensor_args[0]
+    dim = norm_dim(call.arg(1, "dim"), x.ndim)
+    strategies = [replicate_all(call)]
+    for d, size in enumerate(x.shape):
+        if d == dim:
+            continue
+        for g in group_options(call, d, x.ndim):
+            if can_shard(size, axis_size, g):
+                strategies.append(Strategy((Shard(d, g),), (Shard(d, g),)))
+    return strategies

@@ -1,0 +1,53 @@
+"""Tensor values of a graph: which node output each input reads.
+
+A node with several tensor outputs (``split``, ``native_layer_norm``) is read through
+``operator.getitem`` nodes; a *value* is ``(producer, output index)`` with those getitems
+looked through, so placements are decided once per real output.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+Value = tuple[fx.Node, int]
+
+
+def is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def value_of(node: fx.Node) -> Value:
+    """The (producer, output index) a node's tensor stands for."""
+    if is_getitem(node) and isinstance(node.args[0], fx.Node):
+        producer, base = value_of(node.args[0])
+        if base == 0 and not isinstance(producer.meta.get("val"), torch.Tensor):
+            return producer, node.args[1]
+    return node, 0
+
+
+def tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """Input nodes carrying one tensor, in the flattened order strategies use."""
+    leaves, _ = tree_flatten((node.args, node.kwargs))
+    return [
+        a for a in leaves if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+    ]
+
+
+def output_values(graph: fx.Graph) -> list[Value]:
+    """The tensor values the graph returns."""
+    out = graph.output_node()
+    return [value_of(a) for a in tensor_inputs(out)]
+
+
+def is_decision(node: fx.Node) -> bool:
+    """Nodes that get a strategy: ops with tensor outputs, parameters and inputs."""
+    if node.op in ("placeholder", "get_attr"):
+        return isinstance(node.meta.get("val"), torch.Tensor)
+    if node.op != "call_function" or is_getitem(node):
+        return False
+    vals = tree_flatten(node.meta.get("val"))[0]
+    return any(isinstance(v, torch.Tensor) for v in vals)

@@ -1,0 +1,120 @@
+"""Insert collectives where a consumer needs a placement its producer does not give.
+
+For every value and every distinct placement its consumers need, one redistributed copy is
+made right after the producer and shared by those consumers (so three projections reading
+one gathered input gather it once). On ``tp``, a replicated copy read by sharded computation
+(a column-parallel matmul) goes through ``grad_all_reduce`` — or, when it was gathered from
+a shard and only sharded computation reads it, the gather itself reduce-scatters the
+gradient (sequence parallelism). The graph's outputs are made whole on ``tp``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from autopar import comm_ops
+from autopar.graph_facts import META_KEY
+from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+from autopar.passes.plan_view import PlanView
+from autopar.placements import Replicate, Shard
+from autopar.values import tensor_inputs, value_of
+
+R = Replicate()
+TP = "tp"
+
+
+def _sharded_compute(view: PlanView, node: fx.Node, axis: str) -> bool:
+    s = view.strategy(node, axis)
+    if s is None:
+        return False
+    return not all(isinstance(p, Replicate) for p in (*s.inputs, *s.outputs))
+
+
+def replace_tensor_inputs(node: fx.Node, new_by_slot: dict[int, fx.Node]) -> None:
+    """Replace tensor inputs of ``node`` by slot (flattened order, as strategies count)."""
+    leaves, spec = tree_flatten((node.args, node.kwargs))
+    originals = set(tensor_inputs(node))
+    slot = -1
+    for i, a in enumerate(leaves):
+        if isinstance(a, fx.Node) and a in originals:
+            slot += 1
+            if slot in new_by_slot:
+                leaves[i] = new_by_slot[slot]
+    node.args, node.kwargs = tree_unflatten(leaves, spec)
+
+
+@register_pass
+class InsertCollectives(GraphPass):
+    name = "insert-collectives"
+    requires = ("localize-shapes",)
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        view = PlanView(gm, ctx.plan)
+        axes = [a for a in view.axes if view.size(a) > 1]
+        if not axes:
+            return PassResult(gm, modified=False)
+        graph = gm.graph
+        # (input node, needed placement per axis) -> consumers as (node, slot, sharded on tp)
+        requests: dict[tuple, list[tuple[fx.Node, int, bool]]] = defaultdict(list)
+        for node in list(graph.nodes):
+            if node.op == "output":
+                for slot, a in enumerate(tensor_inputs(node)):
+                    need = tuple(R if ax == TP else view.placement(a, ax) for ax in axes)
+                    requests[(a, need)].append((node, slot, False))
+                continue
+            if view.strategy(node, axes[0]) is None or node.op != "call_function":
+                continue
+            sharded = _sharded_compute(view, node, TP) if TP in axes else False
+            for slot, a in enumerate(tensor_inputs(node)):
+                need = tuple(view.strategy(node, ax).inputs[slot] for ax in axes)
+                requests[(a, need)].append((node, slot, sharded))
+
+        changes: list[str] = []
+        replacements: dict[fx.Node, dict[int, fx.Node]] = defaultdict(dict)
+        for (a, need), consumers in requests.items():
+            have = tuple(view.placement(a, ax) for ax in axes)
+            producer = value_of(a)[0]
+            requires_grad = producer.meta[META_KEY].requires_grad if META_KEY in producer.meta else False
+            current = a
+            anchor = a
+            sharded_users = [c for c in consumers if c[2]]
+            needs_grad_sync = TP in axes and requires_grad and bool(sharded_users) and (
+                need[axes.index(TP)] == R
+            )
+            for ax, src, dst in zip(axes, have, need):
+                if src == dst:
+                    continue
+                fused = (
+                    ax == TP and needs_grad_sync and isinstance(src, Shard)
+                    and len(sharded_users) == len(consumers)
+                )
+                with graph.inserting_after(anchor):
+                    if fused:
+                        current = graph.call_function(
+                            comm_ops.gather_scatter_grad, (current, ax, str(src))
+                        )
+                        needs_grad_sync = False
+                    else:
+                        current = graph.call_function(
+                            comm_ops.redistribute, (current, ax, str(src), str(dst))
+                        )
+                current.meta["val"] = a.meta.get("val")
+                anchor = current
+                changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
+            synced = current
+            if needs_grad_sync:
+                with graph.inserting_after(anchor):
+                    synced = graph.call_function(comm_ops.grad_all_reduce, (current, TP))
+                synced.meta["val"] = a.meta.get("val")
+                changes.append(f"{a.name}: gradient all-reduce on tp for sharded readers "
+                               f"({synced.name})")
+            if synced is a:
+                continue
+            for consumer, slot, sharded in consumers:
+                replacements[consumer][slot] = synced if sharded else current
+        for consumer, new_by_slot in replacements.items():
+            replace_tensor_inputs(consumer, new_by_slot)
+        return PassResult(gm, modified=bool(changes), changes=changes)

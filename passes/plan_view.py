@@ -1,0 +1,83 @@
+"""Analysis shared by the sharding passes: the plan's placements, node by node.
+
+Read-only: it answers "what placement does this value have on this axis", "what does this
+node need", and "what is this node's local shape on this rank", and never edits the graph.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from autopar.errors import PlanError
+from autopar.graph_facts import META_KEY
+from autopar.placements import Placement, Replicate, local_shape
+from autopar.plan import Plan
+from autopar.strategies.rule import Strategy
+from autopar.values import is_decision, value_of
+
+R = Replicate()
+
+
+class PlanView:
+    def __init__(self, gm: fx.GraphModule, plan: Plan):
+        self.gm = gm
+        self.plan = plan
+        self.axes = [a for a, n in plan.mesh.items()]
+        self._strategies: dict[tuple[str, str], Strategy] = {}
+        for node in gm.graph.nodes:
+            if not is_decision(node):
+                continue
+            if node.name not in plan.strategies:
+                raise PlanError(
+                    f"the plan has no strategy for node {node.name!r} "
+                    f"({node.meta.get(META_KEY).target if META_KEY in node.meta else node.target})",
+                    where=f"strategies.{node.name}",
+                    fix="the plan was made for a different graph; re-plan for this model "
+                    "and these example inputs",
+                )
+            for axis in self.axes:
+                s = plan.strategy(node.name, axis)
+                if s is not None:
+                    self._strategies[(node.name, axis)] = s
+
+    def size(self, axis: str) -> int:
+        return self.plan.mesh[axis]
+
+    def strategy(self, node: fx.Node, axis: str) -> Strategy | None:
+        return self._strategies.get((node.name, axis))
+
+    def placement(self, node: fx.Node, axis: str) -> Placement:
+        """Placement of the value a node stands for (getitems looked through)."""
+        producer, index = value_of(node)
+        s = self._strategies.get((producer.name, axis))
+        if s is None or index >= len(s.outputs):
+            return R
+        return s.outputs[index]
+
+    def local_output_shape(self, node: fx.Node, index: int = 0) -> tuple[int, ...]:
+        facts = node.meta[META_KEY]
+        shape = facts.shapes[index]
+        placements = []
+        for axis in self.axes:
+            s = self._strategies.get((node.name, axis))
+            placements.append(s.outputs[index] if s is not None else R)
+        return local_shape(shape, tuple(placements), tuple(self.split(a) for a in self.axes))
+
+    def split(self, axis: str) -> int:
+        """How many pieces a dim sharded on ``axis`` is cut into on one rank. On ``dp`` the
+        batch is also cut into the plan's microbatches: the program runs one at a time."""
+        if axis == "dp":
+            return self.size(axis) * self.plan.batch.get("microbatches", 1)
+        return self.size(axis)
+
+    def shard_factor(self, node: fx.Node, slot: int, dim: int) -> int:
+        """By how much tensor input ``slot`` of ``node`` is split along ``dim``."""
+        factor = 1
+        for axis in self.axes:
+            s = self._strategies.get((node.name, axis))
+            if s is None or slot >= len(s.inputs):
+                continue
+            p = s.inputs[slot]
+            if p.is_shard(dim):
+                factor *= self.split(axis)
+        return factor

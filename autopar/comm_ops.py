@@ -85,58 +85,59 @@ def _zero_pad(x: torch.Tensor, p: Shard, n: int, rank: int, full: torch.Size) ->
 
 
 # --- autograd functions --------------------------------------------------------------------
+def _is_avg(p: Placement) -> bool:
+    return isinstance(p, Partial) and p.reduce == "avg"
+
+
 class _Redistribute(torch.autograd.Function):
+    """Placement change on one axis. Forward goes through the whole value (``src`` ->
+    whole -> ``dst``) with the cheapest collective for the pair; backward maps the incoming
+    gradient the same way in reverse, under the per-placement gradient convention: whole for
+    R and P(sum), g/n on every device for P(avg), the local slice for S."""
+
     @staticmethod
-    def forward(ctx, x, axis: str, src: Placement, dst: Placement):  # noqa: D401
+    def forward(ctx, x, axis: str, src: Placement, dst: Placement):
         group, n, rank = _group(axis)
         ctx.axis, ctx.src, ctx.dst, ctx.shape = axis, src, dst, x.shape
         if group is None or src == dst:
             return x.view_as(x)
-        if isinstance(src, Shard) and isinstance(dst, Replicate):
-            return _gather(x, src, group, n)
-        if isinstance(src, Replicate) and isinstance(dst, Shard):
-            return local_slice(x, dst, n, rank).contiguous()
-        if isinstance(src, Partial) and isinstance(dst, Replicate):
-            out = _all_reduce(x, group)
-            return out / n if src.reduce == "avg" else out
+        if isinstance(src, Partial) and isinstance(dst, Partial):  # sum <-> avg, locally
+            return x * n if _is_avg(dst) else x / n
         if isinstance(src, Partial) and isinstance(dst, Shard):
             out = _reduce_scatter(x, dst, group, n, rank)
-            return out / n if src.reduce == "avg" else out
-        if isinstance(src, Shard) and isinstance(dst, Shard):
-            return local_slice(_gather(x, src, group, n), dst, n, rank).contiguous()
-        if isinstance(src, Replicate) and isinstance(dst, Partial):
-            return x.clone() if rank == 0 else torch.zeros_like(x)
-        if isinstance(src, Shard) and isinstance(dst, Partial):
-            out = _gather(x, src, group, n)
-            return out if rank == 0 else torch.zeros_like(out)
-        if isinstance(src, Partial) and isinstance(dst, Partial):
-            out = _all_reduce(x, group) / (n if src.reduce == "avg" else 1)
-            return out if rank == 0 else torch.zeros_like(out)
-        raise ValueError(f"cannot redistribute {src} -> {dst}")
+            return out / n if _is_avg(src) else out
+        if isinstance(src, Shard):
+            whole = _gather(x, src, group, n)
+        elif isinstance(src, Partial):
+            whole = _all_reduce(x, group) / (n if _is_avg(src) else 1)
+        else:
+            whole = x
+        if isinstance(dst, Shard):
+            return local_slice(whole, dst, n, rank).contiguous()
+        if isinstance(dst, Partial) and not _is_avg(dst):
+            return whole.clone() if rank == 0 else torch.zeros_like(whole)
+        return whole if whole is not x else x.clone()
 
     @staticmethod
     def backward(ctx, grad):
         group, n, rank = _group(ctx.axis)
         src, dst = ctx.src, ctx.dst
+        none = (None, None, None)
         if group is None or src == dst:
-            return grad, None, None, None
-        data_axis = ctx.axis in DATA_AXES
-        if isinstance(src, Shard) and isinstance(dst, (Replicate, Partial)):
-            if data_axis:
-                return _reduce_scatter(grad, src, group, n, rank), None, None, None
-            return local_slice(grad, src, n, rank).contiguous(), None, None, None
-        if isinstance(src, Replicate) and isinstance(dst, Shard):
-            if data_axis:
-                return _zero_pad(grad, dst, n, rank, ctx.shape), None, None, None
-            return _gather(grad, dst, group, n), None, None, None
-        if isinstance(dst, Replicate) or isinstance(dst, Partial):
-            # P -> R, R -> P, P -> P: the gradient of a partial tensor is whole.
-            return grad, None, None, None
-        if isinstance(src, Partial) and isinstance(dst, Shard):
-            return _gather(grad, dst, group, n), None, None, None
-        if isinstance(src, Shard) and isinstance(dst, Shard):
-            return local_slice(_gather(grad, dst, group, n), src, n, rank).contiguous(), None, None, None
-        raise ValueError(f"no backward for {src} -> {dst}")
+            return (grad, *none)
+        if ctx.axis in DATA_AXES:
+            # Each device holds the gradient of its own loss term (DDP/FSDP average later).
+            if isinstance(src, Shard) and isinstance(dst, Replicate):
+                return (_reduce_scatter(grad, src, group, n, rank), *none)
+            if isinstance(src, Replicate) and isinstance(dst, Shard):
+                return (_zero_pad(grad, dst, n, rank, ctx.shape), *none)
+        if isinstance(dst, Shard):
+            whole = _gather(grad, dst, group, n)
+        else:
+            whole = grad * n if _is_avg(dst) else grad
+        if isinstance(src, Shard):
+            return (local_slice(whole, src, n, rank).contiguous(), *none)
+        return (whole / n if _is_avg(src) else whole, *none)
 
 
 class _GradAllReduce(torch.autograd.Function):

@@ -46,7 +46,7 @@ def redistribution_collectives(src: Placement, dst: Placement) -> tuple[str | No
         "SS": ("all_to_all", "all_to_all"),
         "RP": (None, None),
         "SP": ("all_gather", None),
-        "PP": ("all_reduce", None),  # sum <-> avg: reduce, then rescale locally
+        "PP": (None, None),  # sum <-> avg: rescale locally
     }
     return table[pair]
 

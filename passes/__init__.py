@@ -11,11 +11,12 @@ from autopar.passes.infra import (
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
 from autopar.passes.shard_parameters import ShardParameters
+from autopar.passes.substitute_local_ops import SubstituteLocalOps
 
 
 def sharding_passes() -> list[GraphPass]:
     """The passes that turn the traced graph into this rank's program, in order."""
-    return [ShardParameters(), LocalizeShapes(), InsertCollectives()]
+    return [ShardParameters(), LocalizeShapes(), SubstituteLocalOps(), InsertCollectives()]
 
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "PassManager",
     "PassResult",
     "ShardParameters",
+    "SubstituteLocalOps",
     "get_pass",
     "register_pass",
     "sharding_passes",

@@ -32,6 +32,7 @@ SHAPE_ARG = {
     aten.full.default: 0,
 }
 INT64_MAX = 2**63 - 1
+VIEWS = (aten.view.default, aten._unsafe_view.default)
 
 
 def _norm(dim: int, ndim: int) -> int:
@@ -49,6 +50,10 @@ class LocalizeShapes(GraphPass):
             if node.op != "call_function" or view.strategy(node, view.axes[0]) is None:
                 continue
             target = node.target
+            if target in VIEWS and any(view.size(a) > 1 for a in view.axes):
+                # Collectives return contiguous tensors whose strides differ from the traced
+                # ones, so a view the trace could take may need a copy: reshape decides.
+                node.target = target = aten.reshape.default
             if target in SHAPE_ARG:
                 pos = SHAPE_ARG[target]
                 local = list(view.local_output_shape(node))

@@ -41,6 +41,10 @@ class ShardParameters(GraphPass):
         view = PlanView(gm, ctx.plan)
         changes = []
         done: set[str] = set()
+        aliases: dict[int, list[str]] = {}  # tied weights: one tensor under several names
+        for fqn, tensor in [*gm.named_parameters(remove_duplicate=False),
+                            *gm.named_buffers(remove_duplicate=False)]:
+            aliases.setdefault(id(tensor), []).append(fqn)
         for node in gm.graph.nodes:
             if node.op != "get_attr" or META_KEY not in node.meta:
                 continue
@@ -61,7 +65,8 @@ class ShardParameters(GraphPass):
             local = local.detach().clone().contiguous()
             if isinstance(value, nn.Parameter):
                 local = nn.Parameter(local, requires_grad=value.requires_grad)
-            _set(gm, param.fqn, local)
+            for name in aliases.get(id(value), [param.fqn]):
+                _set(gm, name, local)
         return PassResult(gm, modified=bool(changes), changes=changes)
 
 

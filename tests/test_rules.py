@@ -98,7 +98,12 @@ CASES = [
     Case("div", aten.div.Tensor, lambda: (f(4, 8), pos(4, 1))),
     Case("div_scalar", aten.div.Tensor, lambda: (f(4, 8), 2.0)),
     Case("div_Scalar", aten.div.Scalar, lambda: (f(4, 8), 4.0)),
-    Case("div_mode", aten.div.Tensor_mode, lambda: (f(4, 8), pos(8)), lambda: {"rounding_mode": "floor"}),
+    Case(
+        "div_mode",
+        aten.div.Tensor_mode,
+        lambda: (f(4, 8), pos(8)),
+        lambda: {"rounding_mode": "floor"},
+    ),
     Case("div_inplace", aten.div_.Tensor, lambda: (f(32, 2), pos(32, 1))),
     Case("div_inplace_scalar", aten.div_.Scalar, lambda: (f(4, 8), 2.0)),
     Case("neg", aten.neg.default, lambda: (f(4, 8, 3),)),
@@ -174,14 +179,33 @@ CASES = [
         lambda: (f(4, 8),),
         lambda: {"dtype": torch.float64, "device": torch.device("cpu"), "layout": torch.strided},
     ),
-    Case("assert_tensor_metadata_size", aten._assert_tensor_metadata.default, lambda: (f(4, 8), [4, 8])),
+    Case(
+        "assert_tensor_metadata_size",
+        aten._assert_tensor_metadata.default,
+        lambda: (f(4, 8), [4, 8]),
+    ),
     # --- matrix products
-    Case("linear", aten.linear.default, lambda: (f(4, 6, 8), f(12, 8), f(12)), hints={"split_groups": (3,)}),
+    Case(
+        "linear",
+        aten.linear.default,
+        lambda: (f(4, 6, 8), f(12, 8), f(12)),
+        hints={"split_groups": (3,)},
+    ),
     Case("linear_nobias", aten.linear.default, lambda: (f(8, 16), f(8, 16))),
     Case("linear_odd", aten.linear.default, lambda: (f(3, 5), f(6, 5), f(6))),
     Case("linear_1d", aten.linear.default, lambda: (f(8), f(4, 8))),
-    Case("addmm", aten.addmm.default, lambda: (f(12), f(8, 16), f(16, 12)), hints={"split_groups": (3,)}),
-    Case("addmm_2d_bias", aten.addmm.default, lambda: (f(8, 12), f(8, 4), f(4, 12)), lambda: {"beta": 0.5, "alpha": 2.0}),
+    Case(
+        "addmm",
+        aten.addmm.default,
+        lambda: (f(12), f(8, 16), f(16, 12)),
+        hints={"split_groups": (3,)},
+    ),
+    Case(
+        "addmm_2d_bias",
+        aten.addmm.default,
+        lambda: (f(8, 12), f(8, 4), f(4, 12)),
+        lambda: {"beta": 0.5, "alpha": 2.0},
+    ),
     Case("addmm_row_bias", aten.addmm.default, lambda: (f(8, 1), f(8, 4), f(4, 12))),
     Case("mm", aten.mm.default, lambda: (f(8, 16), f(16, 12))),
     Case("mm_odd", aten.mm.default, lambda: (f(5, 8), f(8, 3))),
@@ -197,7 +221,12 @@ CASES = [
     Case("view_split", aten.view.default, lambda: (f(4, 8, 12), [4, 8, 3, 4])),
     Case("view_merge", aten.view.default, lambda: (f(4, 8, 12), [32, 12])),
     Case("view_infer", aten.view.default, lambda: (f(4, 8, 12), [4, -1])),
-    Case("view_groups", aten.view.default, lambda: (f(32, 12), [4, 8, 12]), hints={"split_groups": (3,)}),
+    Case(
+        "view_groups",
+        aten.view.default,
+        lambda: (f(32, 12), [4, 8, 12]),
+        hints={"split_groups": (3,)},
+    ),
     Case("view_unfuse", aten.view.default, lambda: (f(4, 24), [4, 3, 8])),
     Case("view_fuse", aten.view.default, lambda: (f(4, 3, 8), [4, 24])),
     Case("view_odd", aten.view.default, lambda: (f(6, 4), [4, 6])),
@@ -243,7 +272,11 @@ CASES = [
     Case("index_rows", aten.index.Tensor, lambda: (f(8, 6), [i(8, 16)])),
     Case("index_adjacent", aten.index.Tensor, lambda: (f(4, 8, 6), [None, i(8, 4, 1), i(6, 1, 4)])),
     Case("index_apart", aten.index.Tensor, lambda: (f(4, 8, 6), [i(4, 8), None, i(6, 8)])),
-    Case("index_llama_mask", aten.index.Tensor, lambda: (f(2, 16), [i(2, 2, 1, 1, 1), i(16, 1, 1, 16, 1)])),
+    Case(
+        "index_llama_mask",
+        aten.index.Tensor,
+        lambda: (f(2, 16), [i(2, 2, 1, 1, 1), i(16, 1, 1, 16, 1)]),
+    ),
     Case("index_bool", aten.index.Tensor, lambda: (f(4, 8), [b(4, 8)])),
     Case("diff", aten.diff.default, lambda: (f(4, 8), 1, -1)),
     Case("diff_prepend", aten.diff.default, lambda: (f(4, 8), 1, 1, f(4, 1))),
@@ -269,11 +302,18 @@ CASES = [
     Case("max_dim", aten.max.dim, lambda: (f(4, 8, 6), 1)),
     Case("min_dim", aten.min.dim, lambda: (f(4, 8), -1, True)),
     Case("var", aten.var.dim, lambda: (f(4, 8), [-1])),
-    Case("var_correction", aten.var.correction, lambda: (f(4, 8, 6), [1]), lambda: {"correction": 0, "keepdim": True}),
+    Case(
+        "var_correction",
+        aten.var.correction,
+        lambda: (f(4, 8, 6), [1]),
+        lambda: {"correction": 0, "keepdim": True},
+    ),
     Case("std", aten.std.dim, lambda: (f(4, 8), [0])),
     Case("std_correction", aten.std.correction, lambda: (f(4, 8), [1])),
     Case("var_mean", aten.var_mean.correction, lambda: (f(4, 8), [1])),
-    Case("std_mean", aten.std_mean.correction, lambda: (f(4, 8, 2), [2]), lambda: {"keepdim": True}),
+    Case(
+        "std_mean", aten.std_mean.correction, lambda: (f(4, 8, 2), [2]), lambda: {"keepdim": True}
+    ),
     Case("argmax", aten.argmax.default, lambda: (f(4, 8), 1)),
     Case("argmax_all", aten.argmax.default, lambda: (f(4, 8),)),
     Case("argmin", aten.argmin.default, lambda: (f(4, 8), 0, True)),
@@ -284,9 +324,18 @@ CASES = [
     Case("sort", aten.sort.default, lambda: (f(4, 8), 0, True)),
     Case("sort_stable", aten.sort.stable, lambda: (f(4, 8),), lambda: {"stable": True, "dim": 1}),
     # --- normalizations
-    Case("layer_norm", aten.layer_norm.default, lambda: (f(4, 8, 16), [16], f(16), f(16), 1e-5, False)),
+    Case(
+        "layer_norm",
+        aten.layer_norm.default,
+        lambda: (f(4, 8, 16), [16], f(16), f(16), 1e-5, False),
+    ),
     Case("layer_norm_2d", aten.layer_norm.default, lambda: (f(4, 8, 6), [8, 6])),
-    Case("native_layer_norm", aten.native_layer_norm.default, lambda: (f(4, 8, 16), [16], f(16), f(16), 1e-5)),
+    Case("layer_norm_bias_only", aten.layer_norm.default, lambda: (f(4, 8, 6), [6], None, f(6))),
+    Case(
+        "native_layer_norm",
+        aten.native_layer_norm.default,
+        lambda: (f(4, 8, 16), [16], f(16), f(16), 1e-5),
+    ),
     Case("rms_norm", aten.rms_norm.default, lambda: (f(4, 8, 16), [16], f(16), 1e-6)),
     Case("fused_rms_norm", aten._fused_rms_norm.default, lambda: (f(4, 8, 16), [16], f(16), 1e-6)),
     Case("softmax", aten.softmax.int, lambda: (f(4, 8, 6), -1)),
@@ -295,7 +344,11 @@ CASES = [
     Case("log_softmax", aten.log_softmax.int, lambda: (f(4, 8), 1)),
     Case("_log_softmax", aten._log_softmax.default, lambda: (f(4, 8), 0, False)),
     # --- attention
-    Case("sdpa", aten.scaled_dot_product_attention.default, lambda: (f(2, 4, 8, 6), f(2, 4, 8, 6), f(2, 4, 8, 6))),
+    Case(
+        "sdpa",
+        aten.scaled_dot_product_attention.default,
+        lambda: (f(2, 4, 8, 6), f(2, 4, 8, 6), f(2, 4, 8, 6)),
+    ),
     Case(
         "sdpa_causal",
         aten.scaled_dot_product_attention.default,
@@ -304,7 +357,12 @@ CASES = [
     Case(
         "sdpa_mask",
         aten.scaled_dot_product_attention.default,
-        lambda: (f(2, 4, 8, 6), f(2, 4, 8, 6), f(2, 4, 8, 6), torch.tril(torch.ones(8, 8, dtype=torch.bool)).expand(2, 1, 8, 8)),
+        lambda: (
+            f(2, 4, 8, 6),
+            f(2, 4, 8, 6),
+            f(2, 4, 8, 6),
+            torch.tril(torch.ones(8, 8, dtype=torch.bool)).expand(2, 1, 8, 8),
+        ),
         lambda: {"scale": 0.25},
     ),
     Case(
@@ -319,6 +377,11 @@ CASES = [
         lambda: {"enable_gqa": True},
     ),
     Case(
+        "sdpa_dropout",
+        aten.scaled_dot_product_attention.default,
+        lambda: (f(2, 4, 8, 6), f(2, 4, 8, 6), f(2, 4, 8, 6), None, 1e-9),
+    ),
+    Case(
         "sdpa_gqa_2kv",
         aten.scaled_dot_product_attention.default,
         lambda: (f(2, 8, 8, 6), f(2, 2, 8, 6), f(2, 2, 8, 6)),
@@ -330,18 +393,57 @@ CASES = [
     Case("embedding_odd_vocab", aten.embedding.default, lambda: (f(15, 8), i(15, 8))),
     # --- losses (no ignored targets: see the mean caveat in losses.py)
     Case("cross_entropy", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8))),
-    Case("cross_entropy_sum", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), pos(5), 2)),
-    Case("cross_entropy_none", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), pos(5), 0)),
-    Case("cross_entropy_nanogpt", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), None, 1, -1)),
-    Case("cross_entropy_smooth", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), None, 1, -100, 0.1)),
-    Case("cross_entropy_spatial", aten.cross_entropy_loss.default, lambda: (f(4, 5, 6), i(5, 4, 6), None, 0)),
-    Case("cross_entropy_probs", aten.cross_entropy_loss.default, lambda: (f(8, 5), f(8, 5).softmax(-1))),
+    Case(
+        "cross_entropy_sum", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), pos(5), 2)
+    ),
+    Case(
+        "cross_entropy_none", aten.cross_entropy_loss.default, lambda: (f(8, 5), i(5, 8), pos(5), 0)
+    ),
+    Case(
+        "cross_entropy_nanogpt",
+        aten.cross_entropy_loss.default,
+        lambda: (f(8, 5), i(5, 8), None, 1, -1),
+    ),
+    Case(
+        "cross_entropy_smooth",
+        aten.cross_entropy_loss.default,
+        lambda: (f(8, 5), i(5, 8), None, 1, -100, 0.1),
+    ),
+    Case(
+        "cross_entropy_spatial",
+        aten.cross_entropy_loss.default,
+        lambda: (f(4, 5, 6), i(5, 4, 6), None, 0),
+    ),
+    Case(
+        "cross_entropy_probs",
+        aten.cross_entropy_loss.default,
+        lambda: (f(8, 5), f(8, 5).softmax(-1)),
+    ),
+    Case(
+        "cross_entropy_probs_smooth",
+        aten.cross_entropy_loss.default,
+        lambda: (f(4, 5, 8), f(4, 5, 8).softmax(1), None, 0, -100, 0.2),
+    ),
     Case("nll_loss", aten.nll_loss.default, lambda: (f(8, 5), i(5, 8))),
     Case("nll_loss_nd", aten.nll_loss_nd.default, lambda: (f(4, 5, 8), i(5, 4, 8), None, 2)),
-    Case("nll_loss_forward", aten.nll_loss_forward.default, lambda: (f(8, 5), i(5, 8), None, 1, -100)),
-    Case("nll_loss_forward_sum", aten.nll_loss_forward.default, lambda: (f(8, 5), i(5, 8), pos(5), 2, -100)),
-    Case("nll_loss_forward_none", aten.nll_loss_forward.default, lambda: (f(8, 5), i(5, 8), None, 0, -100)),
-    Case("nll_loss2d_forward", aten.nll_loss2d_forward.default, lambda: (f(2, 5, 4, 4), i(5, 2, 4, 4), None, 2, -100)),
+    Case(
+        "nll_loss_forward", aten.nll_loss_forward.default, lambda: (f(8, 5), i(5, 8), None, 1, -100)
+    ),
+    Case(
+        "nll_loss_forward_sum",
+        aten.nll_loss_forward.default,
+        lambda: (f(8, 5), i(5, 8), pos(5), 2, -100),
+    ),
+    Case(
+        "nll_loss_forward_none",
+        aten.nll_loss_forward.default,
+        lambda: (f(8, 5), i(5, 8), None, 0, -100),
+    ),
+    Case(
+        "nll_loss2d_forward",
+        aten.nll_loss2d_forward.default,
+        lambda: (f(2, 5, 4, 4), i(5, 2, 4, 4), None, 2, -100),
+    ),
     # --- factories
     Case("arange", aten.arange.default, lambda: (16,), lambda: {"dtype": torch.int64}),
     Case("arange_start", aten.arange.start, lambda: (0, 16)),
@@ -352,15 +454,24 @@ CASES = [
     Case("empty", aten.empty.memory_format, lambda: ([4, 8],), values=False),
     Case("empty_strided", aten.empty_strided.default, lambda: ([4, 8], [8, 1]), values=False),
     Case("scalar_tensor", aten.scalar_tensor.default, lambda: (2.0,)),
-    Case("new_ones", aten.new_ones.default, lambda: (f(4, 8), [2, 16]), lambda: {"dtype": torch.bool}),
+    Case(
+        "new_ones", aten.new_ones.default, lambda: (f(4, 8), [2, 16]), lambda: {"dtype": torch.bool}
+    ),
     Case("new_zeros", aten.new_zeros.default, lambda: (f(4, 8), [3])),
     Case("new_empty", aten.new_empty.default, lambda: (f(4, 8), [4]), values=False),
     Case("new_full", aten.new_full.default, lambda: (f(4, 8), [4], 1.5)),
-    Case("new_empty_strided", aten.new_empty_strided.default, lambda: (f(4, 8), [4], [1]), values=False),
+    Case(
+        "new_empty_strided",
+        aten.new_empty_strided.default,
+        lambda: (f(4, 8), [4], [1]),
+        values=False,
+    ),
     Case("zeros_like", aten.zeros_like.default, lambda: (f(4, 8),)),
     Case("ones_like", aten.ones_like.default, lambda: (f(4, 8, 3),)),
     Case("empty_like", aten.empty_like.default, lambda: (i(64, 64),), values=False),
-    Case("full_like", aten.full_like.default, lambda: (f(4, 12), 3.0), hints={"split_groups": (3,)}),
+    Case(
+        "full_like", aten.full_like.default, lambda: (f(4, 12), 3.0), hints={"split_groups": (3,)}
+    ),
 ]
 
 
@@ -408,7 +519,9 @@ def partial_terms(t: torch.Tensor, p: Partial, n: int) -> list[torch.Tensor]:
     return [*terms, total - sum(terms)]
 
 
-def local_inputs(tensors: list[torch.Tensor], placements: tuple[Placement, ...], n: int) -> list[list[torch.Tensor]]:
+def local_inputs(
+    tensors: list[torch.Tensor], placements: tuple[Placement, ...], n: int
+) -> list[list[torch.Tensor]]:
     """Per rank, the local value of each tensor input."""
     per_tensor = []
     for t, p in zip(tensors, placements):
@@ -426,7 +539,12 @@ def localize(op: Any, args: tuple, call: OpCall, strategy: Strategy, n: int) -> 
     global shapes and placements."""
     outs = [local_shape(m.shape, (p,), (n,)) for m, p in zip(call.out, strategy.outputs)]
     args = list(args)
-    if op in (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default):
+    if op in (
+        aten.view.default,
+        aten.reshape.default,
+        aten._unsafe_view.default,
+        aten.expand.default,
+    ):
         args[1] = list(outs[0])
     elif op is aten.unflatten.int:
         dim = norm_dim(args[1], call.tensor_args[0].ndim)
@@ -438,7 +556,9 @@ def localize(op: Any, args: tuple, call: OpCall, strategy: Strategy, n: int) -> 
     return tuple(args)
 
 
-def run_local(case: Case, args: tuple, kwargs: dict, call: OpCall, strategy: Strategy, n: int) -> list[list[torch.Tensor]]:
+def run_local(
+    case: Case, args: tuple, kwargs: dict, call: OpCall, strategy: Strategy, n: int
+) -> list[list[torch.Tensor]]:
     """Run the strategy on every rank; returns each rank's tensor outputs."""
     leaves, spec = tree_flatten((args, kwargs))
     slots = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -452,7 +572,9 @@ def run_local(case: Case, args: tuple, kwargs: dict, call: OpCall, strategy: Str
         largs = localize(case.op, largs, call, strategy, n)
         if strategy.local_impl == VOCAB_PARALLEL:
             weight, ids = largs[:2]
-            out = vocab_parallel_embedding(weight, ids, rank=r, axis_size=n, vocab_size=call.tensor_args[0].shape[0])
+            out = vocab_parallel_embedding(
+                weight, ids, rank=r, axis_size=n, vocab_size=call.tensor_args[0].shape[0]
+            )
         else:
             assert strategy.local_impl is None, strategy
             out = case.op(*largs, **lkwargs)
@@ -471,20 +593,32 @@ def check_valid(call: OpCall, strategy: Strategy, n: int) -> None:
     for meta, p in zip((*call.tensor_args, *call.out), (*strategy.inputs, *strategy.outputs)):
         if isinstance(p, Shard):
             assert p.dim < meta.ndim, f"{strategy}: {p} on a {meta.ndim}-d tensor"
-            assert can_shard(meta.shape[p.dim], n, p.groups), f"{strategy}: {p} of {meta.shape} on {n}"
+            assert can_shard(meta.shape[p.dim], n, p.groups), (
+                f"{strategy}: {p} of {meta.shape} on {n}"
+            )
     for meta, p in zip(call.tensor_args, strategy.inputs):
         if isinstance(p, Partial):
             assert meta.dtype.is_floating_point, f"{strategy}: partial {meta.dtype} input"
 
 
-def check_numerics(case: Case, args: tuple, kwargs: dict, call: OpCall, refs: list[torch.Tensor], strategy: Strategy, n: int) -> None:
+def check_numerics(
+    case: Case,
+    args: tuple,
+    kwargs: dict,
+    call: OpCall,
+    refs: list[torch.Tensor],
+    strategy: Strategy,
+    n: int,
+) -> None:
     results = run_local(case, args, kwargs, call, strategy, n)
     for k, (ref, p) in enumerate(zip(refs, strategy.outputs)):
         locals_ = [res[k] for res in results]
         what = f"{case.name} n={n} {strategy} output {k}"
         for r, loc in enumerate(locals_):
             expected = local_shape(tuple(ref.shape), (p,), (n,))
-            assert tuple(loc.shape) == expected, f"{what}: rank {r} shape {tuple(loc.shape)} != {expected}"
+            assert tuple(loc.shape) == expected, (
+                f"{what}: rank {r} shape {tuple(loc.shape)} != {expected}"
+            )
         if not case.values:
             continue
         if isinstance(p, Shard):
@@ -645,3 +779,241 @@ def test_rule_agrees_with_dtensor(case: Case, n: int) -> None:
             f"we give {sorted(_fmt(o) for o in outputs)}"
         )
     assert compared, "DTensor accepted none of the input placements, not even replicated"
+
+
+# ----------------------------------------------------------------------------- other checks
+
+
+def test_dropout_never_partial() -> None:
+    """Dropout draws its mask per device: a partial input (or, in attention, a value split
+    over devices that see the same attention weights) would get several masks.
+
+    The numeric cases run dropout with p=0 (deterministic), so this is checked by listing.
+    """
+    for op, args in (
+        (aten.dropout.default, (f(4, 8), 0.1, True)),
+        (aten.native_dropout.default, (f(4, 8), 0.1, True)),
+        (
+            aten.scaled_dot_product_attention.default,
+            (f(2, 4, 8, 8), f(2, 4, 8, 8), f(2, 4, 8, 8), None, 0.1),
+        ),
+    ):
+        case = Case("dropout_check", op, lambda args=args: args)
+        _, _, call, _ = _build(case)
+        for n in AXIS_SIZES:
+            for s in rule_for(op)(call, n):
+                assert not any(isinstance(p, Partial) for p in s.inputs), s
+                if op is aten.scaled_dot_product_attention.default:
+                    assert s.inputs[2] != Shard(3), s
+
+
+def test_vocab_parallel_embedding_forward_and_backward() -> None:
+    """Summing the local lookups gives the full lookup, and each device's weight gradient is
+    its rows of the full gradient (out-of-range ids contribute nothing)."""
+    torch.manual_seed(0)
+    vocab, dim = 16, 6
+    weight = f(vocab, dim)
+    ids = torch.tensor([[0, 3, 4, 7], [8, 11, 12, 15]])
+    upstream = f(2, 4, dim)
+    ref_w = weight.clone().requires_grad_()
+    (torch.nn.functional.embedding(ids, ref_w) * upstream).sum().backward()
+    for n in AXIS_SIZES:
+        shards = [w.clone().requires_grad_() for w in weight.chunk(n, 0)]
+        outs = [
+            vocab_parallel_embedding(w, ids, rank=r, axis_size=n, vocab_size=vocab)
+            for r, w in enumerate(shards)
+        ]
+        _assert_close(sum(outs), torch.nn.functional.embedding(ids, weight), "forward")
+        (sum(outs) * upstream).sum().backward()
+        _assert_close(torch.cat([w.grad for w in shards]), ref_w.grad, "weight gradient")
+
+
+BRIEF_OPS = [
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
+    aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.div_.Tensor, aten.neg.default,
+    aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.sqrt.default, aten.exp.default,
+    aten.log.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default,
+    aten.gelu.default, aten.relu.default, aten.where.self, aten.where.ScalarOther,
+    aten.where.ScalarSelf, aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar,
+    aten.le.Tensor, aten.le.Scalar, aten.lt.Tensor, aten.lt.Scalar, aten.ge.Tensor,
+    aten.ge.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.__and__.Tensor, aten.__or__.Tensor,
+    aten.logical_not.default, aten.bitwise_not.default, aten.masked_fill.Scalar,
+    aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
+    aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.type_as.default,
+    aten.dropout.default, aten.native_dropout.default, aten.floor_divide.default,
+    aten._assert_tensor_metadata.default,
+    aten.linear.default, aten.addmm.default, aten.mm.default, aten.bmm.default,
+    aten.matmul.default, aten.baddbmm.default,
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.transpose.int, aten.permute.default, aten.t.default,
+    aten.expand.default, aten.flatten.using_ints, aten.unflatten.int, aten.slice.Tensor,
+    aten.select.int, aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default,
+    aten.unbind.int, aten.cat.default, aten.stack.default, aten.pad.default, aten.index.Tensor,
+    aten.diff.default, aten.cumsum.default, aten.tril.default, aten.triu.default,
+    aten.repeat.default, aten.roll.default,
+    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+    aten.max.dim, aten.var.correction, aten.var_mean.correction, aten.std.correction,
+    aten.argmax.default, aten.topk.default, aten.sort.default,
+    aten.layer_norm.default, aten.native_layer_norm.default, aten.rms_norm.default,
+    aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default,
+    aten.scaled_dot_product_attention.default, aten.embedding.default,
+    aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss_forward.default,
+    aten.nll_loss_nd.default,
+    aten.arange.default, aten.arange.start, aten.zeros.default, aten.ones.default,
+    aten.full.default, aten.empty.memory_format, aten.new_ones.default, aten.new_zeros.default,
+    aten.new_empty.default, aten.new_full.default, aten.zeros_like.default,
+    aten.ones_like.default, aten.empty_like.default, aten.full_like.default,
+    aten.scalar_tensor.default,
+]  # fmt: skip
+
+# Data-dependent output shapes: deliberately no rule (they run replicated).
+NO_RULE = [aten.nonzero.default, aten.index_put_.default, aten.histc.default]
+
+
+def test_every_listed_op_has_a_rule_and_a_case() -> None:
+    tested = {c.op for c in CASES}
+    assert [op for op in BRIEF_OPS if rule_for(op) is None] == []
+    assert [op for op in BRIEF_OPS if op not in tested] == []
+    assert [op for op in NO_RULE if rule_for(op) is not None] == []
+
+
+def test_strategies_for_puts_replicated_first() -> None:
+    _, _, call, _ = _build(CASES[0])
+    strategies = strategies_for(call, 2)
+    assert strategies[0].is_replicated
+    assert len(set(strategies)) == len(strategies)
+    assert strategies_for(call, 1) == [replicate_all(call)]
+    unruled = OpCall(aten.nonzero.default, (call.tensor_args[0],), {}, call.out[:1])
+    assert strategies_for(unruled, 2) == [replicate_all(unruled)]
+
+
+# ----------------------------------------------------------------------------- real graphs
+
+
+class _NanoGPT(torch.nn.Module):
+    """nanoGPT's model, two layers, tiny: the ops ``torch.export`` gives for it."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.wte = torch.nn.Embedding(vocab, dim)
+        self.wpe = torch.nn.Embedding(16, dim)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                {
+                    "ln_1": torch.nn.LayerNorm(dim),
+                    "c_attn": torch.nn.Linear(dim, 3 * dim),
+                    "c_proj": torch.nn.Linear(dim, dim),
+                    "ln_2": torch.nn.LayerNorm(dim),
+                    "fc": torch.nn.Linear(dim, 4 * dim),
+                    "proj": torch.nn.Linear(4 * dim, dim),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.ln_f = torch.nn.LayerNorm(dim)
+        self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        fn = torch.nn.functional
+        bsz, seq = idx.shape
+        pos = torch.arange(0, seq, dtype=torch.long, device=idx.device)
+        x = fn.dropout(self.wte(idx) + self.wpe(pos), 0.1, self.training)
+        for blk in self.blocks:
+            q, k, v = blk["c_attn"](blk["ln_1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = (t.view(bsz, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+            y = fn.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+            x = x + blk["c_proj"](y.transpose(1, 2).contiguous().view(bsz, seq, -1))
+            x = x + blk["proj"](fn.gelu(blk["fc"](blk["ln_2"](x))))
+        logits = self.lm_head(self.ln_f(x))
+        return fn.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def _graph_calls(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, OpCall]]:
+    """An OpCall per aten call in an exported graph, built from the nodes' fake values."""
+
+    def meta_of(node: torch.fx.Node) -> Any:
+        val = node.meta.get("val")
+        return _meta(val) if isinstance(val, torch.Tensor) else val
+
+    calls = []
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        args, kwargs = tree_map_only(torch.fx.Node, meta_of, (node.args, dict(node.kwargs)))
+        outs = tuple(_meta(t) for t in _tensors(node.meta.get("val")))
+        calls.append((node, OpCall(node.target, tuple(args), kwargs, outs)))
+    return calls
+
+
+def _check_graph(graph: torch.fx.Graph) -> set[Any]:
+    """Every rule runs on every call of the graph and lists valid strategies; returns the
+    aten ops without a rule."""
+    unruled = set()
+    for _, call in _graph_calls(graph):
+        if rule_for(call.target) is None:
+            unruled.add(call.target)
+        for n in AXIS_SIZES:
+            for strategy in strategies_for(call, n):
+                check_valid(call, strategy, n)
+    return {op for op in unruled if op.namespace == "aten"}
+
+
+def test_nanogpt_graph() -> None:
+    """All ops of an exported nanoGPT have a rule, and with the fused-QKV hint the
+    projection and the split agree on ``S(2)g3``."""
+    model = _NanoGPT()
+    ids = torch.randint(0, 64, (2, 16))
+    graph = torch.export.export(model, (ids, ids), strict=False).graph
+    assert _check_graph(graph) == set()
+    for node, call in _graph_calls(graph):
+        if node.target is aten.split.Tensor:
+            producer = node.args[0]
+            ((_, pcall),) = [(nd, c) for nd, c in _graph_calls(graph) if nd is producer]
+            hinted = OpCall(
+                pcall.target, pcall.args, pcall.kwargs, pcall.out, {"split_groups": (3,)}
+            )
+            column = Strategy((Replicate(), Shard(0, 3), Shard(0, 3)), (Shard(2, 3),))
+            assert column in strategies_for(hinted, 4)
+            assert Strategy((Shard(2, 3),), (Shard(2),) * 3) in strategies_for(call, 4)
+
+
+def _hf_graph(name: str) -> torch.fx.Graph:
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(0, 128, (2, 16))
+    if name == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    elif name == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=128, n_embd=64, n_layer=1, n_head=4, n_positions=32,
+            attn_implementation="eager",
+        )  # fmt: skip
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.MixtralConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+            num_experts_per_tok=2,
+        )  # fmt: skip
+        model = transformers.MixtralForCausalLM(config)
+    kwargs = {"input_ids": ids, "labels": ids, "use_cache": False}
+    return torch.export.export(model, (), kwargs, strict=False).graph
+
+
+@pytest.mark.parametrize(
+    ("model", "unruled"),
+    [
+        ("llama", set()),
+        ("gpt2", set()),
+        ("mixtral", {aten.histc.default, aten.index_put_.default}),
+    ],
+)
+def test_hf_graph(model: str, unruled: set[Any]) -> None:
+    """Every aten op of a tiny HF model has a rule (except data-dependent ones), and every
+    rule lists valid strategies on the real argument formats torch.export produces."""
+    assert _check_graph(_hf_graph(model)) == unruled

@@ -12,6 +12,11 @@ values whole, is valid when the mask is explicit (sharded along the query dim wi
 each device attends its queries to all keys. ``is_causal=True`` is excluded there, because
 the implicit causal mask would be aligned to local, not global, query positions.
 
+The output is linear in the values, so (without dropout) the value's feature dim may be
+sharded (output sharded on its last dim) and a ``Partial`` value gives a ``Partial`` output.
+With dropout each device would draw its own mask over the *same* attention weights, which no
+single-device run does, so these two are offered only for ``dropout_p == 0``.
+
 Dropout inside attention is random: see :func:`autopar.strategies.pointwise.dropout`.
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from autopar.placements import Placement, Shard, can_shard
-from autopar.strategies.pointwise import R, aligned_dim, tensor_slot
+from autopar.strategies.pointwise import R, aligned_dim, partial_strategies, tensor_slot
 from autopar.strategies.registry import register_rule
 from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
@@ -61,4 +66,10 @@ def sdpa(call: OpCall, axis_size: int) -> list[Strategy]:
     if not is_causal and can_shard(q.shape[seq], axis_size):
         ins = [Shard(seq), R, R] + [R] * (n_in - 3)
         strategies.append(Strategy(with_mask(ins, seq), (Shard(seq),)))
+
+    if call.arg(4, "dropout_p", 0.0) == 0.0:
+        if can_shard(v.shape[-1], axis_size):
+            ins = [R, R, Shard(nd - 1)] + [R] * (n_in - 3)
+            strategies.append(Strategy(tuple(ins), (Shard(nd - 1),)))
+        strategies += partial_strategies(call, [[2]])
     return strategies

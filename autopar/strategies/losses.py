@@ -15,7 +15,9 @@ reduction (0 none, 1 mean, 2 sum):
   use reduction sum and divide by the global count.
 
 ``nll_loss`` is linear in its (log-probability) input, whose normalizer does not depend on
-it, so a ``Partial`` input gives a ``Partial`` loss; cross-entropy is not linear.
+it, so a ``Partial`` input gives a ``Partial`` loss. Cross-entropy is not linear in its
+logits, but with class-probability targets it is linear in the targets (affine with label
+smoothing, which mixes in a constant).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def _loss_strategies(call: OpCall, axis_size: int, reduction: int) -> list[Strat
     for d, size in enumerate(x.shape):
         if d == class_dim or not can_shard(size, axis_size):
             continue
-        td = d if probs or d == 0 else d - 1
-        out: Placement = _REDUCED.get(reduction, Shard(td))
+        od = d if d < class_dim else d - 1  # the per-element loss has no class dim
+        td = d if probs else od
+        out: Placement = _REDUCED.get(reduction, Shard(od))
         ins: tuple[Placement, ...] = (Shard(d), Shard(td)) + (R,) * (n_in - 2)
         outs: tuple[Placement, ...] = (out,)
         if two_outputs:
@@ -55,7 +58,12 @@ def _loss_strategies(call: OpCall, axis_size: int, reduction: int) -> list[Strat
 
 @register_rule(aten.cross_entropy_loss.default)
 def cross_entropy_loss(call: OpCall, axis_size: int) -> list[Strategy]:
-    return _loss_strategies(call, axis_size, int(call.arg(3, "reduction", 1)))
+    strategies = _loss_strategies(call, axis_size, int(call.arg(3, "reduction", 1)))
+    x, target = call.tensor_args[:2]
+    if target.ndim == x.ndim:  # class probabilities
+        smoothed = call.arg(5, "label_smoothing", 0.0) != 0.0
+        strategies += partial_strategies(call, [] if smoothed else [[1]], [[1]])
+    return strategies
 
 
 @register_rule(aten.nll_loss.default, aten.nll_loss_nd.default)

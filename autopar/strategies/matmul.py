@@ -125,24 +125,21 @@ def linear(call: OpCall, axis_size: int) -> list[Strategy]:
 
 
 def _mm_labels(call: OpCall, a: int, b: int) -> tuple[dict[int, dict[str, int]], dict[str, int]]:
-    """Labels of ``mm``/``bmm``/``matmul`` operands (torch.matmul's broadcasting rules)."""
+    """Labels of ``mm``/``bmm``/``matmul`` operands (torch.matmul's broadcasting rules:
+    a 1-d operand has only ``k``; leading dims are batch dims, broadcast right-aligned)."""
     ma, mb = call.tensor_args[a], call.tensor_args[b]
     out_shape = call.out[0].shape
-    if ma.ndim == 1 and mb.ndim == 1:
-        return {a: {"k": 0}, b: {"k": 0}}, {}
-    if mb.ndim == 1:
-        out_batch = out_shape[:-1]
-        la = {**_batch_labels(ma, ma.ndim - 2, out_batch), "m": ma.ndim - 2, "k": ma.ndim - 1}
-        return {a: la, b: {"k": 0}}, {**{f"b{o}": o for o in range(len(out_batch))}, "m": len(out_shape) - 1}
-    if ma.ndim == 1:
-        out_batch = out_shape[:-1]
-        lb = {**_batch_labels(mb, mb.ndim - 2, out_batch), "k": mb.ndim - 2, "n": mb.ndim - 1}
-        return {a: {"k": 0}, b: lb}, {**{f"b{o}": o for o in range(len(out_batch))}, "n": len(out_shape) - 1}
-    out_batch = out_shape[:-2]
-    la = {**_batch_labels(ma, ma.ndim - 2, out_batch), "m": ma.ndim - 2, "k": ma.ndim - 1}
-    lb = {**_batch_labels(mb, mb.ndim - 2, out_batch), "k": mb.ndim - 2, "n": mb.ndim - 1}
-    out_labels = {f"b{o}": o for o in range(len(out_batch))}
-    out_labels.update(m=len(out_shape) - 2, n=len(out_shape) - 1)
+    n_batch = max(len(out_shape) - (ma.ndim > 1) - (mb.ndim > 1), 0)
+    out_batch = out_shape[:n_batch]
+    out_labels = {f"b{o}": o for o in range(n_batch)}
+    la: dict[str, int] = {"k": ma.ndim - 1}
+    lb: dict[str, int] = {"k": max(mb.ndim - 2, 0)}
+    if ma.ndim > 1:
+        la.update(_batch_labels(ma, ma.ndim - 2, out_batch), m=ma.ndim - 2)
+        out_labels["m"] = n_batch
+    if mb.ndim > 1:
+        lb.update(_batch_labels(mb, mb.ndim - 2, out_batch), n=mb.ndim - 1)
+        out_labels["n"] = len(out_shape) - 1
     return {a: la, b: lb}, out_labels
 
 

@@ -4,7 +4,9 @@ log_softmax.
 A normalization computes statistics over some dims and rescales along them. Run locally on
 a shard of a normalized dim, it would normalize with the wrong statistics, so only the other
 (leading, or for softmax: all but ``dim``) dims can be sharded; the affine weight and bias
-cover the normalized dims and stay replicated. None of these is linear: no ``Partial``.
+cover the normalized dims and stay replicated. The output is not linear in the input, but
+it is in the affine parameters: ``norm(x) * w + b`` with ``w`` and ``b`` partial is partial
+(``w`` alone, or ``b`` alone, only for ``P(avg)``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from __future__ import annotations
 import torch
 
 from autopar.placements import Placement, Shard, can_shard
-from autopar.strategies.pointwise import R, group_options
+from autopar.strategies.pointwise import (
+    R,
+    group_options,
+    nonempty_subsets,
+    partial_strategies,
+    tensor_slot,
+)
 from autopar.strategies.registry import register_rule
 from autopar.strategies.rule import OpCall, Strategy, norm_dim, replicate_all
 
@@ -48,7 +56,14 @@ def layer_norm(call: OpCall, axis_size: int) -> list[Strategy]:
     """
     x = call.tensor_args[0]
     k = len(call.arg(1, "normalized_shape"))
-    return _leading_dims(call, axis_size, x.ndim - k)
+    strategies = _leading_dims(call, axis_size, x.ndim - k)
+    weight, bias = tensor_slot(call, 2, "weight"), tensor_slot(call, 3, "bias")
+    params = [s for s in (weight, bias) if s is not None]
+    # Without a weight, norm(x) + b counts norm(x) once per device: not linear in b.
+    linear = [params] if weight is not None else []
+    # mean/rstd (the extra outputs) do not depend on the parameters: they stay whole.
+    pinned = (None,) + (R,) * (len(call.out) - 1)
+    return strategies + partial_strategies(call, linear, nonempty_subsets(params), pinned)
 
 
 @register_rule(

@@ -354,7 +354,8 @@ def where(call: OpCall, axis_size: int) -> list[Strategy]:
     A scalar branch is a constant: allowed for ``P(sum)`` only if it is 0.
     """
     branches = present_slots(call, ((1, "self"), (2, "other")))
-    scalars = [v for v in (call.arg(1, "self"), call.arg(2, "other")) if not isinstance(v, TensorMeta)]
+    values = (call.arg(1, "self"), call.arg(2, "other"))
+    scalars = [v for v in values if not isinstance(v, TensorMeta)]
     linear = [branches] if all(_is_zero(v) for v in scalars) else []
     return [
         *_elementwise(call, axis_size),

@@ -11,7 +11,7 @@ here never shards a dim that a start/end/index/pad argument refers to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -103,6 +103,22 @@ def reshape_strategies(
             add(Shard(li, k), Shard(go[1]))
     strategies += partial_strategies(call, [[0]])
     return strategies
+
+
+def _keep_other_dims(
+    call: OpCall,
+    axis_size: int,
+    skip: Iterable[int],
+    linear: Sequence[Sequence[int]] = ((0,),),
+    affine: Sequence[Sequence[int]] = (),
+) -> list[Strategy]:
+    """Same-rank ops that keep every dim but ``skip`` in place: those keep their shards."""
+    out_shape = call.out[0].shape
+    return [
+        replicate_all(call),
+        *shard_each_dim(call, axis_size, out_shape, skip=skip),
+        *partial_strategies(call, linear, affine),
+    ]
 
 
 @register_rule(
@@ -197,8 +213,7 @@ def slice_(call: OpCall, axis_size: int) -> list[Strategy]:
         x.shape[dim], call.arg(2, "start"), call.arg(3, "end"), call.arg(4, "step", 1)
     )
     skip = () if full else (dim,)
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=skip)]
-    return strategies + partial_strategies(call, [[0]])
+    return _keep_other_dims(call, axis_size, skip)
 
 
 def _dropping_dim(call: OpCall, axis_size: int, dim: int) -> list[Strategy]:
@@ -310,8 +325,7 @@ def pad(call: OpCall, axis_size: int) -> list[Strategy]:
     else:
         mode, value = call.arg(2, "mode", "constant"), call.arg(3, "value")
     linear = mode != "constant" or value in (None, 0)
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=skip)]
-    return strategies + partial_strategies(call, [[0]] if linear else [], [[0]])
+    return _keep_other_dims(call, axis_size, skip, [[0]] if linear else [], [[0]])
 
 
 @register_rule(aten.index.Tensor)
@@ -367,9 +381,9 @@ def diff(call: OpCall, axis_size: int) -> list[Strategy]:
     and ``append`` are sharded like the input. Linear in all of them together."""
     x = call.tensor_args[0]
     dim = norm_dim(call.arg(2, "dim", -1), x.ndim)
-    slots = [s for s in (0, tensor_slot(call, 3, "prepend"), tensor_slot(call, 4, "append")) if s is not None]
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=(dim,))]
-    return strategies + partial_strategies(call, [slots])
+    extra = (tensor_slot(call, 3, "prepend"), tensor_slot(call, 4, "append"))
+    slots = [0, *(s for s in extra if s is not None)]
+    return _keep_other_dims(call, axis_size, (dim,), [slots])
 
 
 @register_rule(aten.cumsum.default)
@@ -377,8 +391,7 @@ def cumsum(call: OpCall, axis_size: int) -> list[Strategy]:
     """A scan: the scanned dim is never sharded (a shard would restart the running sum)."""
     x = call.tensor_args[0]
     dim = norm_dim(call.arg(1, "dim"), x.ndim)
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=(dim,))]
-    return strategies + partial_strategies(call, [[0]])
+    return _keep_other_dims(call, axis_size, (dim,))
 
 
 @register_rule(aten.tril.default, aten.triu.default)
@@ -386,8 +399,7 @@ def tril_triu(call: OpCall, axis_size: int) -> list[Strategy]:
     """The triangle is defined on global indices of the last two dims: shard only batch dims."""
     x = call.tensor_args[0]
     skip = range(max(x.ndim - 2, 0), x.ndim)
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=skip)]
-    return strategies + partial_strategies(call, [[0]])
+    return _keep_other_dims(call, axis_size, skip)
 
 
 @register_rule(aten.repeat.default)
@@ -414,5 +426,4 @@ def roll(call: OpCall, axis_size: int) -> list[Strategy]:
     x = call.tensor_args[0]
     dims = list(call.arg(2, "dims", []) or [])
     skip = [norm_dim(d, x.ndim) for d in dims] if dims else range(x.ndim)
-    strategies = [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape, skip=skip)]
-    return strategies + partial_strategies(call, [[0]])
+    return _keep_other_dims(call, axis_size, skip)

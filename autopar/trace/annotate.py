@@ -124,6 +124,12 @@ def annotate(gm: fx.GraphModule) -> None:
             facts.module_path = facts.param.fqn.rsplit(".", 1)[0] if facts.param else ""
         elif node.op == "placeholder":
             requires_grad[node] = False
+        elif node.op == "call_function" and node.target is operator.getitem:
+            source = node.args[0]
+            requires_grad[node] = requires_grad.get(source, False) and bool(outs) and (
+                outs[0].is_floating_point()
+            )
+            facts.is_view = True
         elif node.op == "call_function":
             requires_grad[node] = _output_requires_grad(node, input_grads)
             facts.params = tuple(

@@ -36,13 +36,18 @@ def export_model(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphM
 
 
 def strip_guards(gm: fx.GraphModule) -> None:
-    """Remove export's input-shape guards: the per-rank program runs on local shapes."""
+    """Remove export's input-shape guards (the per-rank program runs on local shapes) and
+    unused reads of parameters."""
     for key, hook in list(gm._forward_pre_hooks.items()):
         if "check_input_constraints" in getattr(hook, "__name__", ""):
             del gm._forward_pre_hooks[key]
             gm._forward_pre_hooks_with_kwargs.pop(key, None)
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards_fn"):
+        if node.op == "get_attr" and not node.users:
+            # Export reads a tied weight under every name but uses one; keep one reader so
+            # the weight is planned (and counted) once.
+            gm.graph.erase_node(node)
+        elif node.op == "call_module" and str(node.target).startswith("_guards_fn"):
             gm.graph.erase_node(node)
             if hasattr(gm, node.target):
                 delattr(gm, node.target)

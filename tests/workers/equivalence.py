@@ -20,7 +20,7 @@ import autopar
 from autopar.comm_ops import local_slice
 from autopar.placements import Shard, parse_placement
 
-STEPS = 3
+STEPS = int(__import__('os').environ.get('AUTOPAR_TEST_STEPS', 3))
 
 
 def build(name: str):
@@ -95,7 +95,7 @@ def main() -> int:
             ref = ref_grads.get(_tied_name(fqn, reference))
         if ref is None:
             continue
-        for axis, text in pm.plan.params.get(fqn, {}).items():
+        for axis, text in _placements(pm, fqn).items():
             p = parse_placement(text)
             if isinstance(p, Shard) and pm.plan.mesh[axis] > 1:
                 ref = local_slice(ref, p, pm.plan.mesh[axis], coords[axis])
@@ -103,17 +103,34 @@ def main() -> int:
         close = torch.allclose(g, ref, rtol=args.rtol, atol=1e-6)
         if not close:
             max_err = max(max_err, err)
+            if __import__("os").environ.get("AUTOPAR_TEST_VERBOSE"):
+                print(f"grad mismatch {fqn}: {err:.3g} {g.flatten()[:4].tolist()} {ref.flatten()[:4].tolist()}", file=sys.stderr)
         checked += 1
     losses_ok = all(abs(x - y) <= args.rtol * abs(y) + 1e-7 for x, y in zip(losses, ref_losses))
     ok = losses_ok and max_err == 0.0 and checked > 0
     rank = dist.get_rank() if dist.is_initialized() else 0
-    print(json.dumps({"rank": rank, "mesh": pm.plan.mesh, "losses": losses, "reference": ref_losses,
+    record = {"rank": rank, "mesh": pm.plan.mesh, "losses": losses, "reference": ref_losses,
                       "grads_checked": checked, "max_grad_err": max_err, "ok": ok,
-                      "sharded": sorted(f for f, ax in pm.plan.params.items() if ax.get("tp", "R") != "R")}),
-          flush=True)
+                      "sharded": sorted(f for f, ax in pm.plan.params.items() if ax.get("tp", "R") != "R")}
+    print(json.dumps(record), flush=True)
+    out_dir = __import__("os").environ.get("AUTOPAR_TEST_OUT")
+    if out_dir:
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump(record, f)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if ok else 1
+
+
+def _placements(pm, fqn: str) -> dict:
+    """The plan's placements of a parameter, looking through tied names."""
+    if fqn in pm.plan.params:
+        return pm.plan.params[fqn]
+    target = operator.attrgetter(fqn)(pm._program)
+    for name, p in pm._program.named_parameters(remove_duplicate=False):
+        if p is target and name in pm.plan.params:
+            return pm.plan.params[name]
+    return {}
 
 
 def _tied_name(fqn: str, model) -> str | None:

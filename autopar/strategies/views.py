@@ -360,18 +360,15 @@ def index(call: OpCall, axis_size: int) -> list[Strategy]:
         o = out_dim_of(d)
         for g in group_options(call, o, len(out_shape)):
             if can_shard(x.shape[d], axis_size, g):
-                ins = (Shard(d, g),) + (R,) * (n_in - 1)
-                strategies.append(Strategy(ins, (Shard(o, g),)))
+                strategies.append(Strategy((Shard(d, g),) + (R,) * (n_in - 1), (Shard(o, g),)))
     for j, size in enumerate(bshape):
         o = first + j
         for g in group_options(call, o, len(out_shape)):
             if not can_shard(size, axis_size, g):
                 continue
-            ins: list[Placement] = [R]
-            for _, m in idx:
-                a = aligned_dim(m, bshape, j)
-                ins.append(R if a is None else Shard(a, g))
-            strategies.append(Strategy(tuple(ins), (Shard(o, g),)))
+            aligned = (aligned_dim(m, bshape, j) for _, m in idx)
+            placed = tuple(R if a is None else Shard(a, g) for a in aligned)
+            strategies.append(Strategy((R, *placed), (Shard(o, g),)))
     return strategies + partial_strategies(call, [[0]])
 
 

@@ -1,0 +1,52 @@
+"""One process of ``autopar demo`` (started by torchrun): parallelize, train, report.
+
+    python -m torch.distributed.run --nproc-per-node 2 -m autopar.cli.demo_worker --out r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+import autopar
+from autopar.cli.demo_data import demo_batches, demo_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--cluster", default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    model = demo_model()
+    batches = demo_batches(args.steps)
+    world = dist.get_world_size() if dist.is_initialized() else int(
+        __import__("os").environ.get("WORLD_SIZE", 1)
+    )
+    cluster = args.cluster or f"{world}xcpu"
+    started = time.perf_counter()
+    pm = autopar.parallelize(model, cluster, batches[0])
+    setup_s = time.perf_counter() - started
+    opt = torch.optim.AdamW(pm.parameters(), lr=3e-3)
+    losses, step_s = [], []
+    for inputs in batches:
+        t = time.perf_counter()
+        a, k = pm.shard_batch(*inputs)
+        opt.zero_grad()
+        losses.append(pm.train_step(*a, **k).item())
+        opt.step()
+        step_s.append(time.perf_counter() - t)
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"losses": losses, "step_s": step_s, "setup_s": setup_s,
+                       "plan": pm.plan.to_dict()}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

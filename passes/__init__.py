@@ -10,6 +10,7 @@ from autopar.passes.infra import (
 )
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
+from autopar.passes.outline_layers import OutlineLayers
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
 
@@ -23,6 +24,7 @@ __all__ = [
     "GraphPass",
     "InsertCollectives",
     "LocalizeShapes",
+    "OutlineLayers",
     "PassContext",
     "PassManager",
     "PassResult",

@@ -46,6 +46,7 @@ class PassResult:
     graph_module: fx.GraphModule
     modified: bool
     changes: list[str] = field(default_factory=list)
+    pass_name: str = ""  # filled in by the PassManager
 
 
 class GraphPass(ABC):
@@ -116,6 +117,7 @@ class PassManager:
                     fix="this is a bug in the pass or an op its rules do not cover; report it "
                     "with the plan (autopar plan --json)",
                 ) from e
+            result.pass_name = p.name
             if result.modified:
                 result.graph_module.recompile()
             gm = result.graph_module

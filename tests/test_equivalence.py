@@ -49,11 +49,15 @@ CASES = [
     ("llama", 2, ["--dp", "2"]),
     ("llama", 2, ["--tp", "2", "--cluster", FAST]),
     ("llama", 4, ["--dp", "2", "--tp", "2", "--cluster", FAST]),
+    # ZeRO-3 (FSDP2 per outlined layer) and gradient accumulation over microbatches.
+    ("gpt", 2, ["--dp", "2", "--zero", "3", "--microbatch", "1"]),
+    ("llama", 4, ["--dp", "2", "--tp", "2", "--zero", "3", "--cluster", FAST]),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,nproc,extra", CASES, ids=[f"{m}-{' '.join(a[:4:2])}-{n}ranks" for m, n, a in CASES])
+@pytest.mark.parametrize("model,nproc,extra", CASES, ids=[f"{m}-{'-'.join(x for x in a if x.startswith('--') and x != '--cluster')}-{n}ranks"
+         for m, n, a in CASES])
 def test_matches_single_device(model: str, nproc: int, extra: list[str], tmp_path: Path) -> None:
     if model == "llama":
         pytest.importorskip("transformers")
@@ -68,3 +72,7 @@ def test_matches_single_device(model: str, nproc: int, extra: list[str], tmp_pat
         assert results[0]["sharded"], "expected tensor-parallel weights"
     if "--dp" in extra:
         assert mesh["dp"] == 2
+    if "--zero" in extra:
+        assert results[0]["zero"] == int(extra[extra.index("--zero") + 1])
+    if "--microbatch" in extra:
+        assert results[0]["microbatches"] == 2

@@ -16,7 +16,7 @@ from torch import nn
 
 from autopar.cluster import Cluster, load_cluster
 from autopar.graph_facts import graph_facts
-from autopar.passes import PassContext, PassManager, sharding_passes
+from autopar.passes import OutlineLayers, PassContext, PassManager, sharding_passes
 from autopar.plan import Plan
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
@@ -51,9 +51,14 @@ def parallelize(
         plan = Plan.load(plan)
     plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
     ctx = build_mesh(plan, cluster.backend)
-    program, _ = PassManager(sharding_passes()).run(gm, PassContext(plan, ctx.coords))
+    zero = plan.training.get("zero_stage", 0)
+    passes = sharding_passes()
+    if zero == 3 and plan.mesh.get("dp", 1) > 1:
+        passes.append(OutlineLayers())  # FSDP2 gathers one layer module at a time
+    program, _ = PassManager(passes).run(gm, PassContext(plan, ctx.coords))
     program.to(ctx.device)
-    wrapped = wrap_data_parallel(program, ctx, plan.training.get("zero_stage", 0), units=[])
+    units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
+    wrapped = wrap_data_parallel(program, ctx, zero, units=units)
     return ParallelModule(program, wrapped, plan, ctx)
 
 

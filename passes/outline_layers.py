@@ -1,0 +1,148 @@
+"""Outline each repeated layer into a submodule that owns its parameters.
+
+The traced program is one flat graph that reads every weight from the root. FSDP2 shards
+and gathers per module, and pipeline stages cut at layer boundaries, so both need each
+layer to be a module called by the root. This pass uses ``torch.fx``'s ``split_module`` to
+cut the graph into "before the layers", one part per layer, and "after the layers", then
+moves each layer's weights into its part and installs the part at the layer's original path
+(``model.layers.3``), so parameter names do not change.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.split_module import split_module
+
+from autopar.graph_facts import META_KEY
+from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+
+PRE, POST = 0, 1_000_000
+
+
+def _layer_of(node: fx.Node) -> tuple[str, int] | None:
+    facts = node.meta.get(META_KEY)
+    if facts is None or facts.layer is None or facts.block is None:
+        return None
+    return facts.block, facts.layer
+
+
+def layer_paths(gm: fx.GraphModule) -> list[str]:
+    """Paths of the repeated layers, in graph order (``model.layers.0``, ...)."""
+    return list(dict.fromkeys(partition_nodes(gm)[1].values()))
+
+
+def partition_nodes(gm: fx.GraphModule) -> tuple[dict[fx.Node, int], dict[int, str]]:
+    """Node -> partition (PRE, 1 + layer index, POST) and partition -> layer path."""
+    part: dict[fx.Node, int] = {}
+    paths: dict[int, str] = {}
+    seen_layer = False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        layer = _layer_of(node)
+        if layer is None and node.meta.get(META_KEY) is None:
+            # Inserted by an earlier pass (a collective): goes with the node it reads.
+            sources = [a for a in node.all_input_nodes if a in part]
+            layer_parts = [part[a] for a in sources if PRE < part[a] < POST]
+            if layer_parts:
+                part[node] = layer_parts[0]
+                continue
+        if layer is not None:
+            index = 1 + layer[1]
+            part[node] = index
+            paths[index] = f"{layer[0]}.{layer[1]}"
+            if node.op != "get_attr":
+                seen_layer = True
+        else:
+            part[node] = POST if seen_layer else PRE
+    return part, paths
+
+
+def _install(root: nn.Module, path: str, value: nn.Module | nn.Parameter) -> None:
+    owner_path, _, attr = path.rpartition(".")
+    owner = root
+    for name in owner_path.split(".") if owner_path else []:
+        if not hasattr(owner, name):
+            owner.add_module(name, nn.Module())
+        owner = getattr(owner, name)
+    if isinstance(value, nn.Parameter):
+        owner.register_parameter(attr, value)
+    elif isinstance(value, nn.Module):
+        owner.add_module(attr, value)
+    else:
+        owner.register_buffer(attr, value)
+
+
+@register_pass
+class OutlineLayers(GraphPass):
+    name = "outline-layers"
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        part, paths = partition_nodes(gm)
+        if not paths:
+            return PassResult(gm, modified=False)
+        new = split_module(gm, gm, lambda n: part.get(n, PRE), keep_original_order=True,
+                           keep_original_node_name=True)
+        new.graph._codegen = copy.deepcopy(gm.graph._codegen)
+        for attr in ("_in_spec", "_out_spec"):
+            if hasattr(gm, attr):
+                setattr(new, attr, getattr(gm, attr))
+        changes = []
+        for node in list(new.graph.nodes):
+            if node.op != "call_module" or not str(node.target).startswith("submod_"):
+                continue
+            index = int(str(node.target).removeprefix("submod_"))
+            if index in (PRE, POST):  # the code before and after the layers
+                name = "before_layers" if index == PRE else "after_layers"
+                new.add_module(name, getattr(new, str(node.target)))
+                delattr(new, str(node.target))
+                node.target = name
+                continue
+            path = paths[index]
+            sub = getattr(new, str(node.target))
+            moved = self._move_weights(new, node, sub, path)
+            delattr(new, str(node.target))
+            _install(new, path, sub)
+            node.target = path
+            changes.append(f"layer {path}: outlined with {moved} weights")
+        new.meta["autopar_layer_paths"] = [paths[i] for i in sorted(paths)]
+        new.graph.eliminate_dead_code()
+        new.graph.lint()
+        new.recompile()
+        return PassResult(new, modified=True, changes=changes)
+
+    @staticmethod
+    def _move_weights(root: fx.GraphModule, call: fx.Node, sub: fx.GraphModule, path: str) -> int:
+        """Make ``sub`` own the weights only it reads, at their paths relative to ``path``."""
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        keep_args = []
+        moved = 0
+        for arg, placeholder in zip(call.args, placeholders):
+            target = str(arg.target) if isinstance(arg, fx.Node) and arg.op == "get_attr" else ""
+            only_here = isinstance(arg, fx.Node) and all(u is call for u in arg.users)
+            if target.startswith(path + ".") and only_here:
+                relative = target[len(path) + 1 :]
+                value = root.get_parameter(target) if _is_param(root, target) else root.get_buffer(target)
+                _install(sub, relative, value)
+                with sub.graph.inserting_before(placeholder):
+                    got = sub.graph.get_attr(relative)
+                got.meta = dict(placeholder.meta)
+                placeholder.replace_all_uses_with(got)
+                sub.graph.erase_node(placeholder)
+                moved += 1
+            else:
+                keep_args.append(arg)
+        call.args = tuple(keep_args)
+        sub.recompile()
+        return moved
+
+
+def _is_param(root: nn.Module, target: str) -> bool:
+    try:
+        root.get_parameter(target)
+        return True
+    except AttributeError:
+        return False

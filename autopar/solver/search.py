@@ -105,6 +105,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
         for zero in options.zero_stages:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
+            previous = None  # step time at the next larger microbatch that fitted
             sizes = [options.microbatch] if options.microbatch else _divisors_desc(local)
             for mb in sizes:
                 if local % mb:
@@ -134,7 +135,11 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
                 key = (cand.prediction.step_time_s, tp, zero)
                 if best is None or key < best[:3]:
                     best = (*key, cand, problem, tables, batch)
-                break  # the largest microbatch that fits is the fastest for this mesh
+                # Larger microbatches amortize per-microbatch costs, but near the memory
+                # limit they force leaner, slower strategies: keep halving while it helps.
+                if previous is not None and cand.prediction.step_time_s >= previous:
+                    break
+                previous = cand.prediction.step_time_s
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[3], best[4], best[5], best[6], candidates,

@@ -66,6 +66,8 @@ class LocalizeShapes(GraphPass):
                 self._split(node, view, changes)
             elif target is aten.slice.Tensor:
                 self._slice(node, view, changes)
+            elif target is aten.unflatten.int:
+                self._unflatten(node, view, changes)
         return PassResult(gm, modified=bool(changes), changes=changes)
 
     def _split(self, node: fx.Node, view: PlanView, changes: list[str]) -> None:
@@ -79,6 +81,14 @@ class LocalizeShapes(GraphPass):
         args[1] = [s // factor for s in sizes] if isinstance(sizes, (list, tuple)) else sizes // factor
         node.args = tuple(args)
         changes.append(f"{node.name}: split sizes {sizes} -> {args[1]}")
+
+    def _unflatten(self, node: fx.Node, view: PlanView, changes: list[str]) -> None:
+        ndim = len(node.args[0].meta[META_KEY].shapes[0])
+        dim, sizes = _norm(node.args[1], ndim), list(node.args[2])
+        local = list(view.local_output_shape(node))[dim : dim + len(sizes)]
+        if local != sizes:
+            node.args = (node.args[0], node.args[1], local)
+            changes.append(f"{node.name}: unflatten sizes -> {local}")
 
     def _slice(self, node: fx.Node, view: PlanView, changes: list[str]) -> None:
         shape = node.args[0].meta[META_KEY].shapes[0]

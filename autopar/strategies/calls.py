@@ -43,22 +43,46 @@ def op_call(node: fx.Node) -> OpCall:
     return OpCall(node.target, args, kwargs, out, hints=_hints(node))
 
 
+_PASS_THROUGH = {
+    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+    "aten.add.Tensor", "aten.contiguous.default", "aten.clone.default", "aten.to.dtype",
+}
+
+
 def _hints(node: fx.Node) -> dict[str, Any]:
-    """``split_groups``: into how many equal chunks consumers split this node's last dim."""
+    """``split_groups``: into how many equal chunks consumers split this node's last dim,
+    looking through views and elementwise ops that keep that dim (GPT-2's fused QKV is
+    ``addmm -> view -> split``)."""
     facts = node.meta[META_KEY]
     if not facts.shapes or not facts.shapes[0]:
         return {}
-    last = len(facts.shapes[0]) - 1
     size = facts.shapes[0][-1]
-    groups = set()
-    for user in node.users:
-        name = str(user.target)
-        if name not in _SPLITS or user.args[0] is not node:
-            continue
-        dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
-        if dim % (last + 1) != last:
-            continue
-        pieces = len(user.meta[META_KEY].shapes)
-        if pieces > 1 and all(s[-1] == size // pieces for s in user.meta[META_KEY].shapes):
-            groups.add(pieces)
+    groups: set[int] = set()
+    frontier, seen = [node], {node}
+    for _ in range(4):
+        following = []
+        for current in frontier:
+            for user in current.users:
+                user_facts = user.meta.get(META_KEY)
+                if user in seen or user_facts is None or not user_facts.shapes:
+                    continue
+                seen.add(user)
+                name = str(user.target)
+                if name in _SPLITS and user.args[0] is current:
+                    groups.update(_split_groups(user, current, size))
+                elif name in _PASS_THROUGH and user_facts.shapes[0][-1:] == (size,):
+                    following.append(user)
+        frontier = following
     return {"split_groups": tuple(sorted(groups))} if groups else {}
+
+
+def _split_groups(split: fx.Node, source: fx.Node, size: int) -> set[int]:
+    ndim = len(source.meta[META_KEY].shapes[0])
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if dim % ndim != ndim - 1:
+        return set()
+    pieces = len(split.meta[META_KEY].shapes)
+    shapes = split.meta[META_KEY].shapes
+    if pieces > 1 and all(s[-1] == size // pieces for s in shapes):
+        return {pieces}
+    return set()

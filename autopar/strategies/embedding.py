@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from autopar.local_ops import vocab_parallel_lookup as vocab_parallel_embedding  # noqa: F401
 from autopar.placements import Shard, can_shard
 from autopar.strategies.pointwise import PSUM, R, group_options, partial_strategies
 from autopar.strategies.registry import register_rule
@@ -21,28 +22,6 @@ from autopar.strategies.rule import OpCall, Strategy, replicate_all
 aten = torch.ops.aten
 
 VOCAB_PARALLEL = "vocab_parallel_embedding"
-
-
-def vocab_parallel_embedding(
-    weight_local: torch.Tensor,
-    indices: torch.Tensor,
-    *,
-    rank: int,
-    axis_size: int,
-    vocab_size: int,
-) -> torch.Tensor:
-    """Look up ``indices`` in this device's rows of a vocabulary-sharded embedding.
-
-    Device ``rank`` holds rows ``[rank * V/n, (rank + 1) * V/n)``. Ids outside that range
-    give zero vectors (and no gradient to any local row), so summing the results of all
-    devices gives the full lookup.
-    """
-    per_rank = vocab_size // axis_size
-    start = rank * per_rank
-    outside = (indices < start) | (indices >= start + per_rank)
-    local_ids = (indices - start).masked_fill(outside, 0)
-    out = torch.ops.aten.embedding.default(weight_local, local_ids)
-    return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
 
 @register_rule(aten.embedding.default)

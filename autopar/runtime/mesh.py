@@ -52,11 +52,11 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     if world != plan.world_size:
         mesh_text = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
         raise RuntimeSetupError(
-            f"the plan needs {plan.world_size} processes ({mesh_text}) but {world} were "
-            "launched",
+            f"the plan needs {plan.world_size} processes ({mesh_text}) but "
+            f"{world} {'was' if world == 1 else 'were'} launched",
             where="world size",
             fix=f"launch with torchrun --nproc-per-node {plan.world_size} (or re-plan for "
-            f"{world} devices)",
+            f"{world} device{'s' if world != 1 else ''})",
         )
     device = device_for(backend)
     if world == 1:

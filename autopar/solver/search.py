@@ -178,8 +178,9 @@ def no_plan_error(
         f"{format_bytes(memory.total - capacity)} more than the {format_bytes(capacity)} usable "
         f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",
         where=f"cluster {cluster.name}",
-        fix="use more or larger devices, allow ZeRO-3 (zero_stages), or a smaller batch or "
-        "sequence",
+        fix="use more or larger devices"
+        + ("" if 3 in options.zero_stages else ", allow ZeRO-3 (zero_stages=(0, 3))")
+        + ", or a smaller batch or sequence",
     )
 
 

@@ -32,7 +32,8 @@ def trace(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
     or ``(args, kwargs)``; any input may be a :class:`TensorSpec` (shape and dtype only),
     which is traced as a meta tensor. Build large models under ``torch.device("meta")``.
     """
-    args, kwargs = split_example_inputs(example_inputs)
+    device = next((p.device for p in model.parameters()), torch.device("meta"))
+    args, kwargs = split_example_inputs(example_inputs, device)
     gm, tracer = export_model(model, args, kwargs)
     annotate(gm)
     blocks = assign_blocks(gm)

@@ -14,6 +14,7 @@ import hashlib
 import re
 from collections import defaultdict
 
+import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
@@ -75,16 +76,26 @@ def _signature(nodes: list[fx.Node]) -> tuple:
 
 
 def fingerprint(gm: fx.GraphModule) -> str:
-    """A stable hash of the model: ops, wiring and parameter names and shapes.
+    """A stable hash of the model: ops, wiring, parameter names and shapes, and the
+    non-size constants of each op (eps, dropout p, dtypes).
 
-    Activation shapes are left out, so the same model traced at another batch size or
-    sequence length has the same fingerprint (a plan records those separately).
+    Sizes (view shapes, ``arange`` ends), devices and activation shapes are left out, so the
+    same model traced at another batch size or sequence length, or on meta instead of CPU,
+    has the same fingerprint (a plan records its batch and sequence separately).
     """
     h = hashlib.sha256()
     for node in gm.graph.nodes:
         facts: NodeFacts = node.meta[META_KEY]
         leaves, _ = tree_flatten((node.args, node.kwargs))
-        args = [a.name if isinstance(a, fx.Node) else repr(a) for a in leaves]
+        args = [a.name if isinstance(a, fx.Node) else _constant(a) for a in leaves]
         param = (facts.param.fqn, facts.param.shape) if facts.param else None
         h.update(repr((node.name, node.op, facts.target, param, facts.dtypes, args)).encode())
     return h.hexdigest()[:16]
+
+
+def _constant(a: object) -> str:
+    if isinstance(a, bool) or isinstance(a, (float, str)):
+        return repr(a)
+    if isinstance(a, torch.dtype):
+        return str(a)
+    return "_"  # ints (sizes), devices, layouts: not part of the model's identity

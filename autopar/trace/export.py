@@ -9,6 +9,8 @@ export fails; its graph is module-level, so fewer ops have sharding rules.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import traceback
 from types import TracebackType
 
@@ -24,33 +26,49 @@ _LIB_MARKERS = ("site-packages/torch/", "/torch/_", "<string>", "autopar/trace/"
 def export_model(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule, str]:
     """The model's graph, and which tracer made it."""
     try:
-        program = torch.export.export(model, args, kwargs, strict=False)
+        # torch.export prints the partial graph of a failed trace to stderr; the error
+        # autopar raises says what matters, so keep that dump out of the user's terminal.
+        with contextlib.redirect_stderr(io.StringIO()):
+            program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as export_error:  # noqa: BLE001 - every failure is translated below
         gm = _symbolic_fallback(model, args, kwargs)
         if gm is None:
             raise translate_trace_error(export_error, model) from export_error
         return gm, "symbolic_trace"
     gm = program.module()
-    strip_guards(gm)
+    canonicalize(gm)
     return gm, "torch.export"
 
 
-def strip_guards(gm: fx.GraphModule) -> None:
-    """Remove export's input-shape guards (the per-rank program runs on local shapes) and
-    unused reads of parameters."""
+def canonicalize(gm: fx.GraphModule) -> None:
+    """Make the graph independent of where it was traced, and ready to run on local shapes.
+
+    - Drop export's input-shape guards: the per-rank program runs on local shapes.
+    - Drop unused reads of parameters (export reads a tied weight under every name but uses
+      one; keep one reader so the weight is planned and counted once).
+    - Drop ``contiguous`` and turn ``view`` into ``reshape``: export keeps a ``contiguous``
+      only where the tracing device's kernels return a non-contiguous tensor (the CPU
+      attention kernel's output is contiguous where the meta one's is not), so the same model
+      would give different graphs on meta, CPU and CUDA. ``reshape`` copies exactly when a
+      view is impossible, which the dropped ``contiguous`` did.
+    """
+    aten = torch.ops.aten
     for key, hook in list(gm._forward_pre_hooks.items()):
         if "check_input_constraints" in getattr(hook, "__name__", ""):
             del gm._forward_pre_hooks[key]
             gm._forward_pre_hooks_with_kwargs.pop(key, None)
     for node in list(gm.graph.nodes):
         if node.op == "get_attr" and not node.users:
-            # Export reads a tied weight under every name but uses one; keep one reader so
-            # the weight is planned (and counted) once.
             gm.graph.erase_node(node)
         elif node.op == "call_module" and str(node.target).startswith("_guards_fn"):
             gm.graph.erase_node(node)
             if hasattr(gm, node.target):
                 delattr(gm, node.target)
+        elif node.op == "call_function" and node.target is aten.contiguous.default:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+        elif node.op == "call_function" and node.target is aten.view.default:
+            node.target = aten.reshape.default
     gm.graph.lint()
     gm.recompile()
 

@@ -56,11 +56,14 @@ class TensorSpec:
         return torch.empty(self.shape, dtype=dtype, device=device)
 
 
-def split_example_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+def split_example_inputs(
+    example_inputs: Any, device: str | torch.device = "meta"
+) -> tuple[tuple, dict]:
     """Normalize the ways a user can pass example inputs into ``(args, kwargs)``.
 
     Accepted: a tensor; a tuple of positional arguments; a dict of keyword arguments; or a
-    pair ``(args_tuple, kwargs_dict)``. ``TensorSpec`` values become meta tensors.
+    pair ``(args_tuple, kwargs_dict)``. ``TensorSpec`` values become (uninitialized)
+    tensors on ``device``: the model's device, meta for a model built on meta.
     """
     if example_inputs is None:
         return (), {}
@@ -84,14 +87,25 @@ def split_example_inputs(example_inputs: Any) -> tuple[tuple, dict]:
             fix="pass a tensor, a tuple of positional inputs, a dict of keyword inputs, "
             "or (args, kwargs)",
         )
-    return _materialize(args), {k: _materialize(v) for k, v in kwargs.items()}
+    seen: set[int] = set()
+    args = _materialize(args, device, seen)
+    kwargs = {k: _materialize(v, device, seen) for k, v in kwargs.items()}
+    return args, kwargs
 
 
-def _materialize(value: Any) -> Any:
+def _materialize(value: Any, device: str | torch.device, seen: set[int]) -> Any:
+    """Specs become tensors on ``device``; a tensor passed twice (``model(idx, idx)``) is
+    copied, because torch.export would merge the two inputs into one and the traced graph
+    would then read the second one for both."""
     if isinstance(value, TensorSpec):
-        return value.make()
+        return value.make(device)
+    if isinstance(value, torch.Tensor):
+        if id(value) in seen:
+            return value.clone()
+        seen.add(id(value))
+        return value
     if isinstance(value, tuple):
-        return tuple(_materialize(v) for v in value)
+        return tuple(_materialize(v, device, seen) for v in value)
     if isinstance(value, list):
-        return [_materialize(v) for v in value]
+        return [_materialize(v, device, seen) for v in value]
     return value

@@ -46,6 +46,24 @@ def _register_cpu_attention_flops() -> None:
 _register_cpu_attention_flops()
 
 
+def register_custom_op_flops() -> None:
+    """FLOP formulas for custom ops that models bring (registered once they exist).
+
+    ``transformers::grouped_mm_fallback(input (S, in), weight (E, in, out), offs)``: every
+    token goes through one expert's matmul, so 2 * S * in * out (Hugging Face MoE layers).
+    """
+    ns = getattr(torch.ops, "transformers", None)
+    op = getattr(ns, "grouped_mm_fallback", None) if ns is not None else None
+    if op is None:
+        return
+    if op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(op)
+    def _grouped_mm(input_shape, weight_shape, offs_shape, *args, out_shape=None, **kw) -> int:
+        return 2 * input_shape[0] * weight_shape[1] * weight_shape[2]
+
+
 @dataclass(frozen=True)
 class OpMeasure:
     fwd_flops: int = 0
@@ -83,6 +101,7 @@ class OpCostMeter:
     """Measures nodes, caching by op signature."""
 
     def __init__(self, fake_mode: Any, root: fx.GraphModule):
+        register_custom_op_flops()
         self.fake_mode = fake_mode
         self.root = root
         self._cache: dict[Any, OpMeasure] = {}
@@ -168,6 +187,10 @@ class OpCostMeter:
                         allow_unused=True,
                     )
                 bwd_flops = bwd_counter.get_total_flops()
+                if bwd_flops == 0 and fwd_counter.get_total_flops() > 0:
+                    # An opaque backward (a custom op's): a matmul's backward costs twice
+                    # its forward (input and weight gradients).
+                    bwd_flops = 2 * fwd_counter.get_total_flops()
 
         return OpMeasure(
             fwd_flops=fwd_counter.get_total_flops(),

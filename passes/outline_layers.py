@@ -108,6 +108,7 @@ class OutlineLayers(GraphPass):
             _install(new, path, sub)
             node.target = path
             changes.append(f"layer {path}: outlined with {moved} weights")
+        _restore_aliases(gm, new)
         new.meta["autopar_layer_paths"] = [paths[i] for i in sorted(paths)]
         new.graph.eliminate_dead_code()
         new.graph.lint()
@@ -138,6 +139,16 @@ class OutlineLayers(GraphPass):
         call.args = tuple(keep_args)
         sub.recompile()
         return moved
+
+
+def _restore_aliases(old: nn.Module, new: nn.Module) -> None:
+    """Keep every name a tied weight had (``transformer.wte.weight`` and ``lm_head.weight``):
+    split_module only copies the names the graph reads."""
+    present = {id(p) for p in new.parameters()}
+    names = {n for n, _ in new.named_parameters(remove_duplicate=False)}
+    for name, p in old.named_parameters(remove_duplicate=False):
+        if name not in names and id(p) in present:
+            _install(new, name, p)
 
 
 def _is_param(root: nn.Module, target: str) -> bool:

@@ -40,10 +40,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     rank = int(os.environ.get("RANK", "0"))
 
+    if rank == 0:
+        print(f"plan: mesh {module.plan.mesh}, ZeRO-{module.plan.training['zero_stage']}, "
+              f"predicted step {module.plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled)")
     for step in range(STEPS):
-        x, y = module.shard_batch(*get_batch(data, config.block_size, gen))
-        _, loss = module(x, y)
-        loss.backward()
+        args, kwargs = module.shard_batch(*get_batch(data, config.block_size, gen))
+        loss = module.train_step(*args, **kwargs)  # forward + backward; loss averaged over dp
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0 and step % 10 == 0:

@@ -9,6 +9,7 @@ smaller ``tp`` and ZeRO stage, so the result is deterministic.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch.fx as fx
 from autopar.cluster import Cluster
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import NoFeasiblePlanError
-from autopar.graph_facts import graph_facts
+from autopar.graph_facts import META_KEY, graph_facts
 from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
@@ -180,8 +181,28 @@ def no_plan_error(
         where=f"cluster {cluster.name}",
         fix="use more or larger devices"
         + ("" if 3 in options.zero_stages else ", allow ZeRO-3 (zero_stages=(0, 3))")
-        + ", or a smaller batch or sequence",
+        + ", or a smaller batch or sequence"
+        + _unruled_hint(gm),
     )
+
+
+def _unruled_hint(gm: fx.GraphModule) -> str:
+    """Ops without a sharding rule run whole on every device: say which, they may be why."""
+    from autopar.strategies import has_rule
+
+    counts: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem and (
+            node.meta.get(META_KEY) is not None and node.meta[META_KEY].shapes
+            and not has_rule(node.target)
+        ):
+            counts[str(node.target)] = counts.get(str(node.target), 0) + 1
+    if not counts:
+        return ""
+    ops = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    return (f"; note that {sum(counts.values())} ops have no sharding rule and keep their "
+            f"tensors whole on every device ({ops}): register rules for them "
+            "(autopar.strategies.register_rule)")
 
 
 def lowest_memory(

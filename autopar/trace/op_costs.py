@@ -9,6 +9,8 @@ the memory the run holds. Identical layers share one measurement through the cac
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +117,8 @@ class OpCostMeter:
             return NOTHING
         if key not in self._cache:
             try:
-                self._cache[key] = self._run(node, grad_inputs)
+                with _quiet("torch._subclasses.fake_tensor"):
+                    self._cache[key] = self._run(node, grad_inputs)
             except Exception:  # noqa: BLE001 - an op we cannot replay costs nothing extra
                 self._cache[key] = NOTHING
         return self._cache[key]
@@ -197,6 +200,19 @@ class OpCostMeter:
             bwd_flops=bwd_flops,
             **_classify_saved(saved, inputs, outs),
         )
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """Data-dependent ops (``histc``, ``nonzero``) cannot run on fake tensors; torch logs
+    each failure at ERROR level. They cost nothing here, so silence that logger meanwhile."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _device(device: torch.device) -> torch.device:

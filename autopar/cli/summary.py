@@ -9,13 +9,22 @@ _KEY_OPS = ("linear", "addmm", "matmul", "bmm", "scaled_dot_product", "embedding
             "cross_entropy")
 
 
-def _role(placement: str, name: str) -> str:
-    if not name.endswith("weight"):
+# op -> (activation slot, weight slot) in the strategy's inputs
+_WEIGHTED = {"aten.linear": (0, 1), "aten.addmm": (1, 2)}
+
+
+def _role(name: str, strategy: str) -> str:
+    """Megatron's names for a weighted matmul's strategy: partial sums out = row-parallel;
+    a whole activation times a split weight = column-parallel."""
+    slots = next((v for k, v in _WEIGHTED.items() if f"({k}." in name), None)
+    if slots is None:
         return ""
-    if placement.startswith("S(0)"):
+    ins, _, out = strategy.partition("->")
+    inputs = ins.strip("()").split(",")
+    if out.strip("()").startswith("P"):
+        return "row-parallel (partial sums, reduced after)"
+    if inputs[slots[0]] == "R" and inputs[slots[1]].startswith("S"):
         return "column-parallel (output features split)"
-    if placement.startswith("S(1)"):
-        return "row-parallel (input features split)"
     return ""
 
 
@@ -51,8 +60,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         for name, strategy in row["strategies"].items():
             if "(" in name and not any(k in name for k in _KEY_OPS):
                 continue
-            placement = strategy.split("->")[-1].strip("()")
-            role = _role(placement, name)
+            role = _role(name, strategy)
             lines.append(f"    {name:<52} {strategy:<28} {role}")
     mem = p["memory"]
     capacity = p["memory_capacity_bytes"]

@@ -19,6 +19,7 @@ from autopar.strategies.pointwise import (
     group_options,
     nonempty_subsets,
     partial_strategies,
+    shard_other_dims,
     tensor_slot,
 )
 from autopar.strategies.registry import register_rule
@@ -76,11 +77,4 @@ def softmax(call: OpCall, axis_size: int) -> list[Strategy]:
     """Softmax over ``dim``: every other dim can be sharded."""
     x = call.tensor_args[0]
     dim = norm_dim(call.arg(1, "dim"), x.ndim)
-    strategies = [replicate_all(call)]
-    for d, size in enumerate(x.shape):
-        if d == dim:
-            continue
-        for g in group_options(call, d, x.ndim):
-            if can_shard(size, axis_size, g):
-                strategies.append(Strategy((Shard(d, g),), (Shard(d, g),)))
-    return strategies
+    return [replicate_all(call), *shard_other_dims(call, x.shape, dim, axis_size, 1)]

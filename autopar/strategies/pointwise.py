@@ -54,6 +54,21 @@ def group_options(call: OpCall, dim: int, ndim: int) -> tuple[int, ...]:
     return (1, *extra)
 
 
+def shard_other_dims(
+    call: OpCall, x_shape: tuple[int, ...], dim: int, axis_size: int, n_out: int
+) -> list[Strategy]:
+    """One input, ``n_out`` outputs, all sharded the same way on any dim but ``dim`` (the
+    dim the op works along: softmax's, a split's)."""
+    out = []
+    for d, size in enumerate(x_shape):
+        if d == dim:
+            continue
+        for g in group_options(call, d, len(x_shape)):
+            if can_shard(size, axis_size, g):
+                out.append(Strategy((Shard(d, g),), (Shard(d, g),) * n_out))
+    return out
+
+
 def tensor_slot(call: OpCall, index: int, name: str) -> int | None:
     """Position in ``call.tensor_args`` of the argument at ``index`` (or keyword ``name``).
 

@@ -23,6 +23,7 @@ from autopar.strategies.pointwise import (
     normalized_dims,
     partial_strategies,
     shard_each_dim,
+    shard_other_dims,
     tensor_slot,
 )
 from autopar.strategies.registry import register_rule
@@ -255,13 +256,7 @@ def split(call: OpCall, axis_size: int) -> list[Strategy]:
     dim = norm_dim(call.arg(2, "dim", 0), x.ndim)
     pieces = [m.shape[dim] for m in call.out]
     k = len(pieces)
-    strategies = [replicate_all(call)]
-    for d, size in enumerate(x.shape):
-        if d == dim:
-            continue
-        for g in group_options(call, d, x.ndim):
-            if can_shard(size, axis_size, g):
-                strategies.append(Strategy((Shard(d, g),), (Shard(d, g),) * k))
+    strategies = [replicate_all(call), *shard_other_dims(call, x.shape, dim, axis_size, k)]
     if k > 1 and len(set(pieces)) == 1 and can_shard(pieces[0], axis_size):
         strategies.append(Strategy((Shard(dim, k),), (Shard(dim),) * k))
     return strategies + partial_strategies(call, [[0]])

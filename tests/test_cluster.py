@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopar.cluster import Cluster, DeviceSpec, LinkSpec, format_cluster, load_cluster
-from autopar.cluster_presets import PRESETS
+from autopar.cluster.presets import PRESETS
 from autopar.errors import ClusterError
 
 GIB = 2**30

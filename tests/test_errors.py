@@ -21,7 +21,7 @@ from torch import nn
 
 import autopar
 from autopar.cli.main import main
-from autopar.cluster_presets import PRESETS
+from autopar.cluster.presets import PRESETS
 from autopar.errors import (
     AutoparError,
     ClusterError,

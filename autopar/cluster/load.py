@@ -1,290 +1,38 @@
-"""Cluster descriptions: all the cost models and the solver know of the hardware.
+"""Resolve a cluster from a shorthand, a preset name, a dict or a YAML/JSON file.
 
-A cluster is ``nodes`` identical nodes of ``devices_per_node`` identical devices, with one
-link model inside a node and one between nodes. Name one by shorthand or preset, or describe
-it in a YAML/JSON file or dict whose values override a preset's:
-
->>> c = load_cluster("16x8xH100-80GB")
->>> c.world_size, c.device.peak("bf16") / 1e12, c.sources["device.memory_bytes"]
-(128, 989.4, 'preset H100-80GB')
->>> load_cluster(c.to_dict()) == c
-True
-
-Every value remembers where it came from (``Cluster.sources``, keyed by dotted field name
-such as ``intra_node.latency_s``); ``format_cluster`` prints values with units and sources
-for ``autopar cluster show SPEC``. Files carry their units in key names (``memory_gib``,
-``bandwidth_gb_per_s``, ``latency_us``; GB = 1e9 bytes, GiB = 2**30); ``to_dict`` writes
-base units (``memory_bytes``, ``bandwidth_bytes_per_s``, ``latency_s``) so that plans
-round-trip exactly. Files are read with ``yaml.safe_load``/``json``: loading never runs code.
-"""
+Files are read with ``yaml.safe_load``/``json``: loading never runs code."""
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autopar.cluster_presets import DTYPES, GB, GIB, PRESETS, TFLOPS
+from autopar.cluster.presets import DTYPES, GB, GIB, PRESETS, TFLOPS
 from autopar.errors import ClusterError
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-BACKENDS = ("nccl", "gloo")
-SHORTHAND_FORMS = "NAME, DxNAME or NxDxNAME (e.g. H100-80GB, 8xH100-80GB, 16x8xA100-80GB, 2xcpu)"
-_FILE_SUFFIXES = (".yaml", ".yml", ".json")
-
-_DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "tf32": "tf32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
-}  # fmt: skip
-
-
-def dtype_key(dtype: str | torch.dtype) -> str:
-    """The ``peak_flops`` key for a dtype: ``torch.bfloat16`` or ``"bfloat16"`` -> ``"bf16"``.
-
-    >>> dtype_key("float32"), dtype_key("FP8")
-    ('fp32', 'fp8')
-    """
-    text = str(dtype).strip().lower().removeprefix("torch.")
-    if text not in _DTYPE_ALIASES:
-        raise ClusterError(
-            f"no peak FLOP/s is modelled for dtype {dtype!r}",
-            where="dtype",
-            fix=f"use one of {', '.join(DTYPES)} (or torch.float32, torch.bfloat16, "
-            "torch.float16, torch.float8_*)",
-        )
-    return _DTYPE_ALIASES[text]
-
-
-class _FrozenMap(Mapping):
-    """A read-only, hashable, picklable dict, so the frozen dataclasses stay hashable."""
-
-    def __init__(self, data: Mapping[str, Any] | None = None):
-        self._data = dict(data or {})
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._data.items()))
-
-    def __repr__(self) -> str:
-        return repr(self._data)
-
-
-_RULES = {
-    "count": "an integer >= 1",
-    "bytes": "an integer > 0",
-    "positive": "a number > 0",
-    "nonnegative": "a number >= 0",
-    "fraction": "a number in (0, 1]",
-}
-
-
-def _check(kind: str, value: Any, key: str, where: str) -> None:
-    """Raise unless ``value`` is of ``kind`` (a key of ``_RULES``); shared by types and loader."""
-    integral = kind in ("count", "bytes")
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int if integral else (int, float))
-        and math.isfinite(value)
-    )
-    if ok:
-        ok = {
-            "count": value >= 1,
-            "bytes": value > 0,
-            "positive": value > 0,
-            "nonnegative": value >= 0,
-            "fraction": 0 < value <= 1,
-        }[kind]
-    if not ok:
-        hint = ""
-        if isinstance(value, str) and re.fullmatch(r"[-+]?[\d.]+e[-+]?\d+", value.strip(), re.I):
-            hint = " (YAML reads 1e12 as text: write 1.0e+12)"
-        raise ClusterError(
-            f"{key} must be {_RULES[kind]}, got {value!r}{hint}",
-            where=where,
-            fix=f"set {key} to {_RULES[kind]}",
-        )
-
-
-def _check_text(value: Any, key: str, where: str, *, empty_ok: bool = False) -> None:
-    if not isinstance(value, str) or (not empty_ok and not value.strip()):
-        raise ClusterError(
-            f"{key} must be a{'' if empty_ok else ' non-empty'} string, got {value!r}",
-            where=where,
-            fix=f"set {key} to a name such as 'H100-80GB'",
-        )
-
-
-def _check_backend(value: Any, where: str) -> None:
-    if value not in BACKENDS:
-        raise ClusterError(
-            f"unknown backend {value!r}",
-            where=where,
-            fix=f"use one of {', '.join(BACKENDS)} (nccl for GPUs, gloo for cpu)",
-        )
-
-
-def _check_dtype(value: Any, where: str) -> None:
-    if value not in DTYPES:
-        raise ClusterError(
-            f"unknown dtype key {value!r} in peak FLOP/s",
-            where=where,
-            fix=f"use dtype keys among {', '.join(DTYPES)}",
-        )
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One device: the numbers the compute and memory models divide by."""
-
-    name: str
-    memory_bytes: int
-    peak_flops: Mapping[str, float]
-    memory_bandwidth_bytes_per_s: float
-    matmul_efficiency: float
-
-    def __post_init__(self) -> None:
-        _check_text(self.name, "name", "DeviceSpec.name")
-        _check("bytes", self.memory_bytes, "memory_bytes", "DeviceSpec.memory_bytes")
-        if not isinstance(self.peak_flops, Mapping) or not self.peak_flops:
-            raise ClusterError(
-                f"peak_flops must be a non-empty mapping, got {self.peak_flops!r}",
-                where="DeviceSpec.peak_flops",
-                fix=f"give FLOP/s for at least one of {', '.join(DTYPES)}",
-            )
-        for key, value in self.peak_flops.items():
-            _check_dtype(key, f"DeviceSpec.peak_flops.{key}")
-            _check("positive", value, f"peak_flops.{key}", f"DeviceSpec.peak_flops.{key}")
-        ordered = {k: self.peak_flops[k] for k in DTYPES if k in self.peak_flops}
-        object.__setattr__(self, "peak_flops", _FrozenMap(ordered))
-        _check(
-            "positive",
-            self.memory_bandwidth_bytes_per_s,
-            "memory_bandwidth_bytes_per_s",
-            "DeviceSpec.memory_bandwidth_bytes_per_s",
-        )
-        _check(
-            "fraction", self.matmul_efficiency, "matmul_efficiency", "DeviceSpec.matmul_efficiency"
-        )
-
-    def peak(self, dtype: str | torch.dtype) -> float:
-        """Dense peak FLOP/s in ``dtype``; an unsupported dtype is an error, never a guess."""
-        key = dtype_key(dtype)
-        if key not in self.peak_flops:
-            raise ClusterError(
-                f"device {self.name} does not support {key} (no peak FLOP/s for it)",
-                where=f"device.peak_flops.{key}",
-                fix=f"use one of the dtypes it supports: {', '.join(self.peak_flops)}; or add "
-                f"{key} under device.peak_tflops in a cluster file",
-            )
-        return self.peak_flops[key]
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """A link as collectives see it: per-device, one-direction bus bandwidth, and latency."""
-
-    bandwidth_bytes_per_s: float
-    latency_s: float
-
-    def __post_init__(self) -> None:
-        _check(
-            "positive",
-            self.bandwidth_bytes_per_s,
-            "bandwidth_bytes_per_s",
-            "LinkSpec.bandwidth_bytes_per_s",
-        )
-        _check("nonnegative", self.latency_s, "latency_s", "LinkSpec.latency_s")
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Identical nodes of identical devices; ``sources`` says where each value came from."""
-
-    nodes: int
-    devices_per_node: int
-    device: DeviceSpec
-    intra_node: LinkSpec
-    inter_node: LinkSpec
-    name: str = ""
-    backend: str = "nccl"
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        _check("count", self.nodes, "nodes", "Cluster.nodes")
-        _check("count", self.devices_per_node, "devices_per_node", "Cluster.devices_per_node")
-        for attr, cls in (
-            ("device", DeviceSpec),
-            ("intra_node", LinkSpec),
-            ("inter_node", LinkSpec),
-        ):
-            if not isinstance(getattr(self, attr), cls):
-                raise ClusterError(
-                    f"{attr} must be a {cls.__name__}, got {type(getattr(self, attr)).__name__}",
-                    where=f"Cluster.{attr}",
-                    fix=f"pass a {cls.__name__}, or build the cluster with load_cluster()",
-                )
-        _check_text(self.name, "name", "Cluster.name", empty_ok=True)
-        _check_backend(self.backend, "Cluster.backend")
-        if not isinstance(self.sources, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.sources.items()
-        ):
-            raise ClusterError(
-                "sources must map field names to strings",
-                where="Cluster.sources",
-                fix="e.g. {'device.memory_bytes': 'preset H100-80GB'}",
-            )
-        object.__setattr__(self, "sources", _FrozenMap(self.sources))
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able, in base units; ``load_cluster(c.to_dict()) == c``, sources included."""
-        d = self.device
-        return {
-            "name": self.name,
-            "nodes": self.nodes,
-            "devices_per_node": self.devices_per_node,
-            "backend": self.backend,
-            "device": {
-                "name": d.name,
-                "memory_bytes": d.memory_bytes,
-                "peak_flops": dict(d.peak_flops),
-                "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
-                "matmul_efficiency": d.matmul_efficiency,
-            },
-            "intra_node_link": _link_dict(self.intra_node),
-            "inter_node_link": _link_dict(self.inter_node),
-            "sources": dict(self.sources),
-        }
-
-
-def _link_dict(link: LinkSpec) -> dict[str, float]:
-    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
-
+from autopar.cluster.spec import (
+    _FILE_SUFFIXES,
+    _LINKS,
+    SHORTHAND_FORMS,
+    Cluster,
+    DeviceSpec,
+    LinkSpec,
+    _check,
+    _check_backend,
+    _check_text,
+    _field_order,
+)
 
 # ---- loading ------------------------------------------------------------------------------
 
@@ -303,7 +51,6 @@ _LINK_UNITS = {
     "latency_us": ("latency_s", "nonnegative", lambda v: v / 1e6),
     "latency_s": ("latency_s", "nonnegative", None),
 }
-_LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
 _TOP_KEYS = ("name", "nodes", "devices_per_node", "backend", "device", *_LINKS, "sources")
 _DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS)
 
@@ -622,96 +369,3 @@ def _apply_recorded_sources(recorded: Any, sources: dict[str, str], origin: _Ori
     for key, value in recorded.items():
         _check_text(value, f"sources.{key}", origin.where(f"sources.{key}"))
         sources[key] = value
-
-
-_ORDER = ["name", "nodes", "devices_per_node", "backend", "device.name", "device.memory_bytes"]
-_ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
-_ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
-_ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s")]
-
-
-def _field_order(key: str) -> int:
-    return _ORDER.index(key) if key in _ORDER else len(_ORDER)
-
-
-# ---- display ------------------------------------------------------------------------------
-
-
-def _num(x: float) -> str:
-    text = f"{x:.3f}".rstrip("0").rstrip(".")
-    return text if text not in ("0", "-0") or x == 0 else f"{x:.3g}"
-
-
-def format_cluster(cluster: Cluster) -> str:
-    """Every resolved value with its unit and source: what ``autopar cluster show`` prints."""
-    c, d = cluster, cluster.device
-
-    def src(key: str) -> str:
-        return c.sources.get(key, "-")
-
-    rows: list[tuple[str, str, str | None, str]] = [  # label, value, unit (None: text), source
-        ("name", c.name or "-", None, src("name")),
-        ("nodes", str(c.nodes), "", src("nodes")),
-        ("devices per node", str(c.devices_per_node), "", src("devices_per_node")),
-        ("world size", str(c.world_size), "", "nodes x devices per node"),
-        ("backend", c.backend, None, src("backend")),
-        ("device", d.name, None, src("device.name")),
-        ("  memory", _num(d.memory_bytes / GIB), "GiB", src("device.memory_bytes")),
-    ]
-    for dtype, flops in d.peak_flops.items():
-        rows.append(
-            (f"  peak {dtype}", _num(flops / TFLOPS), "TFLOP/s", src(f"device.peak_flops.{dtype}"))
-        )
-    unsupported = [k for k in DTYPES if k not in d.peak_flops]
-    if unsupported:
-        rows.append(("  unsupported", ", ".join(unsupported), None, "no peak FLOP/s given"))
-    rows += [
-        (
-            "  memory bandwidth",
-            _num(d.memory_bandwidth_bytes_per_s / GB),
-            "GB/s",
-            src("device.memory_bandwidth_bytes_per_s"),
-        ),
-        ("  matmul efficiency", _num(d.matmul_efficiency), "", src("device.matmul_efficiency")),
-    ]
-    for title, prefix, link in (
-        ("intra-node link", "intra_node", c.intra_node),
-        ("inter-node link", "inter_node", c.inter_node),
-    ):
-        rows += [
-            (title, "", None, ""),
-            (
-                "  bandwidth",
-                _num(link.bandwidth_bytes_per_s / GB),
-                "GB/s",
-                src(f"{prefix}.bandwidth_bytes_per_s"),
-            ),
-            ("  latency", _num(link.latency_s * 1e6), "µs", src(f"{prefix}.latency_s")),
-        ]
-    return _table(c, rows)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _table(c: Cluster, rows: list[tuple[str, str, str | None, str]]) -> str:
-    """Align labels, numbers on their decimal point, units and sources in columns."""
-    split = {i: r[1].partition(".") for i, r in enumerate(rows) if r[2] is not None}
-    w_int = max(len(whole) for whole, _, _ in split.values())
-    w_frac = max(len(dot + frac) for _, dot, frac in split.values())
-    w_unit = max(len(r[2]) for r in rows if r[2] is not None)
-    w_label = max(len(r[0]) for r in rows)
-    w_value = max([w_int + w_frac + 1 + w_unit] + [len(r[1]) for r in rows if r[2] is None])
-    head = (
-        f"cluster {c.name or '-'}: {_plural(c.nodes, 'node')} x "
-        f"{_plural(c.devices_per_node, 'device')} per node ({c.device.name}), "
-        f"world size {c.world_size}, backend {c.backend}"
-    )
-    lines = [head, "", f"{'field':<{w_label}}  {'value':<{w_value}}  source"]
-    for i, (label, value, unit, source) in enumerate(rows):
-        if i in split:
-            whole, dot, frac = split[i]
-            value = f"{whole:>{w_int}}{dot + frac:<{w_frac}} {unit}"
-        lines.append(f"{label:<{w_label}}  {value:<{w_value}}  {source}".rstrip())
-    return "\n".join(lines)

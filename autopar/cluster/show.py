@@ -1,0 +1,93 @@
+"""``autopar cluster show``: every resolved value with its unit and where it came from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autopar.cluster.presets import DTYPES, GB, GIB, TFLOPS
+from autopar.cluster.spec import Cluster
+
+if TYPE_CHECKING:
+    pass
+
+# ---- display ------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    text = f"{x:.3f}".rstrip("0").rstrip(".")
+    return text if text not in ("0", "-0") or x == 0 else f"{x:.3g}"
+
+
+def format_cluster(cluster: Cluster) -> str:
+    """Every resolved value with its unit and source: what ``autopar cluster show`` prints."""
+    c, d = cluster, cluster.device
+
+    def src(key: str) -> str:
+        return c.sources.get(key, "-")
+
+    rows: list[tuple[str, str, str | None, str]] = [  # label, value, unit (None: text), source
+        ("name", c.name or "-", None, src("name")),
+        ("nodes", str(c.nodes), "", src("nodes")),
+        ("devices per node", str(c.devices_per_node), "", src("devices_per_node")),
+        ("world size", str(c.world_size), "", "nodes x devices per node"),
+        ("backend", c.backend, None, src("backend")),
+        ("device", d.name, None, src("device.name")),
+        ("  memory", _num(d.memory_bytes / GIB), "GiB", src("device.memory_bytes")),
+    ]
+    for dtype, flops in d.peak_flops.items():
+        rows.append(
+            (f"  peak {dtype}", _num(flops / TFLOPS), "TFLOP/s", src(f"device.peak_flops.{dtype}"))
+        )
+    unsupported = [k for k in DTYPES if k not in d.peak_flops]
+    if unsupported:
+        rows.append(("  unsupported", ", ".join(unsupported), None, "no peak FLOP/s given"))
+    rows += [
+        (
+            "  memory bandwidth",
+            _num(d.memory_bandwidth_bytes_per_s / GB),
+            "GB/s",
+            src("device.memory_bandwidth_bytes_per_s"),
+        ),
+        ("  matmul efficiency", _num(d.matmul_efficiency), "", src("device.matmul_efficiency")),
+    ]
+    for title, prefix, link in (
+        ("intra-node link", "intra_node", c.intra_node),
+        ("inter-node link", "inter_node", c.inter_node),
+    ):
+        rows += [
+            (title, "", None, ""),
+            (
+                "  bandwidth",
+                _num(link.bandwidth_bytes_per_s / GB),
+                "GB/s",
+                src(f"{prefix}.bandwidth_bytes_per_s"),
+            ),
+            ("  latency", _num(link.latency_s * 1e6), "µs", src(f"{prefix}.latency_s")),
+        ]
+    return _table(c, rows)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _table(c: Cluster, rows: list[tuple[str, str, str | None, str]]) -> str:
+    """Align labels, numbers on their decimal point, units and sources in columns."""
+    split = {i: r[1].partition(".") for i, r in enumerate(rows) if r[2] is not None}
+    w_int = max(len(whole) for whole, _, _ in split.values())
+    w_frac = max(len(dot + frac) for _, dot, frac in split.values())
+    w_unit = max(len(r[2]) for r in rows if r[2] is not None)
+    w_label = max(len(r[0]) for r in rows)
+    w_value = max([w_int + w_frac + 1 + w_unit] + [len(r[1]) for r in rows if r[2] is None])
+    head = (
+        f"cluster {c.name or '-'}: {_plural(c.nodes, 'node')} x "
+        f"{_plural(c.devices_per_node, 'device')} per node ({c.device.name}), "
+        f"world size {c.world_size}, backend {c.backend}"
+    )
+    lines = [head, "", f"{'field':<{w_label}}  {'value':<{w_value}}  source"]
+    for i, (label, value, unit, source) in enumerate(rows):
+        if i in split:
+            whole, dot, frac = split[i]
+            value = f"{whole:>{w_int}}{dot + frac:<{w_frac}} {unit}"
+        lines.append(f"{label:<{w_label}}  {value:<{w_value}}  {source}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,274 @@
+"""The cluster types: devices, links and the cluster, validated on creation."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autopar.cluster.presets import DTYPES
+from autopar.errors import ClusterError
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS = ("nccl", "gloo")
+SHORTHAND_FORMS = "NAME, DxNAME or NxDxNAME (e.g. H100-80GB, 8xH100-80GB, 16x8xA100-80GB, 2xcpu)"
+_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+_DTYPE_ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "tf32": "tf32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
+}  # fmt: skip
+
+
+def dtype_key(dtype: str | torch.dtype) -> str:
+    """The ``peak_flops`` key for a dtype: ``torch.bfloat16`` or ``"bfloat16"`` -> ``"bf16"``.
+
+    >>> dtype_key("float32"), dtype_key("FP8")
+    ('fp32', 'fp8')
+    """
+    text = str(dtype).strip().lower().removeprefix("torch.")
+    if text not in _DTYPE_ALIASES:
+        raise ClusterError(
+            f"no peak FLOP/s is modelled for dtype {dtype!r}",
+            where="dtype",
+            fix=f"use one of {', '.join(DTYPES)} (or torch.float32, torch.bfloat16, "
+            "torch.float16, torch.float8_*)",
+        )
+    return _DTYPE_ALIASES[text]
+
+
+class _FrozenMap(Mapping):
+    """A read-only, hashable, picklable dict, so the frozen dataclasses stay hashable."""
+
+    def __init__(self, data: Mapping[str, Any] | None = None):
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+
+_RULES = {
+    "count": "an integer >= 1",
+    "bytes": "an integer > 0",
+    "positive": "a number > 0",
+    "nonnegative": "a number >= 0",
+    "fraction": "a number in (0, 1]",
+}
+
+
+def _check(kind: str, value: Any, key: str, where: str) -> None:
+    """Raise unless ``value`` is of ``kind`` (a key of ``_RULES``); shared by types and loader."""
+    integral = kind in ("count", "bytes")
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int if integral else (int, float))
+        and math.isfinite(value)
+    )
+    if ok:
+        ok = {
+            "count": value >= 1,
+            "bytes": value > 0,
+            "positive": value > 0,
+            "nonnegative": value >= 0,
+            "fraction": 0 < value <= 1,
+        }[kind]
+    if not ok:
+        hint = ""
+        if isinstance(value, str) and re.fullmatch(r"[-+]?[\d.]+e[-+]?\d+", value.strip(), re.I):
+            hint = " (YAML reads 1e12 as text: write 1.0e+12)"
+        raise ClusterError(
+            f"{key} must be {_RULES[kind]}, got {value!r}{hint}",
+            where=where,
+            fix=f"set {key} to {_RULES[kind]}",
+        )
+
+
+def _check_text(value: Any, key: str, where: str, *, empty_ok: bool = False) -> None:
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        raise ClusterError(
+            f"{key} must be a{'' if empty_ok else ' non-empty'} string, got {value!r}",
+            where=where,
+            fix=f"set {key} to a name such as 'H100-80GB'",
+        )
+
+
+def _check_backend(value: Any, where: str) -> None:
+    if value not in BACKENDS:
+        raise ClusterError(
+            f"unknown backend {value!r}",
+            where=where,
+            fix=f"use one of {', '.join(BACKENDS)} (nccl for GPUs, gloo for cpu)",
+        )
+
+
+def _check_dtype(value: Any, where: str) -> None:
+    if value not in DTYPES:
+        raise ClusterError(
+            f"unknown dtype key {value!r} in peak FLOP/s",
+            where=where,
+            fix=f"use dtype keys among {', '.join(DTYPES)}",
+        )
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device: the numbers the compute and memory models divide by."""
+
+    name: str
+    memory_bytes: int
+    peak_flops: Mapping[str, float]
+    memory_bandwidth_bytes_per_s: float
+    matmul_efficiency: float
+
+    def __post_init__(self) -> None:
+        _check_text(self.name, "name", "DeviceSpec.name")
+        _check("bytes", self.memory_bytes, "memory_bytes", "DeviceSpec.memory_bytes")
+        if not isinstance(self.peak_flops, Mapping) or not self.peak_flops:
+            raise ClusterError(
+                f"peak_flops must be a non-empty mapping, got {self.peak_flops!r}",
+                where="DeviceSpec.peak_flops",
+                fix=f"give FLOP/s for at least one of {', '.join(DTYPES)}",
+            )
+        for key, value in self.peak_flops.items():
+            _check_dtype(key, f"DeviceSpec.peak_flops.{key}")
+            _check("positive", value, f"peak_flops.{key}", f"DeviceSpec.peak_flops.{key}")
+        ordered = {k: self.peak_flops[k] for k in DTYPES if k in self.peak_flops}
+        object.__setattr__(self, "peak_flops", _FrozenMap(ordered))
+        _check(
+            "positive",
+            self.memory_bandwidth_bytes_per_s,
+            "memory_bandwidth_bytes_per_s",
+            "DeviceSpec.memory_bandwidth_bytes_per_s",
+        )
+        _check(
+            "fraction", self.matmul_efficiency, "matmul_efficiency", "DeviceSpec.matmul_efficiency"
+        )
+
+    def peak(self, dtype: str | torch.dtype) -> float:
+        """Dense peak FLOP/s in ``dtype``; an unsupported dtype is an error, never a guess."""
+        key = dtype_key(dtype)
+        if key not in self.peak_flops:
+            raise ClusterError(
+                f"device {self.name} does not support {key} (no peak FLOP/s for it)",
+                where=f"device.peak_flops.{key}",
+                fix=f"use one of the dtypes it supports: {', '.join(self.peak_flops)}; or add "
+                f"{key} under device.peak_tflops in a cluster file",
+            )
+        return self.peak_flops[key]
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link as collectives see it: per-device, one-direction bus bandwidth, and latency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        _check(
+            "positive",
+            self.bandwidth_bytes_per_s,
+            "bandwidth_bytes_per_s",
+            "LinkSpec.bandwidth_bytes_per_s",
+        )
+        _check("nonnegative", self.latency_s, "latency_s", "LinkSpec.latency_s")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Identical nodes of identical devices; ``sources`` says where each value came from."""
+
+    nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    name: str = ""
+    backend: str = "nccl"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        _check("count", self.nodes, "nodes", "Cluster.nodes")
+        _check("count", self.devices_per_node, "devices_per_node", "Cluster.devices_per_node")
+        for attr, cls in (
+            ("device", DeviceSpec),
+            ("intra_node", LinkSpec),
+            ("inter_node", LinkSpec),
+        ):
+            if not isinstance(getattr(self, attr), cls):
+                raise ClusterError(
+                    f"{attr} must be a {cls.__name__}, got {type(getattr(self, attr)).__name__}",
+                    where=f"Cluster.{attr}",
+                    fix=f"pass a {cls.__name__}, or build the cluster with load_cluster()",
+                )
+        _check_text(self.name, "name", "Cluster.name", empty_ok=True)
+        _check_backend(self.backend, "Cluster.backend")
+        if not isinstance(self.sources, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.sources.items()
+        ):
+            raise ClusterError(
+                "sources must map field names to strings",
+                where="Cluster.sources",
+                fix="e.g. {'device.memory_bytes': 'preset H100-80GB'}",
+            )
+        object.__setattr__(self, "sources", _FrozenMap(self.sources))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, in base units; ``load_cluster(c.to_dict()) == c``, sources included."""
+        d = self.device
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node,
+            "backend": self.backend,
+            "device": {
+                "name": d.name,
+                "memory_bytes": d.memory_bytes,
+                "peak_flops": dict(d.peak_flops),
+                "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
+                "matmul_efficiency": d.matmul_efficiency,
+            },
+            "intra_node_link": _link_dict(self.intra_node),
+            "inter_node_link": _link_dict(self.inter_node),
+            "sources": dict(self.sources),
+        }
+
+
+def _link_dict(link: LinkSpec) -> dict[str, float]:
+    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+
+
+_LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
+
+_ORDER = ["name", "nodes", "devices_per_node", "backend", "device.name", "device.memory_bytes"]
+_ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
+_ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
+_ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s")]
+
+
+def _field_order(key: str) -> int:
+    return _ORDER.index(key) if key in _ORDER else len(_ORDER)

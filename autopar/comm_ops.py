@@ -163,7 +163,11 @@ class _GatherScatterGrad(torch.autograd.Function):
     def forward(ctx, x, axis: str, src: Shard):
         group, n, _ = _group(axis)
         ctx.axis, ctx.src = axis, src
-        return x.view_as(x) if group is None else _gather(x, src, group, n)
+        if group is None:
+            return x.view_as(x)
+        out = _gather(x, src, group, n)
+        out._autopar_shard = (x.detach(), axis, src)  # see keep_gathered_as_shards
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -171,6 +175,33 @@ class _GatherScatterGrad(torch.autograd.Function):
         if group is None:
             return grad, None, None
         return _reduce_scatter(grad, ctx.src, group, n, rank), None, None
+
+
+def _pack(t: torch.Tensor):
+    base = t._base if t._base is not None else t
+    info = getattr(base, "_autopar_shard", None)
+    if info is None:
+        return t
+    shard, axis, src = info
+    return ("autopar-gathered", shard, axis, src, t.size(), t.stride(), t.storage_offset())
+
+
+def _unpack(packed):
+    if isinstance(packed, tuple) and packed and packed[0] == "autopar-gathered":
+        _, shard, axis, src, size, stride, offset = packed
+        group, n, _ = _group(axis)
+        with torch.no_grad():
+            whole = _gather(shard, src, group, n)
+        return whole.as_strided(size, stride, offset)
+    return packed
+
+
+def keep_gathered_as_shards():
+    """While active, a tensor gathered by :func:`gather_scatter_grad` that autograd saves
+    for backward is kept as this device's shard and gathered again when backward needs it:
+    sequence parallelism's memory saving (Korthikanti et al.) at the cost of one more
+    all-gather."""
+    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
 
 
 # --- what the graph calls ------------------------------------------------------------------

@@ -34,6 +34,7 @@ def plan(
     precision: str | None = None,
     optimizer: str = "adamw",
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE,
+    recompute: tuple[str, ...] = ("none", "selective", "full"),
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     model_name: str | None = None,
@@ -64,6 +65,7 @@ def plan(
         precision=precision or default_precision(cluster),
         optimizer=optimizer,
         zero_stages=tuple(zero_stages),
+        recompute=tuple(recompute),
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
     )

@@ -1,5 +1,6 @@
 """Plan-driven graph rewrites, one pass per file, run by a PassManager."""
 
+from autopar.passes.checkpoint_layers import CheckpointLayers
 from autopar.passes.infra import (
     GraphPass,
     PassContext,
@@ -21,6 +22,7 @@ def sharding_passes() -> list[GraphPass]:
 
 
 __all__ = [
+    "CheckpointLayers",
     "GraphPass",
     "InsertCollectives",
     "LocalizeShapes",

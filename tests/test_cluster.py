@@ -86,7 +86,7 @@ def test_preset_values():
     assert "bf16" not in load_cluster("V100-32GB").device.peak_flops
     cpu = load_cluster("2xcpu")
     assert (cpu.backend, cpu.device.memory_bytes) == ("gloo", 8 * GIB)
-    assert cpu.intra_node.latency_s == pytest.approx(50e-6)
+    assert cpu.intra_node.latency_s == pytest.approx(140e-6)
     assert {
         "A100-40GB",
         "A100-80GB",
@@ -256,3 +256,82 @@ def test_missing_file(tmp_path):
 def test_empty_file_and_non_mapping(tmp_path):
     assert "is empty" in error_of(write(tmp_path, "e.yaml", ""))
     assert "must be a mapping" in error_of(write(tmp_path, "l.yaml", "- 1\n- 2\n"))
+
+
+def test_kernel_floor_memory_efficiency_and_curve_presets_and_defaults():
+    h100, cpu = load_cluster("H100-80GB").device, load_cluster("2xcpu").device
+    assert (h100.kernel_floor_s, h100.memory_efficiency) == (5e-6, 0.8)
+    assert (cpu.kernel_floor_s, cpu.memory_efficiency) == (2e-6, 0.5)
+    assert h100.matmul_efficiency_curve == ()  # GPUs: the parametric tile/wave curve
+    effs = [e for _, e in cpu.matmul_efficiency_curve]  # cpu: a measured size curve
+    assert len(effs) >= 3 and effs == sorted(effs) and 0 < effs[0] < effs[-1] <= 1
+    c = load_cluster(FULL_DEVICE)  # no preset: the documented defaults
+    assert (c.device.kernel_floor_s, c.device.memory_efficiency) == (5e-6, 0.8)
+    assert c.sources["device.kernel_floor_s"] == "default"
+    assert c.sources["device.matmul_efficiency_curve"] == "default"
+
+
+CURVE_YAML = """\
+nodes: 1
+devices_per_node: 8
+device:
+  preset: A100-80GB
+  kernel_floor_us: 4.5
+  memory_efficiency: 0.85
+  matmul_efficiency_curve: [[1.0e+6, 0.2], [1.0e+9, 0.7], [1.0e+12, 0.8]]
+"""
+
+
+def test_new_device_fields_from_file_round_trip_and_show(tmp_path):
+    path = write(tmp_path, "c.yaml", CURVE_YAML)
+    c = load_cluster(path)
+    d = c.device
+    assert d.kernel_floor_s == pytest.approx(4.5e-6) and d.memory_efficiency == 0.85
+    assert d.matmul_efficiency_curve == ((1e6, 0.2), (1e9, 0.7), (1e12, 0.8))
+    assert c.sources["device.matmul_efficiency_curve"] == f"file {path}"
+    saved = c.to_dict()["device"]
+    assert saved["matmul_efficiency_curve"] == [[1e6, 0.2], [1e9, 0.7], [1e12, 0.8]]
+    assert saved["kernel_floor_s"] == d.kernel_floor_s
+    again = load_cluster(json.loads(json.dumps(c.to_dict())))
+    assert again == c and hash(again) == hash(c) and again.sources == c.sources
+    assert pickle.loads(pickle.dumps(c)) == c
+    text = format_cluster(c)
+    rows = {line[:20].strip(): line[20:].split() for line in text.splitlines()[3:]}
+    assert rows["kernel floor"][:3] == ["4.5", "µs", "file"]
+    assert rows["memory efficiency"][:2] == ["0.85", "file"]
+    assert "3 points, 1e6-1e12 FLOP, efficiency 0.2-0.8" in text
+    assert "parametric" in format_cluster(load_cluster("A100-80GB"))
+
+
+def test_constructed_device_normalizes_the_curve():
+    d = DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, 1e-6, 0.7, [[1000, 0.5], (2000, 1)])
+    assert d.matmul_efficiency_curve == ((1000.0, 0.5), (2000.0, 1.0))
+    assert hash(d) == hash(
+        DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, 1e-6, 0.7, d.matmul_efficiency_curve)
+    )
+
+
+@pytest.mark.parametrize(
+    "device, says",
+    [
+        ({"kernel_floor_us": -1}, "device.kernel_floor_us must be a number >= 0"),
+        ({"kernel_floor_us": 1, "kernel_floor_s": 1e-6}, "keep one of kernel_floor_us"),
+        ({"memory_efficiency": 0}, "device.memory_efficiency must be a number in (0, 1]"),
+        ({"matmul_efficiency_curve": "fast"}, "list of [flops, efficiency] pairs"),
+        ({"matmul_efficiency_curve": [[1e6, 0.5, 1]]}, "must be a [flops, efficiency] pair"),
+        ({"matmul_efficiency_curve": [[1e6, 1.5]]}, "efficiency must be a number in (0, 1]"),
+        ({"matmul_efficiency_curve": [["1e6", 0.5]]}, "write 1.0e+12"),
+        ({"matmul_efficiency_curve": [[1e6, 0.5], [1e6, 0.6]]}, "FLOPs must rise"),
+    ],
+)
+def test_bad_new_device_fields(device, says):
+    text = error_of({"nodes": 1, "devices_per_node": 1, "device": {"preset": "cpu", **device}})
+    assert says in text
+    assert "where: device." in text
+
+
+def test_bad_constructed_device_fields():
+    with pytest.raises(ClusterError, match="kernel_floor_s must be a number >= 0"):
+        DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, kernel_floor_s=-1.0)
+    with pytest.raises(ClusterError, match="FLOPs must rise"):
+        DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, matmul_efficiency_curve=((2, 1), (1, 1)))

@@ -52,6 +52,10 @@ CASES = [
     # ZeRO-3 (FSDP2 per outlined layer) and gradient accumulation over microbatches.
     ("gpt", 2, ["--dp", "2", "--zero", "3", "--microbatch", "1"]),
     ("llama", 4, ["--dp", "2", "--tp", "2", "--zero", "3", "--cluster", FAST]),
+    # Activation recomputation: full (checkpointed layers, with sequence parallelism's
+    # re-gathered shards) and selective (attention scores only, on explicit attention).
+    ("gpt", 4, ["--dp", "2", "--tp", "2", "--recompute", "full", "--cluster", FAST]),
+    ("gptmath", 2, ["--tp", "2", "--recompute", "selective", "--cluster", FAST]),
 ]
 
 
@@ -76,3 +80,5 @@ def test_matches_single_device(model: str, nproc: int, extra: list[str], tmp_pat
         assert results[0]["zero"] == int(extra[extra.index("--zero") + 1])
     if "--microbatch" in extra:
         assert results[0]["microbatches"] == 2
+    if "--recompute" in extra:
+        assert results[0]["recompute"] == extra[extra.index("--recompute") + 1]

@@ -25,7 +25,7 @@ def tiny_gpt_plan() -> Plan:
 def test_required_fields_present(tiny_gpt_plan: Plan) -> None:
     data = json.loads(tiny_gpt_plan.to_json())
     assert isinstance(data["schema_version"], int)
-    assert data["mesh"] == {"dp": 2, "tp": 1}
+    assert data["mesh"]["dp"] * data["mesh"]["tp"] == 2
     for key in ("step_time_s", "peak_memory_bytes", "tflops_per_device", "tokens_per_s"):
         assert data["predicted"][key] > 0, key
     assert data["solver"]["status"] == "OPTIMAL"
@@ -121,6 +121,7 @@ def test_llama3_70b_needs_tensor_parallelism_inside_nodes() -> None:
     plan = autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch)
     assert plan.mesh["tp"] > 1 and 8 % plan.mesh["tp"] == 0
     assert plan.predicted["peak_memory_bytes"] <= 80 * 2**30
-    # Without tensor parallelism no plan fits.
+    # Without tensor parallelism (and without recomputing activations) no plan fits.
     with pytest.raises(autopar.errors.NoFeasiblePlanError, match="fits on no mesh"):
-        autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch, tp=1)
+        autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch, tp=1,
+                     recompute=("none",))

@@ -4,6 +4,8 @@
     autopar inspect gpt2
     autopar cluster show 8xA100-80GB
     autopar emit gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32 --cluster 2xcpu --tp 2
+    autopar estimate llama3-8b --cluster 8xH100-80GB --tp 1 --dp 8 --zero 3 --dtype bf16
+    autopar calibrate --out cpu-profile.json
     autopar demo
 
 Errors on bad input print what, where and what to do, and exit with status 2.
@@ -61,6 +63,35 @@ def build_parser() -> argparse.ArgumentParser:
     show = csub.add_parser("show", help="print a cluster's resolved values and their sources")
     show.add_argument("spec", help="e.g. 8xH100-80GB or path/to/cluster.yaml")
 
+    p = sub.add_parser("estimate", help="memory and step time of one pinned configuration")
+    _add_model_args(p)
+    p.add_argument("--cluster", required=True, help="e.g. 8xH100-80GB or c.yaml")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=None, help="default: devices / (tp x pp x cp)")
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism with tp")
+    p.add_argument("--microbatch", type=int, default=1, help="sequences per microbatch")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per step")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None)
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
+    p.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "momentum", "adafactor",
+                                          "adam8bit"), default="adamw")
+    p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters only")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zero-bubble"),
+                   default="1f1b")
+    p.add_argument("--virtual-stages", type=int, default=1, help="interleaving degree v")
+    p.add_argument("--json", metavar="FILE", help="also write the estimate as JSON")
+
+    p = sub.add_parser("calibrate", help="measure this machine and write a cluster profile")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--nproc", type=int, default=2, help="processes for the collective tests")
+    p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads per process (torchrun gives each process 1)")
+
     p = sub.add_parser("demo", help="plan a small GPT for 2 CPU processes, train it, compare")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2)
@@ -87,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
 
             print(format_cluster(load_cluster(args.spec)))
             return 0
+        if args.command == "estimate":
+            from autopar.cli.estimate_cmd import run_estimate
+
+            return run_estimate(args)
+        if args.command == "calibrate":
+            from autopar.cli.calibrate_cmd import run_calibrate
+
+            return run_calibrate(args)
         if args.command == "demo":
             from autopar.cli.demo import run_demo
 

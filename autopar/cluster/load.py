@@ -1,6 +1,7 @@
 """Resolve a cluster from a shorthand, a preset name, a dict or a YAML/JSON file.
 
-Files are read with ``yaml.safe_load``/``json``: loading never runs code."""
+Values layer as default < preset < profile < the description's own, each remembering its
+source. Files are read with ``yaml.safe_load``/``json``: loading never runs code."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autopar.cluster.presets import DTYPES, GB, GIB, PRESETS, TFLOPS
+from autopar.cluster.presets import (
+    DEFAULT_KERNEL_FLOOR_S,
+    DEFAULT_MEMORY_EFFICIENCY,
+    DTYPES,
+    GB,
+    GIB,
+    PRESETS,
+    TFLOPS,
+)
+from autopar.cluster.profile import read_profile
 from autopar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -30,6 +40,7 @@ from autopar.cluster.spec import (
     LinkSpec,
     _check,
     _check_backend,
+    _check_curve,
     _check_text,
     _field_order,
 )
@@ -43,7 +54,11 @@ _DEVICE_UNITS = {
     "memory_bandwidth_gb_per_s": ("memory_bandwidth_bytes_per_s", "positive", lambda v: v * GB),
     "memory_bandwidth_bytes_per_s": ("memory_bandwidth_bytes_per_s", "positive", None),
     "matmul_efficiency": ("matmul_efficiency", "fraction", None),
+    "kernel_floor_us": ("kernel_floor_s", "nonnegative", lambda v: v / 1e6),
+    "kernel_floor_s": ("kernel_floor_s", "nonnegative", None),
+    "memory_efficiency": ("memory_efficiency", "fraction", None),
 }
+_CURVE = "matmul_efficiency_curve"
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
 _LINK_UNITS = {
     "bandwidth_gb_per_s": ("bandwidth_bytes_per_s", "positive", lambda v: v * GB),
@@ -51,8 +66,18 @@ _LINK_UNITS = {
     "latency_us": ("latency_s", "nonnegative", lambda v: v / 1e6),
     "latency_s": ("latency_s", "nonnegative", None),
 }
-_TOP_KEYS = ("name", "nodes", "devices_per_node", "backend", "device", *_LINKS, "sources")
-_DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS)
+_TOP_KEYS = (
+    "name", "nodes", "devices_per_node", "backend", "profile", "device", *_LINKS, "sources"
+)  # fmt: skip
+_DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, _CURVE)
+
+# Fields with a default when neither the description nor its preset sets them.
+_DEFAULTS = {
+    "backend": "nccl",
+    "device.kernel_floor_s": DEFAULT_KERNEL_FLOOR_S,
+    "device.memory_efficiency": DEFAULT_MEMORY_EFFICIENCY,
+    f"device.{_CURVE}": (),
+}
 
 # Fields a description must end up with (from the user or a preset) -> the key to add.
 _REQUIRED = {
@@ -77,6 +102,7 @@ class _Origin:
     desc: str  # "cluster file 'c.yaml'"
     prefix: str  # "c.yaml: "
     label: str  # "file c.yaml"
+    base_dir: Path = Path()  # relative paths inside the description (profile:) start here
 
     def where(self, path: str) -> str:
         return f"{self.prefix}{path}"
@@ -164,7 +190,7 @@ def _from_file(path: Path) -> Cluster:
             fix="pass a readable UTF-8 .yaml, .yml or .json file",
         ) from None
     data = _parse_json(text, shown) if suffix == ".json" else _parse_yaml(text, shown)
-    origin = _Origin(f"cluster file '{shown}'", f"{shown}: ", f"file {shown}")
+    origin = _Origin(f"cluster file '{shown}'", f"{shown}: ", f"file {shown}", path.parent)
     if data is None:
         raise ClusterError(
             f"cluster file '{shown}' is empty",
@@ -262,6 +288,9 @@ def _read(data: Any, origin: _Origin) -> dict[str, Any]:
         _check_text(device["name"], "device.name", origin.where("device.name"))
         out["device.name"] = device["name"]
     out.update(_read_units(device, "device", _DEVICE_UNITS, origin))
+    if _CURVE in device:
+        path = f"device.{_CURVE}"
+        out[path] = _check_curve(device[_CURVE], path, origin.where(path))
     peak_keys = [k for k in _PEAK_UNITS if k in device]
     if len(peak_keys) > 1:
         _conflict("device", peak_keys, origin)
@@ -302,9 +331,9 @@ def _conflict(path: str, keys: list[str], origin: _Origin) -> None:
 
 
 def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
-    """Layer default < preset < ``data``, recording each value's source, and build."""
-    values: dict[str, Any] = {"backend": "nccl"}
-    sources: dict[str, str] = {"backend": "default"}
+    """Layer default < preset < profile < ``data``, recording each value's source, and build."""
+    values: dict[str, Any] = dict(_DEFAULTS)
+    sources: dict[str, str] = dict.fromkeys(_DEFAULTS, "default")
     device = data.get("device") if isinstance(data, Mapping) else None
     preset = device if isinstance(device, str) else None
     if isinstance(device, Mapping) and "preset" in device:
@@ -314,6 +343,13 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         preset_origin = _Origin(f"preset {name}", f"preset {name}: ", f"preset {name}")
         for key, value in _read(PRESETS[name], preset_origin).items():
             values[key], sources[key] = value, preset_origin.label
+    if isinstance(data, Mapping) and "profile" in data:
+        path = _profile_path(data["profile"], origin)
+        profile = read_profile(path)
+        shown = str(path)
+        profile_origin = _Origin(f"profile '{shown}'", f"{shown}: ", f"profile {shown}")
+        for key, value in _read(profile.cluster_overrides(), profile_origin).items():
+            values[key], sources[key] = value, profile_origin.label
     for key, value in _read(data, origin).items():
         values[key], sources[key] = value, origin.label
 
@@ -347,6 +383,9 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         peak_flops=peak,
         memory_bandwidth_bytes_per_s=values["device.memory_bandwidth_bytes_per_s"],
         matmul_efficiency=values["device.matmul_efficiency"],
+        kernel_floor_s=values["device.kernel_floor_s"],
+        memory_efficiency=values["device.memory_efficiency"],
+        matmul_efficiency_curve=values[f"device.{_CURVE}"],
     )
     return Cluster(
         nodes=values["nodes"],
@@ -358,6 +397,18 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         backend=values["backend"],
         sources={key: sources[key] for key in sorted(sources, key=_field_order)},
     )
+
+
+def _profile_path(value: Any, origin: _Origin) -> Path:
+    """The profile a description names, relative to the cluster file that names it."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ClusterError(
+            f"{origin.desc}: profile must be a path to a profile JSON file, got {value!r}",
+            where=origin.where("profile"),
+            fix="write profile: path/to/profile.json (from `autopar calibrate --out PROFILE`)",
+        )
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else origin.base_dir / path
 
 
 def _apply_recorded_sources(recorded: Any, sources: dict[str, str], origin: _Origin) -> None:

@@ -20,8 +20,21 @@ Conventions, so the presets can be compared with each other:
 - MI300X is the exception to datasheet links: its 448 GB/s is seven 64 GB/s point-to-point
   xGMI links, of which ~48 GB/s each is usable after CRC and protocol overhead (AMD ROCm
   blog "Understanding RCCL Bandwidth and xGMI Performance on MI300X", 2025), so 336 GB/s.
-- ``cpu`` models local torch.distributed gloo processes on one machine: 8 GiB and ~50 GFLOP/s
-  per process, ~2 GB/s and ~50 µs through loopback; rough defaults that calibration replaces.
+- ``kernel_floor_s`` is the time no op beats, however small. On GPUs it is a rule of thumb
+  of ~5 µs: a CUDA/HIP launch costs ~2-4 µs of host and driver time (CUDA graphs exist to
+  remove it), and the tail of a tiny grid adds ~1-2 µs. On ``cpu`` it is the ~2 µs eager
+  PyTorch spends dispatching and allocating for a one-element op.
+- ``memory_efficiency`` is the fraction of the HBM datasheet bandwidth that streaming
+  elementwise kernels reach: STREAM/BabelStream-style copies and triads get ~80-90% on
+  A100/H100, so 0.8 for every GPU; ``cpu`` gets 0.5 (caches, allocation and page faults make
+  eager CPU elementwise ops far from a STREAM figure). Calibration measures the achieved
+  bandwidth directly and then writes 1.0.
+- GPU presets have no ``matmul_efficiency_curve``: the compute model's parametric size curve
+  (tiles and waves of SMs) applies until a calibrated profile supplies a measured one.
+- ``cpu`` models local torch.distributed gloo processes on one machine, one thread each:
+  8 GiB, ~190 GFLOP/s fp32, ~28 GB/s, a measured size curve, and ~1.5 GB/s bus bandwidth with
+  ~140 µs latency through gloo's loopback all-reduce — what ``autopar calibrate`` measured on
+  the project's 2-core CI VM. A GPU's tile/wave curve would be wrong for a CPU core.
 """
 
 from __future__ import annotations
@@ -35,6 +48,12 @@ TFLOPS = 1e12
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """Dtype keys of ``peak_flops``, in display order."""
 
+DEFAULT_KERNEL_FLOOR_S = 5e-6
+"""Kernel floor of a device described without a preset: the GPU rule of thumb (see above)."""
+
+DEFAULT_MEMORY_EFFICIENCY = 0.8
+"""Memory efficiency of a device described without a preset: the GPU figure (see above)."""
+
 
 def _preset(
     name: str,
@@ -46,6 +65,9 @@ def _preset(
     intra: tuple[float, float],
     inter: tuple[float, float],
     backend: str = "nccl",
+    kernel_floor_s: float = DEFAULT_KERNEL_FLOOR_S,
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY,
+    curve: tuple[tuple[float, float], ...] = (),
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -56,6 +78,9 @@ def _preset(
             "peak_flops": {k: v * TFLOPS for k, v in tflops.items()},
             "memory_bandwidth_bytes_per_s": hbm_gb_per_s * GB,
             "matmul_efficiency": matmul_efficiency,
+            "kernel_floor_s": kernel_floor_s,
+            "memory_efficiency": memory_efficiency,
+            "matmul_efficiency_curve": [list(point) for point in curve],
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6},
         "inter_node_link": {"bandwidth_bytes_per_s": inter[0] * GB, "latency_s": inter[1] / 1e6},
@@ -91,10 +116,12 @@ _TABLE = [
     _preset("MI300X", memory_gib=192,
             tflops={"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
             hbm_gb_per_s=5300, matmul_efficiency=0.6, intra=(336, 5), inter=(50, 10)),
-    # gloo processes on one machine, rough until calibrated (see above); 10 GbE between hosts.
-    _preset("cpu", memory_gib=8, tflops={"fp32": 0.05, "bf16": 0.05, "fp16": 0.05},
-            hbm_gb_per_s=10, matmul_efficiency=0.8, intra=(2, 50), inter=(1.25, 100),
-            backend="gloo"),
+    # gloo processes on one machine, one thread each: `autopar calibrate` on the project's
+    # 2-core x86 CI VM (2026-11), rounded; 10 GbE between hosts. Calibrate your own machine.
+    _preset("cpu", memory_gib=8, tflops={"fp32": 0.19, "bf16": 0.19, "fp16": 0.18},
+            hbm_gb_per_s=28, matmul_efficiency=1.0, intra=(1.5, 140), inter=(1.25, 100),
+            backend="gloo", kernel_floor_s=2e-6, memory_efficiency=0.5,
+            curve=((2e5, 0.70), (2e6, 0.80), (3e7, 0.88), (1e9, 0.94), (1e10, 1.0))),
 ]
 # fmt: on
 

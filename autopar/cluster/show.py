@@ -49,6 +49,14 @@ def format_cluster(cluster: Cluster) -> str:
             src("device.memory_bandwidth_bytes_per_s"),
         ),
         ("  matmul efficiency", _num(d.matmul_efficiency), "", src("device.matmul_efficiency")),
+        (
+            "  matmul curve",
+            _curve(d.matmul_efficiency_curve),
+            None,
+            src("device.matmul_efficiency_curve"),
+        ),
+        ("  kernel floor", _num(d.kernel_floor_s * 1e6), "µs", src("device.kernel_floor_s")),
+        ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
     ]
     for title, prefix, link in (
         ("intra-node link", "intra_node", c.intra_node),
@@ -65,6 +73,23 @@ def format_cluster(cluster: Cluster) -> str:
             ("  latency", _num(link.latency_s * 1e6), "µs", src(f"{prefix}.latency_s")),
         ]
     return _table(c, rows)
+
+
+def _curve(curve: tuple[tuple[float, float], ...]) -> str:
+    """A curve in one line: its size and ranges, not every point."""
+    if not curve:
+        return "parametric"
+    effs = [e for _, e in curve]
+    return (
+        f"{_plural(len(curve), 'point')}, {_sci(curve[0][0])}-{_sci(curve[-1][0])} FLOP, "
+        f"efficiency {_num(min(effs))}-{_num(max(effs))}"
+    )
+
+
+def _sci(x: float) -> str:
+    """``8192`` -> ``8.2e3``: short scientific notation for wide-ranging counts."""
+    mantissa, _, exponent = f"{x:.2g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
 def _plural(n: int, word: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autopar.cluster.presets import DTYPES
+from autopar.cluster.presets import DEFAULT_KERNEL_FLOOR_S, DEFAULT_MEMORY_EFFICIENCY, DTYPES
 from autopar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -103,6 +103,42 @@ def _check(kind: str, value: Any, key: str, where: str) -> None:
         )
 
 
+def _check_curve(value: Any, key: str, where: str) -> tuple[tuple[float, float], ...]:
+    """``value`` as a matmul efficiency curve: ``((flops, efficiency), ...)``, FLOPs rising.
+
+    Strictly rising FLOPs keep interpolation well defined; an empty curve is allowed and
+    means "use the compute model's parametric curve"."""
+    rule = "a list of [flops, efficiency] pairs with flops > 0 rising and efficiency in (0, 1]"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise ClusterError(
+            f"{key} must be {rule}, got {value!r}",
+            where=where,
+            fix=f"write {key}: [[1.0e+6, 0.3], [1.0e+9, 0.9]] (or [] for none)",
+        )
+    points: list[tuple[float, float]] = []
+    for i, pair in enumerate(value):
+        at = f"{where}[{i}]"
+        if isinstance(pair, (str, bytes, Mapping)) or not isinstance(pair, (list, tuple)):
+            pair = (pair,)
+        if len(pair) != 2:
+            raise ClusterError(
+                f"{key}[{i}] must be a [flops, efficiency] pair, got {pair!r}",
+                where=at,
+                fix=f"write each point of {key} as [flops, efficiency]",
+            )
+        _check("positive", pair[0], f"{key}[{i}] flops", at)
+        _check("fraction", pair[1], f"{key}[{i}] efficiency", at)
+        if points and pair[0] <= points[-1][0]:
+            raise ClusterError(
+                f"{key} FLOPs must rise from point to point, but point {i} has "
+                f"{pair[0]!r} after {points[-1][0]!r}",
+                where=at,
+                fix=f"sort the points of {key} by FLOPs and merge duplicates",
+            )
+        points.append((float(pair[0]), float(pair[1])))
+    return tuple(points)
+
+
 def _check_text(value: Any, key: str, where: str, *, empty_ok: bool = False) -> None:
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
         raise ClusterError(
@@ -132,13 +168,24 @@ def _check_dtype(value: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One device: the numbers the compute and memory models divide by."""
+    """One device: the numbers the compute and memory models divide by.
+
+    ``matmul_efficiency`` is the fraction of ``peak_flops`` a large GEMM reaches.
+    ``matmul_efficiency_curve`` refines it by size: ``(flops per matmul call, fraction of
+    peak)`` points with rising FLOPs, as calibration measures them (empty: the compute model
+    uses its parametric curve). ``memory_efficiency`` is the fraction of
+    ``memory_bandwidth_bytes_per_s`` elementwise kernels reach, and ``kernel_floor_s`` the
+    time no kernel (op) beats, however small: launch plus tail on a GPU, dispatch on a CPU.
+    """
 
     name: str
     memory_bytes: int
     peak_flops: Mapping[str, float]
     memory_bandwidth_bytes_per_s: float
     matmul_efficiency: float
+    kernel_floor_s: float = DEFAULT_KERNEL_FLOOR_S
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    matmul_efficiency_curve: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -163,6 +210,16 @@ class DeviceSpec:
         _check(
             "fraction", self.matmul_efficiency, "matmul_efficiency", "DeviceSpec.matmul_efficiency"
         )
+        _check("nonnegative", self.kernel_floor_s, "kernel_floor_s", "DeviceSpec.kernel_floor_s")
+        _check(
+            "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
+        )
+        curve = _check_curve(
+            self.matmul_efficiency_curve,
+            "matmul_efficiency_curve",
+            "DeviceSpec.matmul_efficiency_curve",
+        )
+        object.__setattr__(self, "matmul_efficiency_curve", curve)
 
     def peak(self, dtype: str | torch.dtype) -> float:
         """Dense peak FLOP/s in ``dtype``; an unsupported dtype is an error, never a guess."""
@@ -251,6 +308,9 @@ class Cluster:
                 "peak_flops": dict(d.peak_flops),
                 "memory_bandwidth_bytes_per_s": d.memory_bandwidth_bytes_per_s,
                 "matmul_efficiency": d.matmul_efficiency,
+                "matmul_efficiency_curve": [list(p) for p in d.matmul_efficiency_curve],
+                "kernel_floor_s": d.kernel_floor_s,
+                "memory_efficiency": d.memory_efficiency,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -267,6 +327,7 @@ _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
 _ORDER = ["name", "nodes", "devices_per_node", "backend", "device.name", "device.memory_bytes"]
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
+_ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s")]
 
 

@@ -37,6 +37,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit faster
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
+    # "sdpa": fused scaled_dot_product_attention (flash-style). "math": the explicit
+    # matmul -> scale -> mask -> softmax -> dropout -> matmul of nanoGPT's slow path, GPT-2
+    # and 2021-era Megatron, which materializes the attention scores.
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -52,6 +56,12 @@ class GPTConfig:
                 f"GPTConfig.n_embd ({self.n_embd}) is not divisible by n_head ({self.n_head})",
                 where="GPTConfig.n_embd",
                 fix="choose n_embd as a multiple of n_head (each head gets n_embd // n_head)",
+            )
+        if self.attention not in ("sdpa", "math"):
+            raise ModelSpecError(
+                f"GPTConfig.attention must be 'sdpa' or 'math', got {self.attention!r}",
+                where="GPTConfig.attention",
+                fix="use 'sdpa' (fused) or 'math' (explicit softmax)",
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ModelSpecError(
@@ -70,6 +80,12 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.math = config.attention == "math"
+        if self.math:
+            self.attn_dropout = nn.Dropout(config.dropout)
+            causal = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+            self.register_buffer("causal", causal.view(1, 1, config.block_size,
+                                                       config.block_size), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
@@ -78,8 +94,13 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        dropout_p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        if self.math:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(~self.causal[:, :, :T, :T], float("-inf"))
+            y = self.attn_dropout(F.softmax(att, dim=-1)) @ v
+        else:
+            dropout_p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

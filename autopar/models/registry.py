@@ -135,6 +135,7 @@ _KEYS: dict[str, dict[str, tuple[type, Any]]] = {
         "dropout": (float, 0.0),
         "bias": (bool, True),
         "tie": (bool, True),
+        "math_attention": (bool, False),
     },
     "gpt2hf": {
         **_sizes("layers", "hidden", "heads", "vocab", "seq"),
@@ -269,6 +270,7 @@ def _gpt_spec(name: str, v: dict[str, Any]) -> ModelSpec:
         dropout=v["dropout"],
         bias=v["bias"],
         tie_weights=v["tie"],
+        attention="math" if v["math_attention"] else "sdpa",
     )
 
     def inputs(batch: int, seq: int, device: Device) -> tuple[tuple, dict]:

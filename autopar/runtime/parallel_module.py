@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
+from autopar import comm_ops
 from autopar.placements import Shard
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
@@ -57,7 +58,8 @@ class ParallelModule(nn.Module):
         return self._program.code
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.wrapped(*args, **kwargs)
+        with comm_ops.keep_gathered_as_shards():
+            return self.wrapped(*args, **kwargs)
 
     def _input_placements(self, program: fx.GraphModule) -> dict[int, bool]:
         """Placeholder position -> is it split over dp (batch-sharded)."""
@@ -97,7 +99,7 @@ class ParallelModule(nn.Module):
             sync = i == len(chunks) - 1
             context = self.wrapped.no_sync() if (not sync and hasattr(self.wrapped, "no_sync")) else _null()
             with context:
-                loss = find_loss(self.wrapped(*a, **k)) / len(chunks)
+                loss = find_loss(self(*a, **k)) / len(chunks)
                 loss.backward()
             total += loss.detach()
         group = self.mesh_context.group("dp")

@@ -16,7 +16,13 @@ from torch import nn
 
 from autopar.cluster import Cluster, load_cluster
 from autopar.graph_facts import graph_facts
-from autopar.passes import OutlineLayers, PassContext, PassManager, sharding_passes
+from autopar.passes import (
+    CheckpointLayers,
+    OutlineLayers,
+    PassContext,
+    PassManager,
+    sharding_passes,
+)
 from autopar.plan import Plan
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
@@ -52,9 +58,13 @@ def parallelize(
     plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
     ctx = build_mesh(plan, cluster.backend)
     zero = plan.training.get("zero_stage", 0)
+    recompute = plan.training.get("recompute", "none")
     passes = sharding_passes()
-    if zero == 3 and plan.mesh.get("dp", 1) > 1:
-        passes.append(OutlineLayers())  # FSDP2 gathers one layer module at a time
+    if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none":
+        # FSDP2 gathers one layer module at a time; checkpointing reruns one at a time.
+        passes.append(OutlineLayers())
+    if recompute != "none":
+        passes.append(CheckpointLayers())
     program, _ = PassManager(passes).run(gm, PassContext(plan, ctx.coords))
     program.to(ctx.device)
     units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]

@@ -24,6 +24,18 @@ R = Replicate()
 
 def batch_strategies(gm: fx.GraphModule, dp: int, batch_size: int | None) -> dict[str, Strategy]:
     """Node name -> strategy on the dp axis, for every decision node."""
+    return propagate_input_dim(gm, dp, batch_size, dim=0)
+
+
+def propagate_input_dim(
+    gm: fx.GraphModule, n: int, size: int | None, dim: int
+) -> dict[str, Strategy]:
+    """Shard dimension ``dim`` of every input whose ``dim`` has ``size`` over ``n`` devices
+    and carry that sharding through the graph as far as rules allow without communication.
+
+    ``dim=0`` is the batch (data parallelism); ``dim=1`` of token inputs is the sequence,
+    which tells where the sequence dimension of every tensor is.
+    """
     chosen: dict[str, Strategy] = {}
     for node in gm.graph.nodes:
         if not is_decision(node):
@@ -32,19 +44,19 @@ def batch_strategies(gm: fx.GraphModule, dp: int, batch_size: int | None) -> dic
         if node.op == "placeholder":
             shape = facts.shapes[0]
             sharded = (
-                dp > 1 and batch_size is not None and shape and shape[0] == batch_size
-                and batch_size % dp == 0
+                n > 1 and size is not None and len(shape) > dim and shape[dim] == size
+                and size % n == 0
             )
-            chosen[node.name] = Strategy((), (Shard(0) if sharded else R,))
+            chosen[node.name] = Strategy((), (Shard(dim) if sharded else R,))
             continue
-        if node.op == "get_attr" or dp == 1:
+        if node.op == "get_attr" or n == 1:
             n_in = len(tensor_inputs(node)) if node.op == "call_function" else 0
             chosen[node.name] = Strategy((R,) * n_in, (R,) * len(facts.shapes))
             continue
         inputs = tensor_inputs(node)
         produced = [_placement(chosen, a) for a in inputs]
         sizes = [_nbytes(a) for a in inputs]
-        candidates = strategies_for(op_call(node), dp)
+        candidates = strategies_for(op_call(node), n)
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes)
         )[1]

@@ -1,9 +1,20 @@
 """Cost coefficients of one planning problem at one setting, from the cost models.
 
-Everything here is per microbatch and per device unless named otherwise, and already
-multiplied by the number of graph instances a decision or value stands for. The CP-SAT model
-and the exact evaluation of a chosen plan both read these numbers, so the plan's reported
-prediction is the solver's objective.
+Everything here is per microbatch, per device and **per graph instance**: a decision that
+stands for 80 identical layers costs 80 times what these methods return (``count``), and a
+pipeline stage holding 20 of those layers costs 20 times. The CP-SAT model and the exact
+evaluation of a chosen plan both read these numbers, so the plan's prediction is the
+solver's objective.
+
+Recomputation (``Setting.recompute``):
+
+- ``none``: autograd keeps what it saves.
+- ``selective`` (Korthikanti et al.): tensors whose shape holds the sequence length twice
+  (attention scores, softmax, its dropout mask) are not kept; the ops that make them run
+  again in backward. Flash-style attention already works this way, so then it changes
+  nothing.
+- ``full``: each repeated layer keeps only its inputs; its forward (with its collectives)
+  runs again in backward, one layer at a time.
 """
 
 from __future__ import annotations
@@ -11,34 +22,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import torch.fx as fx
+
 from autopar.cluster import Cluster, LinkSpec
 from autopar.cost_models.comm import axis_link
-from autopar.cost_models.compute import op_time
+from autopar.cost_models.compute import backward_time, forward_time
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.placements import Placement, Replicate, Shard
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Decision, Problem, ValueKey
+from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.strategies import Strategy
 
 _FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One point of the outer search: mesh degrees, ZeRO stage, microbatching."""
+    """One point of the outer search: mesh degrees, ZeRO stage, microbatching, recompute,
+    and the pipeline (``pp`` stages run with ``schedule``, ``virtual`` chunks per stage)."""
 
     dp: int
     tp: int
     zero: int
     microbatch: int  # sequences per microbatch on one data-parallel rank
     microbatches: int  # microbatches per optimizer step
+    recompute: str = "none"
+    pp: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
 
     @property
     def mesh(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp}
+        mesh = {"pp": self.pp} if self.pp > 1 else {}
+        return {**mesh, "dp": self.dp, "tp": self.tp}
 
 
 def sharded_compute(strategy: Strategy) -> bool:
@@ -50,6 +74,36 @@ def divisor(placement: Placement, n: int) -> int:
     return n if isinstance(placement, Shard) else 1
 
 
+def matmul_shape(node: fx.Node) -> tuple[int, int, int] | None:
+    """(m, n, k) of a matmul-like node, from its traced shapes (for shape-aware efficiency)."""
+    facts: NodeFacts = node.meta[META_KEY]
+    name = facts.target
+    ins = [a.meta[META_KEY].shapes[0] for a in node.all_input_nodes
+           if META_KEY in a.meta and a.meta[META_KEY].shapes]
+    if not facts.shapes or not ins:
+        return None
+    out = facts.shapes[0]
+    if "linear" in name and len(ins) >= 2:
+        k = ins[0][-1]
+        return _numel(out) // max(out[-1], 1), out[-1], k
+    if "addmm" in name and len(ins) >= 3:
+        return ins[1][0], ins[2][1], ins[1][1]
+    if any(t in name for t in ("aten.mm", "aten.bmm", "aten.matmul", "baddbmm")):
+        k = ins[0][-1]
+        return _numel(out) // max(out[-1], 1), out[-1], k
+    if "scaled_dot_product" in name:
+        q = ins[0]
+        return _numel(q) // max(q[-1], 1), ins[1][-2], q[-1]
+    return None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 class CostTables:
     def __init__(
         self,
@@ -58,12 +112,14 @@ class CostTables:
         options: PlanOptions,
         setting: Setting,
         traced_batch: int,
+        seq_len: int | None = None,
     ):
         self.problem = problem
         self.cluster = cluster
         self.options = options
         self.setting = setting
         self.traced_batch = traced_batch
+        self.seq_len = seq_len
         self.tp_link: LinkSpec = axis_link(cluster, setting.mesh, "tp")
         self.dp_link: LinkSpec = axis_link(cluster, setting.mesh, "dp")
         self.element_bytes = activation_bytes_per_element(options.precision)
@@ -77,17 +133,17 @@ class CostTables:
 
     def _bytes(self, facts: NodeFacts, output: int) -> float:
         shape, dtype = facts.shapes[output], facts.dtypes[output]
-        n = 1
-        for s in shape:
-            n *= s
         if dtype in _FLOAT_DTYPES:
-            return n * self.element_bytes
-        return n * _itemsize(dtype)
+            return _numel(shape) * self.element_bytes
+        return _numel(shape) * _itemsize(dtype)
 
     def value_bytes(self, key: ValueKey) -> float:
         """Bytes of one instance of a value per microbatch (whole over tp, local over dp)."""
         d = self.problem.decisions[key[0]]
         return self._bytes(d.facts, key[1]) * self._scale(d, key[1])
+
+    def count(self, d: Decision) -> int:
+        return d.count
 
     def value_count(self, key: ValueKey) -> int:
         return self.problem.decisions[key[0]].count
@@ -95,77 +151,149 @@ class CostTables:
     def requires_grad(self, key: ValueKey) -> bool:
         return self.problem.decisions[key[0]].facts.requires_grad
 
-    # --- per decision ------------------------------------------------------------------
-    def compute(self, d: Decision, s: Strategy) -> tuple[float, float]:
-        """(forward, backward) seconds of all instances of ``d`` under ``s``."""
+    # --- recomputation ---------------------------------------------------------------
+    def in_recomputed_layer(self, d: Decision) -> bool:
+        return self.setting.recompute == "full" and d.facts.layer is not None
+
+    def quadratic(self, facts: NodeFacts, output: int = 0) -> bool:
+        """Does this output hold the sequence length twice (attention scores)?"""
+        s = self.seq_len
+        if not s or s <= 1 or output >= len(facts.shapes):
+            return False
+        return list(facts.shapes[output]).count(s) >= 2
+
+    def recomputed(self, d: Decision) -> bool:
+        """Does ``d`` run again in backward instead of keeping what it saves?"""
+        if self.in_recomputed_layer(d):
+            return True
+        return self.setting.recompute == "selective" and self.quadratic(d.facts)
+
+    def keeps(self, use: Use, key: ValueKey) -> bool:
+        """Is a tensor a consumer saves for backward really kept under recomputation?"""
+        if not use.saves or use.consumer < 0:
+            return False
+        producer = self.problem.decisions[key[0]]
+        if self.setting.recompute == "selective" and self.quadratic(producer.facts, key[1]):
+            return False
+        consumer = self.problem.decisions[use.consumer]
+        if self.in_recomputed_layer(consumer):
+            return not use.same_layer  # only the layer's inputs are kept
+        return True
+
+    # --- per decision (one instance) ---------------------------------------------------
+    def times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
+        """(forward, backward, recompute) seconds of one instance of ``d`` under ``s``."""
         facts = d.facts
         if d.kind != "op":
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         div = self.setting.tp if sharded_compute(s) else 1
         scale = self._scale(d) / div
         dtype = self.options.precision
-        precision_scale = self.element_bytes / 4
-        moved = (facts.bytes_read + facts.bytes_written) * scale * precision_scale
+        moved = (facts.bytes_read + facts.bytes_written) * scale * (self.element_bytes / 4)
         device = self.cluster.device
-        fwd = op_time(facts.fwd_flops * scale, moved, device, dtype)
-        bwd = op_time(facts.bwd_flops * scale, 2 * moved, device, dtype) if facts.requires_grad else 0.0
-        return fwd * d.count, bwd * d.count
+        shape = self._local_matmul(d, scale)
+        flops = facts.fwd_flops * scale
+        fwd = forward_time(flops, moved, device, dtype, shape=shape)
+        bwd = 0.0
+        if facts.requires_grad:
+            # The trace measured which gradients autograd computes (a frozen weight has no
+            # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
+            both = facts.bwd_flops >= 1.5 * max(facts.fwd_flops, 1)
+            bwd = backward_time(flops, moved, device, dtype, shape=shape,
+                                weight_grad=both) if facts.fwd_flops else backward_time(
+                0.0, moved, device, dtype)
+        return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
-    def activation_memory(self, d: Decision, s: Strategy) -> float:
-        """Bytes kept for backward that belong to the node itself (its output, its buffers)."""
+    def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:
+        """(m, n, k) of this device's part of a matmul: the batch scale shrinks m, sharding
+        shrinks the larger of m and n (a close stand-in for which dim the strategy splits)."""
+        shape = matmul_shape(d.nodes[0])
+        if shape is None:
+            return None
+        m, n, k = shape
+        batch_part = self._scale(d)
+        m = max(int(m * batch_part), 1)
+        split = batch_part / scale if scale else 1.0  # the tp divisor
+        if split > 1:
+            if m >= n:
+                m = max(int(m / split), 1)
+            else:
+                n = max(int(n / split), 1)
+        return m, n, k
+
+    def compute(self, d: Decision, s: Strategy) -> tuple[float, float]:
+        """(forward, backward including recomputation) of all instances of ``d``."""
+        f, b, r = self.times(d, s)
+        return f * d.count, (b + r) * d.count
+
+    def own_activation(self, d: Decision, s: Strategy, *, recompute: bool = True) -> float:
+        """Bytes one instance keeps of its own (its output, its buffers) for backward."""
         facts = d.facts
-        if d.kind != "op" or not facts.requires_grad:
+        if d.kind != "op" or not facts.requires_grad or (recompute and self.recomputed(d)):
             return 0.0
-        total = 0.0
         div = self.setting.tp if sharded_compute(s) else 1
-        total += facts.extra_saved_bytes * self._scale(d) * (self.element_bytes / 4) / div
+        total = facts.extra_saved_bytes * self._scale(d) * (self.element_bytes / 4) / div
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
-        return total * d.count
+        return total
+
+    def activation_memory(self, d: Decision, s: Strategy) -> float:
+        return self.own_activation(d, s) * d.count
 
     def states(self, d: Decision, s: Strategy) -> StateBytes:
-        """Parameter, gradient and optimizer bytes of a parameter decision."""
+        """Parameter, gradient and optimizer bytes of one instance of a parameter."""
         param = d.facts.param
         if d.kind != "param" or param is None:
             return StateBytes(0.0, 0.0, 0.0)
-        numel = param.numel / divisor(s.outputs[0], self.setting.tp)
-        states = model_state_bytes(
-            numel,
+        div = divisor(s.outputs[0], self.setting.tp)
+        shape = list(param.shape)
+        if isinstance(s.outputs[0], Shard) and shape:
+            shape[s.outputs[0].dim] //= div
+        return model_state_bytes(
+            param.numel / div,
             trainable=param.trainable,
             precision=self.options.precision if not param.is_buffer else "fp32",
             optimizer=self.options.optimizer,
             zero_stage=self.setting.zero,
             dp=self.setting.dp,
+            shape=tuple(shape) if shape else None,
         )
-        return StateBytes(states.params * d.count, states.grads * d.count, states.optimizer * d.count)
 
     def grad_bytes(self, d: Decision, s: Strategy) -> float:
-        """Bytes of this decision's gradients on one device before data-parallel sync."""
+        """Bytes of one instance's gradients on one device before data-parallel sync."""
         param = d.facts.param
         if d.kind != "param" or param is None or not param.trainable:
             return 0.0
-        return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes * d.count
+        return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes
 
-    # --- per value ---------------------------------------------------------------------
+    def weight_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of one instance's working weights, whole over dp (what ZeRO-3 gathers)."""
+        param = d.facts.param
+        if d.kind != "param" or param is None:
+            return 0.0
+        return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes
+
+    # --- per value (one instance) ------------------------------------------------------
     def redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
-        t = redistribution_time(
-            src, dst, self.value_bytes(key), self.setting.tp, self.tp_link,
-            backward=self.requires_grad(key),
-        )
-        return t * self.value_count(key)
+        """Forward + backward seconds of one instance's redistribution; a value made inside a
+        fully recomputed layer is redistributed again when the layer reruns."""
+        n, link = self.setting.tp, self.tp_link
+        nbytes = self.value_bytes(key)
+        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key))
+        if self.in_recomputed_layer(self.problem.decisions[key[0]]):
+            t += redistribution_time(src, dst, nbytes, n, link, backward=False)
+        return t
 
     def partial_grad(self, key: ValueKey, src: Placement) -> float:
         if not self.requires_grad(key):
             return 0.0
-        return partial_grad_time(src, self.value_bytes(key), self.setting.tp, self.tp_link) * (
-            self.value_count(key)
-        )
+        return partial_grad_time(src, self.value_bytes(key), self.setting.tp, self.tp_link)
 
     def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
-        """Bytes of a value kept for backward by its consumers, in ``placement``."""
+        """Bytes of one instance of a value kept for backward, in ``placement``."""
         if self.problem.decisions[key[0]].kind == "param":
             return 0.0  # weights are counted as parameters
-        return self.value_bytes(key) / divisor(placement, self.setting.tp) * self.value_count(key)
+        return self.value_bytes(key) / divisor(placement, self.setting.tp)
 
     @cached_property
     def capacity(self) -> float:
@@ -174,6 +302,3 @@ class CostTables:
 
 def _itemsize(dtype: str) -> int:
     return {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}.get(dtype, 4)
-
-
-__all__ = ["META_KEY", "CostTables", "Setting", "divisor", "sharded_compute"]

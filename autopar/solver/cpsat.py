@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autopar.cost_models.comm import collective_latency, collective_transfer_time
+from autopar.cost_models.comm import group_collective_time
+from autopar.cost_models.memory import ddp_buffer_bytes
 from autopar.placements import Replicate
 from autopar.solver.costs import CostTables, sharded_compute
-from autopar.solver.evaluate import DDP_BUCKET_BYTES
 
 NS = 1e-9  # time unit of the objective
 KIB = 1024.0  # memory unit of the constraint
@@ -70,7 +70,7 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
                 q = s.inputs[use.slot]
                 partial = grad and q == R and sharded_compute(s)
                 need.setdefault((q, partial), []).append(x[use.consumer][i])
-                if use.saves:
+                if tables.keeps(use, key):
                     sv = saved.setdefault(q, model.NewBoolVar(""))
                     model.Add(sv >= x[use.consumer][i])
         if len(has) == 1 and len(need) == 1:
@@ -95,15 +95,22 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
                 if p not in back:
                     back[p] = model.NewBoolVar("")
                 model.Add(back[p] >= y)
+    count = tables.value_count(key)
     for (p, q), var in move.items():
-        per_micro.append(_t(tables.redistribution(key, p, q)) * var)
+        per_micro.append(_t(tables.redistribution(key, p, q) * count) * var)
     for p, var in back.items():
-        per_micro.append(_t(tables.partial_grad(key, p)) * var)
+        per_micro.append(_t(tables.partial_grad(key, p) * count) * var)
     for q, sv in saved.items():
-        memory_terms.append(_kib(tables.saved_bytes(key, q)) * sv)
+        memory_terms.append(_kib(tables.saved_bytes(key, q) * count) * sv)
 
 
-def solve(tables: CostTables, time_limit_s: float, hint: list[int] | None = None) -> SolveResult:
+def solve(
+    tables: CostTables,
+    time_limit_s: float,
+    hint: list[int] | None = None,
+    *,
+    enforce_memory: bool = True,
+) -> SolveResult:
     started = time.perf_counter()
     problem, setting = tables.problem, tables.setting
     model = cp_model.CpModel()
@@ -124,9 +131,9 @@ def solve(tables: CostTables, time_limit_s: float, hint: list[int] | None = None
             fwd_terms.append(_t(f) * xs[i])
             bwd_terms.append(_t(b) * xs[i])
             st = tables.states(d, s)
-            memory_terms.append(_kib(tables.activation_memory(d, s) + st.total) * xs[i])
+            memory_terms.append(_kib(tables.activation_memory(d, s) + st.total * d.count) * xs[i])
             if setting.dp > 1:
-                g = tables.grad_bytes(d, s)
+                g = tables.grad_bytes(d, s) * d.count
                 if g:
                     grad_terms.append((g, xs[i]))
                 if setting.zero == 3 and d.kind == "param" and d.facts.param is not None:
@@ -141,34 +148,40 @@ def solve(tables: CostTables, time_limit_s: float, hint: list[int] | None = None
     buffers = 0
     if setting.dp > 1:
         exposed = model.NewIntVar(0, 2**60, "dp_exposed")
-        link, n = tables.dp_link, setting.dp
-        if setting.zero == 0:
-            buffers = _kib(2 * DDP_BUCKET_BYTES)
-            comm = _t(collective_latency("all_reduce", n, link)) + sum(
-                _t(collective_transfer_time("all_reduce", g, n, link)) * lit for g, lit in grad_terms
-            )
+
+        def fixed(kind: str) -> float:
+            return group_collective_time(kind, 1.0, setting.mesh, "dp", tables.cluster)
+
+        def slope(kind: str, nbytes: float) -> int:
+            """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
+            whole = group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
+            return _t(max(whole - fixed(kind), 0.0))
+
+        if setting.zero in (0, 1, 2):
+            total_grads = sum(g for g, _ in grad_terms)
+            buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True))
+            if setting.zero == 0:
+                comm = _t(fixed("all_reduce")) + sum(
+                    slope("all_reduce", g) * lit for g, lit in grad_terms)
+            else:
+                comm = _t(fixed("reduce_scatter") + fixed("all_gather")) + sum(
+                    (slope("reduce_scatter", g) + slope("all_gather", g)) * lit
+                    for g, lit in grad_terms)
             model.Add(exposed >= comm - bwd)
         else:
-            comm_terms = [
-                _t(collective_transfer_time("reduce_scatter", g, n, link)) * lit
-                for g, lit in grad_terms
-            ]
+            comm_terms = [slope("reduce_scatter", g) * lit for g, lit in grad_terms]
             peak_terms = []
             for d, s, lit in weight_terms:
-                tp_div = setting.tp if not isinstance(s.outputs[0], Replicate) else 1
-                one = d.facts.param.numel / tp_div * tables.element_bytes
-                comm_terms.append(
-                    _t(2 * collective_transfer_time("all_gather", one * d.count, n, link)) * lit
-                )
+                one = tables.weight_bytes(d, s)
+                comm_terms.append(2 * slope("all_gather", one * d.count) * lit)
                 # Gathered weights at peak: the root's, and two layers' (prefetch).
                 peak_terms.append(_kib(one * (d.count if d.facts.layer is None else 2)) * lit)
-            latency = 2 * collective_latency("all_gather", n, link) + collective_latency(
-                "reduce_scatter", n, link
-            )
+            latency = 2 * fixed("all_gather") + fixed("reduce_scatter")
             model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - fwd - bwd))
             memory_terms.extend(peak_terms)
         objective = objective + exposed
-    model.Add(sum(memory_terms) + buffers <= int(tables.capacity // KIB))
+    if enforce_memory:
+        model.Add(sum(memory_terms) + buffers <= int(tables.capacity // KIB))
     model.Minimize(objective)
 
     if hint is not None:

@@ -2,22 +2,42 @@
 
 This is the ground truth the CP-SAT model linearizes: the same cost tables, with
 redistributions and saved tensors counted once per (value, placement) exactly as the
-runtime performs and keeps them.
+runtime performs and keeps them, summed per pipeline stage. Layers are cut into ``pp``
+contiguous stages of equal layer counts; what runs before the layers (embeddings) belongs
+to the first stage, what runs after (the head, the loss) to the last.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 
-from autopar.cost_models.comm import collective_time
-from autopar.cost_models.memory import MemoryBreakdown
-from autopar.placements import Placement, Replicate
-from autopar.solver.costs import CostTables, sharded_compute
+import torch.fx as fx
+
+from autopar.cost_models.comm import collective_time, group_collective_time
+from autopar.cost_models.memory import MemoryBreakdown, ddp_buffer_bytes
+from autopar.cost_models.pipeline import bubble_fraction, in_flight
+from autopar.graph_facts import META_KEY
+from autopar.placements import Placement, Replicate, Shard
+from autopar.solver.costs import CostTables, divisor, sharded_compute
 from autopar.solver.problem import Problem, ValueKey
 from autopar.strategies import Strategy
+from autopar.values import tensor_inputs, value_of
 
 R = Replicate()
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    """One pipeline stage, per microbatch unless noted (modelled)."""
+
+    layers: tuple[int, ...]
+    forward_s: float
+    backward_s: float  # including recomputation
+    tp_comm_s: float
+    activations_per_microbatch: float
+    in_flight: float  # microbatches whose activations the stage holds at its peak
+    memory: MemoryBreakdown
 
 
 @dataclass(frozen=True)
@@ -25,30 +45,38 @@ class Prediction:
     """Modelled figures of one plan; times per optimizer step unless noted."""
 
     step_time_s: float
-    compute_s: float  # forward + backward of all microbatches
+    compute_s: float  # forward + backward (+ recomputation) of all microbatches, slowest stage
     tp_comm_s: float  # tensor-parallel collectives, all microbatches (not overlapped)
     dp_comm_s: float  # data-parallel / ZeRO collectives
     dp_exposed_s: float  # the part of dp_comm_s not hidden behind backward
-    memory: MemoryBreakdown
+    memory: MemoryBreakdown  # of the stage with the highest peak
+    bubble_s: float = 0.0
+    p2p_s: float = 0.0
+    stages: tuple[StagePrediction, ...] = field(default=())
 
     @property
     def peak_memory_bytes(self) -> float:
         return self.memory.total
 
 
-def needed_placements(problem: Problem, choice: list[int], key: ValueKey) -> dict[Placement, dict]:
-    """Placements the consumers of ``key`` need, each with flags: saved by a consumer,
-    read by sharded computation that will send back a partial gradient."""
+def needed_placements(problem: Problem, choice: list[int], key: ValueKey,
+                      tables: CostTables | None = None) -> dict[Placement, dict]:
+    """Placements the consumers of ``key`` need, each with flags: kept for backward by a
+    consumer (under the recomputation in force), read by sharded computation (a partial
+    gradient comes back), and read only by sharded computation."""
     out: dict[Placement, dict] = {}
     for use in problem.values[key].uses:
         if use.consumer < 0:
-            out.setdefault(R, {"saved": False, "partial_grad": False})
+            flags = out.setdefault(R, {"saved": False, "partial_grad": False, "only_sharded": True})
+            flags["only_sharded"] = False
             continue
         s = problem.decisions[use.consumer].candidates[choice[use.consumer]]
         q = s.inputs[use.slot]
-        flags = out.setdefault(q, {"saved": False, "partial_grad": False})
-        flags["saved"] |= use.saves
-        flags["partial_grad"] |= q == R and sharded_compute(s)
+        flags = out.setdefault(q, {"saved": False, "partial_grad": False, "only_sharded": True})
+        flags["saved"] |= tables.keeps(use, key) if tables is not None else use.saves
+        sharded = q == R and sharded_compute(s)
+        flags["partial_grad"] |= sharded
+        flags["only_sharded"] &= sharded
     return out
 
 
@@ -56,82 +84,210 @@ def chosen(problem: Problem, choice: list[int], index: int) -> Strategy:
     return problem.decisions[index].candidates[choice[index]]
 
 
+def stage_of_layers(layers: list[int], pp: int) -> dict[int, int]:
+    """Layer index -> stage: contiguous, equal counts (the first stages take the remainder)."""
+    out = {}
+    per, extra = divmod(len(layers), pp)
+    i = 0
+    for stage in range(pp):
+        for _ in range(per + (1 if stage < extra else 0)):
+            out[layers[i]] = stage
+            i += 1
+    return out
+
+
+class _StageMap:
+    def __init__(self, gm: fx.GraphModule, pp: int):
+        layers = sorted({n.meta[META_KEY].layer for n in gm.graph.nodes
+                         if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
+        self.pp = pp
+        self.by_layer = stage_of_layers(layers, pp) if layers else {}
+        self.stage: dict[str, int] = {}
+        seen_layer = False
+        for node in gm.graph.nodes:
+            facts = node.meta.get(META_KEY)
+            layer = facts.layer if facts is not None else None
+            if layer is not None:
+                self.stage[node.name] = self.by_layer[layer]
+                seen_layer = seen_layer or node.op != "get_attr"
+            else:
+                self.stage[node.name] = (pp - 1) if seen_layer else 0
+        self.layers_of = defaultdict(list)
+        for layer, stage in self.by_layer.items():
+            self.layers_of[stage].append(layer)
+
+
 def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
     problem, setting = tables.problem, tables.setting
-    fwd = bwd = act = 0.0
-    params = grads = opt = 0.0
-    grad_bytes = 0.0
+    pp, n_tp = setting.pp, setting.tp
+    stages = _StageMap(problem.gm, pp)
+    fwd = [0.0] * pp
+    bwd = [0.0] * pp
+    act = [0.0] * pp
+    params = [0.0] * pp
+    grads = [0.0] * pp
+    opt = [0.0] * pp
+    grad_bytes = [0.0] * pp
+    weights = [0.0] * pp
+    layer_act: dict[int, float] = defaultdict(float)  # activations of one layer, no recompute
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
-        f, b = tables.compute(d, s)
-        fwd, bwd = fwd + f, bwd + b
-        act += tables.activation_memory(d, s)
+        f, b, r = tables.times(d, s)
+        own = tables.own_activation(d, s)
+        own_plain = tables.own_activation(d, s, recompute=False)
         st = tables.states(d, s)
-        params, grads, opt = params + st.params, grads + st.grads, opt + st.optimizer
-        grad_bytes += tables.grad_bytes(d, s)
+        g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
+        for node in d.nodes:
+            k = stages.stage[node.name]
+            fwd[k] += f
+            bwd[k] += b + r
+            act[k] += own
+            params[k] += st.params
+            grads[k] += st.grads
+            opt[k] += st.optimizer
+            grad_bytes[k] += g
+            weights[k] += w
+            layer = node.meta[META_KEY].layer
+            if layer is not None:
+                layer_act[layer] += own_plain
 
-    tp_comm = 0.0
+    tp_comm = [0.0] * pp
     for key in problem.values:
+        producer = problem.decisions[key[0]]
         src = chosen(problem, choice, key[0]).outputs[key[1]]
-        for q, flags in needed_placements(problem, choice, key).items():
+        per_instance_comm = 0.0
+        per_instance_saved = 0.0
+        for q, flags in needed_placements(problem, choice, key, tables).items():
             if q != src:
-                tp_comm += tables.redistribution(key, src, q)
+                per_instance_comm += tables.redistribution(key, src, q)
             if flags["partial_grad"]:
-                tp_comm += tables.partial_grad(key, src)
+                per_instance_comm += tables.partial_grad(key, src)
             if flags["saved"]:
-                act += tables.saved_bytes(key, q)
+                if q == R and isinstance(src, Shard) and flags["only_sharded"]:
+                    # Sequence parallelism: the gathered copy is kept as its shard and
+                    # gathered again in backward.
+                    per_instance_saved += tables.saved_bytes(key, src)
+                    per_instance_comm += collective_time(
+                        "all_gather", tables.value_bytes(key), n_tp, tables.tp_link)
+                else:
+                    per_instance_saved += tables.saved_bytes(key, q)
+        for node in producer.nodes:
+            k = stages.stage[node.name]
+            tp_comm[k] += per_instance_comm
+            act[k] += per_instance_saved
+            layer = node.meta[META_KEY].layer
+            if layer is not None:
+                layer_act[layer] += per_instance_saved
 
+    p2p = _p2p_times(tables, choice, stages) if pp > 1 else [0.0] * pp
     m = setting.microbatches
-    dp_comm, dp_exposed, buffers = data_parallel_costs(tables, choice, grad_bytes, fwd, bwd)
-    step = m * (fwd + bwd + tp_comm) + dp_exposed
-    memory = MemoryBreakdown(params, grads, opt, act, buffers)
-    return Prediction(step, m * (fwd + bwd), m * tp_comm, dp_comm, dp_exposed, memory)
+    stage_preds = []
+    for k in range(pp):
+        flight = in_flight(setting.schedule, pp, m, k, setting.virtual) if pp > 1 else 1.0
+        transient = 0.0
+        if setting.recompute == "full" and stages.layers_of[k]:
+            transient = max(layer_act[i] for i in stages.layers_of[k])
+        memory = MemoryBreakdown(params[k], grads[k], opt[k], act[k] * flight + transient, 0.0)
+        stage_preds.append(StagePrediction(tuple(stages.layers_of[k]), fwd[k], bwd[k],
+                                           tp_comm[k], act[k], flight, memory))
+
+    per_micro = [fwd[k] + bwd[k] + tp_comm[k] + p2p[k] for k in range(pp)]
+    slowest = max(range(pp), key=lambda k: per_micro[k])
+    bubble = bubble_fraction(setting.schedule, pp, m, setting.virtual) * m * per_micro[slowest] if pp > 1 else 0.0
+    dp_comm, dp_exposed, buffers = data_parallel_costs(
+        tables, grad_bytes[slowest], weights[slowest], fwd[slowest], bwd[slowest],
+        _gathered_peak(tables, choice, stages, slowest))
+    step = m * per_micro[slowest] + bubble + dp_exposed
+    peak_stage = max(range(pp), key=lambda k: stage_preds[k].memory.total + buffers)
+    mem = stage_preds[peak_stage].memory
+    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations, buffers)
+    return Prediction(
+        step_time_s=step,
+        compute_s=m * (fwd[slowest] + bwd[slowest]),
+        tp_comm_s=m * tp_comm[slowest],
+        dp_comm_s=dp_comm,
+        dp_exposed_s=dp_exposed,
+        memory=memory,
+        bubble_s=bubble,
+        p2p_s=m * p2p[slowest],
+        stages=tuple(stage_preds),
+    )
+
+
+def _p2p_times(tables: CostTables, choice: list[int], stages: _StageMap) -> list[float]:
+    """Per stage and microbatch: sending activations forward and their gradients back across
+    each stage boundary (point-to-point between neighbouring stages)."""
+    problem = tables.problem
+    out = [0.0] * stages.pp
+    link = tables.cluster.inter_node if tables.cluster.nodes > 1 else tables.cluster.intra_node
+    for node in problem.gm.graph.nodes:
+        if node.name not in problem.decision_of:
+            continue
+        k = stages.stage[node.name]
+        for a in tensor_inputs(node):
+            producer, index = value_of(a)
+            j = stages.stage.get(producer.name, k)
+            if j == k or producer.op == "get_attr":
+                continue
+            key = (problem.decision_of[producer.name], index)
+            p = chosen(problem, choice, key[0]).outputs[index]
+            nbytes = tables.value_bytes(key) / divisor(p, tables.setting.tp)
+            t = nbytes / link.bandwidth_bytes_per_s + link.latency_s
+            out[j] += t
+            if tables.requires_grad(key):
+                out[k] += t
+    return out
+
+
+def _gathered_peak(tables: CostTables, choice: list[int], stages: _StageMap, k: int) -> float:
+    """Weights FSDP2 holds whole at once on stage ``k``: the root's and two layers'."""
+    problem = tables.problem
+    root = 0.0
+    per_layer: dict[int, float] = defaultdict(float)
+    for d in problem.decisions:
+        w = tables.weight_bytes(d, d.candidates[choice[d.index]])
+        if not w:
+            continue
+        for node in d.nodes:
+            if stages.stage[node.name] != k:
+                continue
+            layer = node.meta[META_KEY].layer
+            if layer is None:
+                root += w
+            else:
+                per_layer[layer] += w
+    return root + 2 * max(per_layer.values(), default=0.0)
 
 
 def data_parallel_costs(
-    tables: CostTables, choice: list[int], grad_bytes: float, fwd: float, bwd: float
+    tables: CostTables, grad_bytes: float, weight_bytes: float, fwd: float, bwd: float,
+    gathered_peak: float,
 ) -> tuple[float, float, float]:
     """(dp communication, its exposed part, buffer bytes) for the setting's ZeRO stage.
 
     Stage 0 (DDP): one all-reduce of the gradients per step, overlapped with the last
-    microbatch's backward. Stage 3 (FSDP2): every microbatch all-gathers the weights for
+    microbatch's backward. Stages 1 and 2: a reduce-scatter of the gradients and an
+    all-gather of the updated weights per step, overlapped the same way. Stage 3 (FSDP2): every microbatch all-gathers the weights for
     forward and again for backward and reduce-scatters the gradients, overlapped with that
     microbatch's compute.
     """
     setting = tables.setting
     if setting.dp <= 1:
         return 0.0, 0.0, 0.0
-    link, n, m = tables.dp_link, setting.dp, setting.microbatches
+    m = setting.microbatches
+
+    def dp_time(kind: str, nbytes: float) -> float:
+        return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
+
+    buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
     if setting.zero == 0:
-        comm = collective_time("all_reduce", grad_bytes, n, link)
-        return comm, max(0.0, comm - bwd), 2 * DDP_BUCKET_BYTES
-    weights = gathered_weight_bytes(tables, choice)
-    per_micro = 2 * collective_time("all_gather", weights.total, n, link) + collective_time(
-        "reduce_scatter", grad_bytes, n, link
-    )
+        comm = dp_time("all_reduce", grad_bytes)
+        return comm, max(0.0, comm - bwd), buckets
+    if setting.zero in (1, 2):
+        # Reduce-scatter the gradients, update the local shard, all-gather the weights:
+        # the volume of one all-reduce, once per step.
+        comm = dp_time("reduce_scatter", grad_bytes) + dp_time("all_gather", weight_bytes)
+        return comm, max(0.0, comm - bwd), buckets
+    per_micro = 2 * dp_time("all_gather", weight_bytes) + dp_time("reduce_scatter", grad_bytes)
     exposed = m * max(0.0, per_micro - (fwd + bwd))
-    return m * per_micro, exposed, weights.peak
-
-
-@dataclass(frozen=True)
-class GatheredWeights:
-    total: float  # bytes of all weights, whole over dp (local over tp)
-    peak: float  # bytes gathered at once: the root's weights and two layers (prefetch)
-
-
-def gathered_weight_bytes(tables: CostTables, choice: list[int]) -> GatheredWeights:
-    problem = tables.problem
-    total = root = 0.0
-    per_layer: dict[int, float] = {}
-    for d in problem.decisions:
-        if d.kind != "param" or d.facts.param is None:
-            continue
-        s = d.candidates[choice[d.index]]
-        tp_div = tables.setting.tp if not isinstance(s.outputs[0], Replicate) else 1
-        one = d.facts.param.numel / tp_div * tables.element_bytes
-        total += one * d.count
-        if d.facts.layer is None:
-            root += one * d.count
-        else:
-            per_layer[0] = per_layer.get(0, 0.0) + one
-    return GatheredWeights(total, root + 2 * max(per_layer.values(), default=0.0))
+    return m * per_micro, exposed, gathered_peak

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.cost_models.memory import OPTIMIZER_STATE_BYTES, PRECISIONS
+from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
 
 ZERO_STAGES_RUNNABLE = (0, 3)
@@ -19,6 +19,7 @@ class PlanOptions:
     - ``precision``: compute/storage precision of weights and activations ("bf16" and
       "fp16" mean mixed precision with fp32 master weights).
     - ``zero_stages``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
+    - ``recompute``: activation recomputation modes the solver may pick per plan.
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
@@ -31,6 +32,7 @@ class PlanOptions:
     precision: str = "fp32"
     optimizer: str = "adamw"
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE
+    recompute: tuple[str, ...] = ("none", "selective", "full")
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
 
@@ -49,11 +51,11 @@ class PlanOptions:
                 where="PlanOptions.precision",
                 fix=f"use one of {', '.join(PRECISIONS)}",
             )
-        if self.optimizer not in OPTIMIZER_STATE_BYTES:
+        if self.optimizer not in OPTIMIZERS:
             raise AutoparError(
                 f"unknown optimizer {self.optimizer!r}",
                 where="PlanOptions.optimizer",
-                fix=f"use one of {', '.join(sorted(OPTIMIZER_STATE_BYTES))}",
+                fix=f"use one of {', '.join(OPTIMIZERS)}",
             )
         bad = [z for z in self.zero_stages if z not in (0, 1, 2, 3)]
         if bad or not self.zero_stages:
@@ -61,6 +63,13 @@ class PlanOptions:
                 f"zero_stages must be a non-empty subset of 0-3, got {self.zero_stages}",
                 where="PlanOptions.zero_stages",
                 fix="e.g. zero_stages=(0, 3)",
+            )
+        modes = ("none", "selective", "full")
+        if not self.recompute or any(m not in modes for m in self.recompute):
+            raise AutoparError(
+                f"recompute must be a non-empty subset of {modes}, got {self.recompute}",
+                where="PlanOptions.recompute",
+                fix='e.g. recompute=("none", "full")',
             )
         if not 0 < self.memory_fraction <= 1:
             raise AutoparError(

@@ -54,6 +54,7 @@ class Use:
     slot: int
     count: int
     saves: bool  # the consumer keeps this input for its backward
+    same_layer: bool = False  # producer and consumer sit in the same repeated layer
 
 
 @dataclass
@@ -111,18 +112,21 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Pr
     for d in decisions:
         for node in d.nodes:
             saved = set(node.meta[META_KEY].saved_inputs)
+            layer = node.meta[META_KEY].layer
             for slot, a in enumerate(tensor_inputs(node)):
                 key = problem.value_key(a)
-                entry = uses[key].setdefault((d.index, slot), [0, False])
+                producer_layer = value_of(a)[0].meta[META_KEY].layer
+                same = layer is not None and producer_layer == layer
+                entry = uses[key].setdefault((d.index, slot), [0, False, same])
                 entry[0] += 1
                 entry[1] = entry[1] or slot in saved
     for producer, index in output_values(gm.graph):
-        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False])
+        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False])
 
     for key in sorted(uses):
         info = ValueInfo(key)
-        for (consumer, slot), (count, saves) in sorted(uses[key].items()):
-            info.uses.append(Use(consumer, slot, count, saves))
+        for (consumer, slot), (count, saves, same) in sorted(uses[key].items()):
+            info.uses.append(Use(consumer, slot, count, saves, same))
         problem.values[key] = info
 
     for d in decisions:
@@ -167,3 +171,21 @@ def _source_candidates(problem: Problem, d: Decision, tp: int) -> None:
 
 def _is_partial(p: object) -> bool:
     return not isinstance(p, (Replicate, Shard))
+
+
+def forbid_sharding_like(problem: Problem, marker: dict[str, Strategy]) -> None:
+    """Drop tp candidates that shard a tensor the way ``marker`` does (e.g. along the
+    sequence dimension, for Megatron without sequence parallelism). Replicated strategies
+    always stay, so no decision is left without a candidate."""
+    for d in problem.decisions:
+        m = marker.get(d.name)
+        if m is None or d.kind == "param":
+            continue
+
+        def clashes(s: Strategy, m: Strategy = m) -> bool:
+            pairs = list(zip(s.inputs, m.inputs)) + list(zip(s.outputs, m.outputs))
+            return any(isinstance(a, Shard) and isinstance(b, Shard) and a.dim == b.dim
+                       for a, b in pairs)
+
+        kept = [s for s in d.candidates if not clashes(s)]
+        d.candidates = kept or d.candidates[:1]

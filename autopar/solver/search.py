@@ -40,7 +40,8 @@ class Candidate:
         s = self.setting
         out = {
             "dp": s.dp, "tp": s.tp, "zero": s.zero, "microbatch": s.microbatch,
-            "microbatches": s.microbatches, "status": self.status, "wall_s": round(self.wall_s, 4),
+            "microbatches": s.microbatches, "recompute": s.recompute, "status": self.status,
+            "wall_s": round(self.wall_s, 4),
         }
         if self.prediction is not None:
             out["step_time_s"] = self.prediction.step_time_s
@@ -102,49 +103,73 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
         local = global_batch // dp
         batch = batch_strategies(gm, dp, traced)
         problem = build_problem(gm, tp, batch)
-        hint = None
         for zero in options.zero_stages:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
-            previous = None  # step time at the next larger microbatch that fitted
-            sizes = [options.microbatch] if options.microbatch else _divisors_desc(local)
-            for mb in sizes:
-                if local % mb:
-                    candidates.append(Candidate(Setting(dp, tp, zero, mb, 0),
-                                                f"SKIPPED(microbatch {mb} does not divide {local})"))
-                    continue
-                setting = Setting(dp, tp, zero, mb, local // mb)
-                tables = CostTables(problem, cluster, options, setting, traced)
-                memory_floor, time_floor = lower_bounds(tables)
-                if memory_floor > tables.capacity:
-                    candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
-                    continue
-                if best is not None and time_floor >= best[0]:
-                    candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
-                    break
-                result = solve(tables, options.time_limit_s, hint)
-                cand = Candidate(setting, result.status, wall_s=result.wall_s)
-                candidates.append(cand)
-                if result.choice is None:
-                    continue
-                hint = result.choice
-                cand.choice = result.choice
-                cand.prediction = evaluate(tables, result.choice)
-                if cand.prediction.peak_memory_bytes > tables.capacity:
-                    cand.status = "REJECTED(evaluated memory above capacity)"
-                    continue
-                key = (cand.prediction.step_time_s, tp, zero)
-                if best is None or key < best[:3]:
-                    best = (*key, cand, problem, tables, batch)
-                # Larger microbatches amortize per-microbatch costs, but near the memory
-                # limit they force leaner, slower strategies: keep halving while it helps.
-                if previous is not None and cand.prediction.step_time_s >= previous:
-                    break
-                previous = cand.prediction.step_time_s
+            for recompute in _recompute_modes(options, problem, facts.seq_len):
+                best = _search_microbatches(
+                    problem, cluster, options, candidates, best, facts, traced, local,
+                    dp, tp, zero, recompute, batch,
+                )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[3], best[4], best[5], best[6], candidates,
                         time.perf_counter() - started)
+
+
+def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None) -> list[str]:
+    """The allowed recomputation modes, without "selective" when nothing is quadratic in
+    the sequence (flash-style attention already recomputes its scores)."""
+    modes = list(options.recompute)
+    if "selective" in modes and seq_len:
+        quadratic = any(list(s).count(seq_len) >= 2 for d in problem.decisions
+                        for s in d.facts.shapes)
+        if not quadratic:
+            modes.remove("selective")
+    return modes
+
+
+def _search_microbatches(problem, cluster, options, candidates, best, facts, traced, local,
+                         dp, tp, zero, recompute, batch):
+    """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
+    the best (step, tp, zero, candidate, problem, tables, batch) so far."""
+    previous = None  # step time at the next larger microbatch that fitted
+    hint = None
+    sizes = [options.microbatch] if options.microbatch else _divisors_desc(local)
+    for mb in sizes:
+        if local % mb:
+            candidates.append(Candidate(Setting(dp, tp, zero, mb, 0, recompute),
+                                        f"SKIPPED(microbatch {mb} does not divide {local})"))
+            continue
+        setting = Setting(dp, tp, zero, mb, local // mb, recompute)
+        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+        memory_floor, time_floor = lower_bounds(tables)
+        if memory_floor > tables.capacity:
+            candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
+            continue
+        if best is not None and time_floor >= best[0]:
+            candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
+            break
+        result = solve(tables, options.time_limit_s, hint)
+        cand = Candidate(setting, result.status, wall_s=result.wall_s)
+        candidates.append(cand)
+        if result.choice is None:
+            continue
+        hint = result.choice
+        cand.choice = result.choice
+        cand.prediction = evaluate(tables, result.choice)
+        if cand.prediction.peak_memory_bytes > tables.capacity:
+            cand.status = "REJECTED(evaluated memory above capacity)"
+            continue
+        key = (cand.prediction.step_time_s, tp, zero)
+        if best is None or key < best[:3]:
+            best = (*key, cand, problem, tables, batch)
+        # Larger microbatches amortize per-microbatch costs, but near the memory limit they
+        # force leaner, slower strategies: keep halving while it helps.
+        if previous is not None and cand.prediction.step_time_s >= previous:
+            break
+        previous = cand.prediction.step_time_s
+    return best
 
 
 def lower_bounds(tables: CostTables) -> tuple[float, float]:
@@ -152,7 +177,8 @@ def lower_bounds(tables: CostTables) -> tuple[float, float]:
     memory = 0.0
     compute = 0.0
     for d in tables.problem.decisions:
-        memory += min(tables.states(d, s).total + tables.activation_memory(d, s) for s in d.candidates)
+        memory += min(tables.states(d, s).total * d.count + tables.activation_memory(d, s)
+                      for s in d.candidates)
         compute += min(sum(tables.compute(d, s)) for s in d.candidates)
     return memory, compute * tables.setting.microbatches
 
@@ -220,10 +246,10 @@ def lowest_memory(
         zero = max(options.zero_stages) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp)
         problem = build_problem(gm, tp, batch_strategies(gm, dp, traced))
-        tables = CostTables(problem, cluster, options, setting, traced)
+        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [
             min(range(len(d.candidates)),
-                key=lambda i, d=d: tables.states(d, d.candidates[i]).total
+                key=lambda i, d=d: tables.states(d, d.candidates[i]).total * d.count
                 + tables.activation_memory(d, d.candidates[i]))
             for d in problem.decisions
         ]

@@ -91,6 +91,7 @@ def make_plan(
             "precision": options.precision,
             "optimizer": options.optimizer,
             "zero_stage": setting.zero,
+            "recompute": setting.recompute,
         },
         strategies=strategies,
         params=params,

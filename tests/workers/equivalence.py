@@ -32,6 +32,14 @@ def build(name: str):
         idx = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
         tgt = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(2))
         return model, ((idx, tgt), {})
+    if name == "gptmath":  # explicit softmax attention (what selective recompute targets)
+        from autopar.models import GPT, GPTConfig
+
+        model = GPT(GPTConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32,
+                              attention="math"))
+        idx = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
+        tgt = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(2))
+        return model, ((idx, tgt), {})
     if name == "llama":
         from autopar.models.hf import build_llama
 
@@ -54,6 +62,7 @@ def main() -> int:
     ap.add_argument("--rtol", type=float, default=1e-5)
     ap.add_argument("--zero", default="0,3", help="ZeRO stages the solver may pick")
     ap.add_argument("--microbatch", type=int, default=None, help="pin sequences per microbatch")
+    ap.add_argument("--recompute", default="none", help="recompute modes the solver may pick")
     args = ap.parse_args()
 
     model, (a, k) = build(args.model)
@@ -77,7 +86,8 @@ def main() -> int:
         cluster.update(nodes=1, devices_per_node=world)
     zero = tuple(int(z) for z in args.zero.split(","))
     pm = autopar.parallelize(model, cluster, (a, k), dp=args.dp, tp=args.tp, zero_stages=zero,
-                             microbatch=args.microbatch)
+                             microbatch=args.microbatch,
+                             recompute=tuple(args.recompute.split(",")))
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
     losses = []
     la, lk = pm.shard_batch(*a, **k)
@@ -114,7 +124,8 @@ def main() -> int:
     ok = losses_ok and max_err == 0.0 and checked > 0
     rank = dist.get_rank() if dist.is_initialized() else 0
     record = {"rank": rank, "mesh": pm.plan.mesh, "zero": pm.plan.training["zero_stage"],
-              "microbatches": pm.plan.batch["microbatches"], "losses": losses, "reference": ref_losses,
+              "microbatches": pm.plan.batch["microbatches"],
+              "recompute": pm.plan.training["recompute"], "losses": losses, "reference": ref_losses,
                       "grads_checked": checked, "max_grad_err": max_err, "ok": ok,
                       "sharded": sorted(f for f, ax in pm.plan.params.items() if ax.get("tp", "R") != "R")}
     print(json.dumps(record), flush=True)

@@ -1,0 +1,128 @@
+"""Calibration: measure this machine and write a profile the cost models can trust.
+
+    autopar calibrate --out cpu-profile.json            # a few minutes
+    autopar calibrate --quick --out cpu-profile.json    # under a minute
+
+measures one device (``matmul``: matmul rates by size, elementwise bandwidth, per-op floor)
+and the collectives between ``--nproc`` local processes (``collectives``: gloo on CPU, NCCL
+on GPUs, fitted to the ring model), and writes them as a profile
+(``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
+device and intra-node link take the measured numbers over the preset's.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from autopar.calibrate.collectives import (
+    KINDS,
+    LINK_KIND,
+    CalibrationError,
+    CollectivePoint,
+    LinkFit,
+    collective_sizes,
+    fit_link,
+    measure_collectives,
+    ring_factors,
+)
+from autopar.calibrate.matmul import DeviceCalibration, calibrate_device, efficiency_curve
+from autopar.cluster.profile import Profile
+
+__all__ = [
+    "KINDS",
+    "LINK_KIND",
+    "CalibrationError",
+    "CollectivePoint",
+    "DeviceCalibration",
+    "LinkFit",
+    "calibrate_device",
+    "collective_sizes",
+    "efficiency_curve",
+    "fit_link",
+    "host_info",
+    "make_profile",
+    "measure_collectives",
+    "ring_factors",
+]
+
+
+def host_info(device_type: str, nproc: int, threads: int, quick: bool) -> dict[str, Any]:
+    """What the numbers were measured on, so a profile is never mistaken for another host's."""
+    if device_type == "cuda":
+        device_name, backend = torch.cuda.get_device_name(), "nccl"
+    else:
+        device_name, backend = _cpu_name(), "gloo"
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count() or 1,
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        "device_type": device_type,
+        "device_name": device_name,
+        "backend": backend,
+        "nproc": nproc,
+        "threads_per_process": threads,
+        "quick": quick,
+    }
+
+
+def make_profile(
+    device: DeviceCalibration,
+    points: Sequence[CollectivePoint],
+    host: dict[str, Any],
+) -> Profile:
+    """The profile for these measurements: the device section, and the intra-node link
+    fitted to the all-reduce points (each collective's own fit goes into the measurements)."""
+    link = fit_link(p for p in points if p.kind == LINK_KIND)
+    per_kind = {
+        kind: fit_link(p for p in points if p.kind == kind).as_dict()
+        for kind in KINDS
+        if len({p.nbytes for p in points if p.kind == kind}) >= 2
+    }
+    measurements = device.measurements()
+    measurements["collectives"] = {
+        "world_size": points[0].world_size,
+        "points": [
+            {
+                "kind": p.kind,
+                "bytes": p.nbytes,
+                "seconds": p.seconds,
+                "bus_bytes_per_s": p.bus_bandwidth,
+                "predicted_seconds": link.predict(p.kind, p.nbytes, p.world_size),
+            }
+            for p in points
+        ],
+        "link_fitted_to": LINK_KIND,
+        "fit": link.as_dict(),
+        "fit_per_kind": per_kind,
+    }
+    return Profile(
+        device=device.profile_device(),
+        intra_node_link={
+            "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+            "latency_s": link.latency_s,
+        },
+        host=host,
+        measurements=measurements,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _cpu_name() -> str:
+    """The CPU model ("Intel(R) Xeon(R) ..."), which ``platform`` does not give on Linux."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

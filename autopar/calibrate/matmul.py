@@ -1,0 +1,336 @@
+"""Measure one device: matmul rates by size, elementwise bandwidth and the per-op floor.
+
+The numbers are chosen so that the compute model (``cost_models/compute.py``), fed them,
+predicts what was measured. It charges one kernel ::
+
+    time = max(flops / (peak * efficiency(flops per call)), bytes / (bandwidth * memory_eff))
+           + kernel_floor
+
+so calibration inverts exactly that, net of the floor:
+
+- ``kernel_floor_s`` is the time of a one-element add: dispatch (CPU) or launch (GPU).
+- A matmul's busy time is its measured time minus the floor; its rate is FLOPs / busy time.
+  ``peak_flops[dtype]`` is the best such rate, so every efficiency is in (0, 1] and "peak"
+  means "achievable here", not the datasheet.
+- ``matmul_efficiency_curve`` holds one ``(FLOPs per call, rate / peak)`` point per measured
+  size (equal FLOP counts averaged), so ``flops / (peak * efficiency) + floor`` gives back
+  each measured time; the model interpolates between points in log-FLOPs. Calls shorter
+  than twice the floor are left out: their efficiency would be mostly timer noise, and the
+  floor prices them anyway.
+- ``matmul_efficiency`` is the curve's value at the largest size: the large-GEMM figure.
+- ``memory_bandwidth_bytes_per_s`` is bytes / busy time of out-of-place elementwise adds
+  (two reads and one write, as the bytes model counts them), with ``memory_efficiency`` 1.0.
+
+The curve is built from compute-bound shapes: square ``n x n x n`` and tall ``4n x n x n``
+(tokens x hidden x hidden, a transformer layer's shape). Skinny shapes (``m`` of 8-32 rows
+against a large weight) are measured and recorded too, but kept out of the curve: a curve
+keyed by FLOPs cannot tell them from a square matmul of the same FLOPs that runs 2x faster,
+and what slows them is reading the weight, which the roofline's memory term already charges.
+
+Every dtype the device trains in gets its own measured peak (on CPU fp32, bf16 and fp16:
+bf16 on AMX can run several times faster than fp32), but a device has one curve, measured in
+the dtype training uses by default there (fp32 on CPU, bf16 on GPUs); the other dtypes'
+points are recorded in the measurements.
+
+On CPU, a training process has the threads torchrun gives it (``OMP_NUM_THREADS=1`` per
+process), so measurements run with ``threads`` (default 1) torch threads.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autopar.cluster.spec import _FrozenMap
+
+_TORCH_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+_DTYPES = {"cpu": ["fp32", "bf16", "fp16"], "cuda": ["bf16", "fp16", "tf32", "fp32"]}
+"""Dtypes timed per device; the first is the one training defaults to there, and the curve's."""
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class MatmulPoint:
+    """One timed ``(m, k) @ (k, n)`` in one dtype; ``skinny`` shapes stay out of the curve."""
+
+    m: int
+    k: int
+    n: int
+    dtype: str
+    seconds: float
+    skinny: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+    def rate(self, floor: float) -> float:
+        """FLOP/s while busy: FLOPs over the measured time net of the kernel floor."""
+        return self.flops / max(self.seconds - floor, 1e-12)
+
+    def in_curve(self, floor: float) -> bool:
+        """Whether the point shapes the curve: not skinny, and not dominated by the floor."""
+        return not self.skinny and self.seconds >= 2 * floor
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    """One timed out-of-place ``a + b`` on tensors of ``tensor_bytes`` each."""
+
+    tensor_bytes: int
+    seconds: float
+
+    @property
+    def bytes_moved(self) -> int:
+        return 3 * self.tensor_bytes  # read a, read b, write the result
+
+    def rate(self, floor: float) -> float:
+        """Bytes/s while busy: bytes over the measured time net of the kernel floor."""
+        return self.bytes_moved / max(self.seconds - floor, 1e-12)
+
+
+@dataclass(frozen=True)
+class DeviceCalibration:
+    """What one device measured, and the profile ``device`` section it implies."""
+
+    device_type: str
+    threads: int
+    curve_dtype: str
+    matmuls: tuple[MatmulPoint, ...]
+    bandwidth: tuple[BandwidthPoint, ...]
+    kernel_floor_s: float
+    peak_flops: Mapping[str, float] = field(init=False)
+    matmul_efficiency_curve: tuple[tuple[float, float], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        floor = self.kernel_floor_s
+        peaks: dict[str, float] = {}
+        for point in self.matmuls:
+            if point.in_curve(floor):
+                peaks[point.dtype] = max(peaks.get(point.dtype, 0.0), point.rate(floor))
+        if self.curve_dtype not in peaks or not self.bandwidth:
+            raise ValueError(
+                "a device calibration needs elementwise adds, and matmuls in "
+                f"{self.curve_dtype} that take longer than twice the kernel floor"
+            )
+        object.__setattr__(self, "peak_flops", _FrozenMap(peaks))
+        curve_points = [p for p in self.matmuls if p.dtype == self.curve_dtype]
+        curve = efficiency_curve(curve_points, peaks[self.curve_dtype], floor)
+        object.__setattr__(self, "matmul_efficiency_curve", curve)
+
+    def efficiency(self, point: MatmulPoint) -> float:
+        """A point's busy rate over its dtype's peak (skinny points fall far below 1)."""
+        return min(1.0, point.rate(self.kernel_floor_s) / self.peak_flops[point.dtype])
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        """Median over sizes: the typical rate, not the best case of a cache-sized tensor."""
+        return statistics.median(p.rate(self.kernel_floor_s) for p in self.bandwidth)
+
+    def profile_device(self) -> dict[str, Any]:
+        """The profile's ``device`` section, in base units (see the module docstring)."""
+        return {
+            "peak_flops": dict(self.peak_flops),
+            "matmul_efficiency": self.matmul_efficiency_curve[-1][1],
+            "matmul_efficiency_curve": [list(p) for p in self.matmul_efficiency_curve],
+            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "memory_efficiency": 1.0,
+            "kernel_floor_s": self.kernel_floor_s,
+        }
+
+    def measurements(self) -> dict[str, Any]:
+        """Raw points for the profile's ``measurements`` section."""
+        floor = self.kernel_floor_s
+        return {
+            "one_element_add_seconds": floor,
+            "matmul": [
+                {
+                    "dtype": p.dtype,
+                    "m": p.m,
+                    "k": p.k,
+                    "n": p.n,
+                    "flops": p.flops,
+                    "seconds": p.seconds,
+                    "busy_flops_per_s": p.rate(floor),
+                    "skinny": p.skinny,
+                    "in_curve": p.in_curve(floor),
+                }
+                for p in self.matmuls
+            ],
+            "elementwise_add": [
+                {
+                    "tensor_bytes": p.tensor_bytes,
+                    "bytes_moved": p.bytes_moved,
+                    "seconds": p.seconds,
+                    "busy_bytes_per_s": p.rate(floor),
+                }
+                for p in self.bandwidth
+            ],
+        }
+
+
+def efficiency_curve(
+    points: list[MatmulPoint], peak: float, floor: float
+) -> tuple[tuple[float, float], ...]:
+    """``(flops, busy rate / peak)`` per distinct FLOP count among the points ``in_curve``,
+    rising; equal counts are averaged.
+
+    Keeping every measured size (no smoothing) is what makes predictions reproduce the
+    measurements; repeats and medians already took the noise out."""
+    by_flops: dict[int, list[float]] = {}
+    for point in points:
+        if point.in_curve(floor):
+            by_flops.setdefault(point.flops, []).append(point.rate(floor))
+    return tuple(
+        (float(flops), min(1.0, statistics.fmean(rates) / peak))
+        for flops, rates in sorted(by_flops.items())
+    )
+
+
+def matmul_shapes(device_type: str, quick: bool) -> list[tuple[int, int, int, bool]]:
+    """``(m, k, n, skinny)`` to time: square, tall (4n x n x n) and skinny shapes.
+
+    GPUs need larger sizes than CPUs to reach their peak, so their sweep goes further."""
+    if device_type == "cuda":
+        square = [64, 128, 256, 512, 1024, 2048, 4096] + ([] if quick else [8192])
+        tall = [128, 512, 2048]
+        skinny = [(16, 4096), (64, 4096)]
+    elif quick:
+        square = [32, 64, 128, 256, 512, 1024]
+        tall = [32, 128, 512]
+        skinny = [(8, 1024), (32, 1024)]
+    else:
+        square = [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+        tall = [16, 32, 64, 128, 256, 512]
+        skinny = [(8, 1024), (32, 1024), (128, 1024), (8, 2048), (32, 2048)]
+    shapes = [(n, n, n, False) for n in square] + [(4 * n, n, n, False) for n in tall]
+    shapes += [(m, n, n, True) for m, n in skinny]
+    return sorted(shapes, key=lambda s: (2 * s[0] * s[1] * s[2], s))
+
+
+def calibrate_device(
+    device_type: str = "cpu",
+    *,
+    quick: bool = False,
+    threads: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> DeviceCalibration:
+    """Measure matmuls (every dtype the device trains in), elementwise adds and the floor."""
+    device = torch.device("cuda" if device_type == "cuda" else "cpu")
+    dtypes = _DTYPES["cuda" if device_type == "cuda" else "cpu"]
+    repeats = 7 if quick else 11
+    say = progress or (lambda _: None)
+    with _threads(threads):
+        say("kernel floor")
+        one = torch.ones(1, device=device)
+        floor = time_call(lambda: torch.add(one, one), device, repeats=2 * repeats)
+        matmuls: list[MatmulPoint] = []
+        for dtype in dtypes:
+            say(f"matmul {dtype}")
+            for m, k, n, skinny in matmul_shapes(device_type, quick):
+                seconds = _time_matmul(m, k, n, dtype, device, repeats)
+                matmuls.append(MatmulPoint(m, k, n, dtype, seconds, skinny))
+        say("elementwise bandwidth")
+        bandwidth = [
+            BandwidthPoint(size, _time_add(size, device, repeats))
+            for size in _add_sizes(device_type, quick)
+        ]
+    return DeviceCalibration(
+        device_type=device_type,
+        threads=threads,
+        curve_dtype=dtypes[0],
+        matmuls=tuple(matmuls),
+        bandwidth=tuple(bandwidth),
+        kernel_floor_s=floor,
+    )
+
+
+def time_call(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    repeats: int,
+    batch_s: float = 0.005,
+) -> float:
+    """Median seconds per call: one warm-up, then ``repeats`` batches of back-to-back calls.
+
+    Batching amortizes the timer and the device sync over enough calls to last ``batch_s``,
+    so a microsecond op is timed as precisely as a second-long one."""
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    once = max(time.perf_counter() - start, 1e-7)
+    inner = max(1, min(10_000, math.ceil(batch_s / once)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        samples.append((time.perf_counter() - start) / inner)
+    return statistics.median(samples)
+
+
+def _time_matmul(m: int, k: int, n: int, dtype: str, device: torch.device, repeats: int) -> float:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(device, _TORCH_DTYPES[dtype])
+    b = torch.randn(k, n, generator=gen).to(device, _TORCH_DTYPES[dtype])
+    with _tf32(device, dtype == "tf32"):
+        return time_call(lambda: torch.mm(a, b), device, repeats=repeats)
+
+
+def _add_sizes(device_type: str, quick: bool) -> list[int]:
+    """Bytes per tensor: past the caches, at the sizes a training step's activations have."""
+    if device_type == "cuda":
+        return [s * MIB for s in ([64, 256] if quick else [16, 64, 256, 1024])]
+    return [s * MIB for s in ([1, 4, 16] if quick else [1, 2, 4, 8, 16, 32])]
+
+
+def _time_add(tensor_bytes: int, device: torch.device, repeats: int) -> float:
+    a = torch.ones(tensor_bytes // 4, device=device)
+    b = torch.ones_like(a)
+    return time_call(lambda: torch.add(a, b), device, repeats=repeats)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def _threads(threads: int) -> Iterator[None]:
+    """Run with ``threads`` intra-op threads, as a torchrun-launched process would."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def _tf32(device: torch.device, enabled: bool) -> Iterator[None]:
+    """fp32 matmuls on tensor cores (tf32) or not; a no-op off CUDA."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

@@ -1,0 +1,210 @@
+"""``autopar calibrate``: measure this machine, print what was measured, write a profile.
+
+    autopar calibrate --quick --out cpu-profile.json     # under a minute on 2 cores
+    autopar calibrate --out cpu-profile.json --nproc 4   # a few minutes
+    autopar calibrate --device cuda --nproc 8 --out h100-profile.json
+
+Every number printed here is measured (or fitted to measurements, and labelled so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from autopar.calibrate import (
+    KINDS,
+    LINK_KIND,
+    CalibrationError,
+    CollectivePoint,
+    DeviceCalibration,
+    calibrate_device,
+    fit_link,
+    host_info,
+    make_profile,
+    measure_collectives,
+)
+from autopar.cluster.profile import write_profile
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Measure the device and the collectives, print both tables, write ``args.out``."""
+    device_type = getattr(args, "device", "cpu") or "cpu"
+    threads = getattr(args, "threads", None) or 1
+    quick = bool(getattr(args, "quick", False))
+    _check_args(device_type, args.nproc, Path(args.out))
+    host = host_info(device_type, args.nproc, threads, quick)
+    start = time.perf_counter()
+    print(
+        f"autopar calibrate: {device_type} ({host['device_name']}), {threads} thread"
+        f"{'s' if threads > 1 else ''} per process, {args.nproc} {host['backend']} processes"
+        f"{', quick' if quick else ''}\n",
+        flush=True,
+    )
+    device = calibrate_device(device_type, quick=quick, threads=threads, progress=_progress)
+    print(format_device(device), flush=True)
+    _progress(f"collectives ({args.nproc} processes)")
+    points = measure_collectives(args.nproc, device_type=device_type, quick=quick, threads=threads)
+    print(format_collectives(points), flush=True)
+    path = write_profile(make_profile(device, points, host), args.out)
+    print(
+        f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "
+        f"'profile: {path}'"
+    )
+    return 0
+
+
+def _check_args(device_type: str, nproc: int, out: Path) -> None:
+    """Fail before measuring for a minute, not after."""
+    if nproc < 2:
+        raise CalibrationError(
+            f"collectives need at least 2 processes, got --nproc {nproc}",
+            where="--nproc",
+            fix="use --nproc 2 or more",
+        )
+    if out.is_dir():
+        raise CalibrationError(
+            f"--out {out} is a directory",
+            where="--out",
+            fix=f"name a file, e.g. --out {out / 'profile.json'}",
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CalibrationError(
+            f"cannot create the folder for --out {out}: {err}",
+            where="--out",
+            fix="write the profile somewhere writable",
+        ) from None
+    if device_type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise CalibrationError(
+            "--device cuda, but torch sees no CUDA device",
+            where="--device",
+            fix="calibrate on a GPU machine with a CUDA build of torch, or use --device cpu",
+        )
+    if nproc > torch.cuda.device_count():
+        raise CalibrationError(
+            f"--nproc {nproc} is more than the {torch.cuda.device_count()} GPUs here",
+            where="--nproc",
+            fix=f"use --nproc {torch.cuda.device_count()} or fewer",
+        )
+
+
+def _progress(what: str) -> None:
+    print(f"  measuring {what} ...", file=sys.stderr, flush=True)
+
+
+def format_device(device: DeviceCalibration) -> str:
+    """Matmul points, elementwise points and the resulting device numbers (all measured)."""
+    floor = device.kernel_floor_s
+    lines = [
+        f"kernel floor (measured: one-element add) {floor * 1e6:.2f} µs; 'busy' below is the "
+        "time net of it",
+        "",
+    ]
+    for dtype in device.peak_flops:
+        lines.append(f"matmul {dtype} (measured; efficiency = busy GFLOP/s / the best)")
+        lines.append(
+            f"  {'m x k x n':<18} {'FLOP':>7} {'time':>10} {'GFLOP/s':>8} {'efficiency':>10}"
+        )
+        for p in device.matmuls:
+            if p.dtype != dtype:
+                continue
+            mark = ""
+            if p.skinny:
+                mark = "  skinny: not in the curve"
+            elif not p.in_curve(floor):
+                mark = "  under 2x the floor: not in the curve"
+            lines.append(
+                f"  {f'{p.m} x {p.k} x {p.n}':<18} {_si(p.flops):>7} {_duration(p.seconds):>10}"
+                f" {p.rate(floor) / 1e9:>8.1f} {device.efficiency(p):>10.2f}{mark}"
+            )
+        lines.append("")
+    lines.append("elementwise out-of-place add (measured; bytes = 2 reads + 1 write)")
+    lines.append(f"  {'tensor':<10} {'time':>10} {'GB/s':>8}")
+    for b in device.bandwidth:
+        lines.append(
+            f"  {_size(b.tensor_bytes):<10} {_duration(b.seconds):>10} {b.rate(floor) / 1e9:>8.1f}"
+        )
+    curve = device.matmul_efficiency_curve
+    lines += [
+        "",
+        "device (measured; written to the profile)",
+        *(
+            f"  {'peak ' + dtype:<20} {flops / 1e9:>9.1f} GFLOP/s  best busy matmul rate"
+            for dtype, flops in device.peak_flops.items()
+        ),
+        f"  {'matmul efficiency':<20} {curve[-1][1]:>9.2f}          at the largest size",
+        f"  {'matmul curve':<20} {len(curve):>9d} points   {_si(curve[0][0])}-"
+        f"{_si(curve[-1][0])} FLOP, {device.curve_dtype}",
+        f"  {'memory bandwidth':<20} {device.memory_bandwidth_bytes_per_s / 1e9:>9.1f} GB/s     "
+        "median over sizes; memory efficiency 1.0",
+        f"  {'kernel floor':<20} {floor * 1e6:>9.2f} µs",
+    ]
+    return "\n".join(lines)
+
+
+def format_collectives(points: Sequence[CollectivePoint]) -> str:
+    """Each measured collective, the link fitted to the all-reduces, and per-kind fits."""
+    link = fit_link(p for p in points if p.kind == LINK_KIND)
+    n = points[0].world_size
+    lines = [
+        "",
+        f"collectives over {n} processes (measured; bus bandwidth as nccl-tests counts it;",
+        "'link' is how far the fitted link's ring-model time is from the measured one)",
+        f"  {'collective':<15} {'size':>8} {'time':>10} {'bus GB/s':>9} {'link':>9}",
+    ]
+    for p in sorted(points, key=lambda p: (KINDS.index(p.kind), p.nbytes)):
+        predicted = link.predict(p.kind, p.nbytes, p.world_size)
+        lines.append(
+            f"  {p.kind:<15} {_size(p.nbytes):>8} {_duration(p.seconds):>10} "
+            f"{p.bus_bandwidth / 1e9:>9.3f} {(predicted - p.seconds) / p.seconds:>+9.0%}"
+        )
+    per_kind = []
+    for kind in KINDS:
+        own = [p for p in points if p.kind == kind]
+        if len({p.nbytes for p in own}) >= 2:
+            fit = fit_link(own)
+            per_kind.append(
+                f"  {kind:<15} {fit.latency_s * 1e6:>8.1f} µs {fit.bandwidth_bytes_per_s / 1e9:>8.3f}"
+                f" GB/s  median error {fit.median_error:.0%}"
+            )
+    lines += [
+        "",
+        f"intra-node link (fitted to the {link.points} {LINK_KIND} points; written to the profile)",
+        f"  {'latency':<15} {link.latency_s * 1e6:>8.1f} µs",
+        f"  {'bus bandwidth':<15} {link.bandwidth_bytes_per_s / 1e9:>8.3f} GB/s",
+        f"  {'fit error':<15} {link.median_error:>8.0%} median, {link.max_error:.0%} worst",
+        "fitted per collective (recorded in the profile's measurements)",
+        *per_kind,
+    ]
+    return "\n".join(lines)
+
+
+def _si(x: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _size(nbytes: int) -> str:
+    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {suffix}"
+    return f"{nbytes} B"

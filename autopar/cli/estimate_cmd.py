@@ -1,0 +1,181 @@
+"""``autopar estimate``: memory and step time of one pinned configuration (the calculator).
+
+    autopar estimate llama3-8b --cluster 8xH100-80GB --tp 1 --pp 1 --dp 8 --zero 0 --dtype bf16
+
+Prints its assumptions first, then the per-device memory breakdown against capacity and
+the step time with its parts; every number is modelled. ``--json`` writes the same
+``predicted.*`` fields a plan has, plus the breakdowns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from autopar.cli.load import TracedModel
+from autopar.cluster import load_cluster
+from autopar.cost_models.memory import lora_params, model_state_bytes
+from autopar.graph_facts import graph_facts
+from autopar.models import resolve_model
+from autopar.planning import default_precision
+from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
+from autopar.trace import trace
+from autopar.units import format_bytes, format_count, format_seconds
+
+
+def trace_for_estimate(model: str, batch: int | None, seq: int | None,
+                       lora_rank: int | None) -> TracedModel:
+    """Trace on meta; with LoRA the base weights are frozen before tracing, so the trace's
+    backward FLOPs and states already leave out their gradients."""
+    spec = resolve_model(model)
+    batch, seq = batch or spec.default_batch, seq or spec.default_seq
+    started = time.perf_counter()
+    with torch.device("meta"):
+        module = spec.build()
+    if lora_rank:
+        module.requires_grad_(False)
+    gm = trace(module, spec.example_inputs(batch, seq, device="meta"))
+    return TracedModel(spec, gm, batch, seq, time.perf_counter() - started)
+
+
+def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:
+    """(out, in) of every 2-D weight a LoRA adapter would attach to (the matmul weights)."""
+    shapes = []
+    for node in traced.gm.graph.nodes:
+        facts = node.meta.get("autopar")
+        if facts is not None and facts.param is not None and len(facts.param.shape) == 2:
+            users = {str(u.target) for u in node.users}
+            if any(("linear" in u or "addmm" in u or "mm" in u) for u in users):
+                shapes.append(facts.param.shape)
+    return shapes
+
+
+def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | None) -> dict:
+    p, c, setting = est.prediction, est.config, est.setting
+    cluster = est.tables.cluster
+    facts = graph_facts(traced.gm)
+    g = c.global_batch or traced.batch
+    scale = g / (facts.batch_size or 1)
+    model_flops = (facts.fwd_flops + facts.bwd_flops) * scale
+    recompute_flops = sum(
+        d.facts.fwd_flops * d.count for d in est.problem.decisions
+        if est.tables.recomputed(d) and d.facts.requires_grad
+    ) * scale
+    world = cluster.world_size
+    memory = p.memory.to_dict()
+    extra_states = 0.0
+    if lora:
+        extra_states = lora["state_bytes"]
+        memory["optimizer"] += int(lora["optimizer_bytes"])
+        memory["params"] += int(lora["param_bytes"])
+        memory["grads"] += int(lora["grad_bytes"])
+        memory["total"] += int(extra_states)
+    peak = cluster.device.peak(c.precision)
+    step = p.step_time_s
+    return {
+        "label": "modelled",
+        "assumptions": {
+            "model": traced.spec.name, "cluster": cluster_name, "devices": world,
+            "global_batch": g, "seq": traced.seq, "microbatch": c.microbatch,
+            "microbatches": setting.microbatches, "tp": c.tp, "pp": c.pp, "dp": c.dp,
+            "cp": c.cp, "sp": c.sp, "recompute": c.recompute, "dtype": c.precision,
+            "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
+            "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
+        },
+        "predicted": {
+            "step_time_s": step,
+            "peak_memory_bytes": memory["total"],
+            "tflops_per_device": model_flops / step / world / 1e12,
+            "hardware_tflops_per_device": (model_flops + recompute_flops) / step / world / 1e12,
+            "tokens_per_s": g * traced.seq / step,
+            "mfu": model_flops / step / world / peak,
+            "fits": memory["total"] <= cluster.device.memory_bytes,
+            "memory_capacity_bytes": int(cluster.device.memory_bytes),
+            "memory": memory,
+            "time": {
+                "compute_s": p.compute_s, "tp_comm_s": p.tp_comm_s, "bubble_s": p.bubble_s,
+                "p2p_s": p.p2p_s, "dp_comm_s": p.dp_comm_s, "dp_exposed_s": p.dp_exposed_s,
+            },
+            "stages": [
+                {"layers": f"{s.layers[0]}-{s.layers[-1]}" if s.layers else "-",
+                 "forward_s": s.forward_s, "backward_s": s.backward_s,
+                 "in_flight": s.in_flight, "memory": s.memory.to_dict()}
+                for s in p.stages
+            ],
+        },
+    }
+
+
+def format_report(r: dict) -> str:
+    a, p = r["assumptions"], r["predicted"]
+    m, t = p["memory"], p["time"]
+    cap = p["memory_capacity_bytes"]
+    lines = [
+        f"autopar estimate: {a['model']} on {a['cluster']} ({a['devices']} devices) — all "
+        "numbers modelled",
+        f"assuming  global batch {a['global_batch']} x seq {a['seq']}, microbatch "
+        f"{a['microbatch']} x {a['microbatches']}, tp={a['tp']} pp={a['pp']} dp={a['dp']} "
+        f"cp={a['cp']}{' +sp' if a['sp'] else ''}",
+        f"          {a['dtype']}, {a['optimizer']}, ZeRO-{a['zero']}, recompute {a['recompute']}, "
+        f"schedule {a['schedule']}" + (f" (v={a['virtual_stages']})" if a['virtual_stages'] > 1
+                                       else "")
+        + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else ""),
+        "",
+        "memory per device (the fullest stage)",
+    ]
+    for key in ("params", "grads", "optimizer", "activations", "buffers"):
+        lines.append(f"  {key:<12} {format_bytes(m[key]):>12}")
+    verdict = "fits" if p["fits"] else f"does NOT fit: {format_bytes(m['total'] - cap)} over"
+    lines.append(f"  {'total':<12} {format_bytes(m['total']):>12} of {format_bytes(cap)} — {verdict}")
+    if len(p["stages"]) > 1:
+        lines += ["", "pipeline stages"]
+        for i, s in enumerate(p["stages"]):
+            lines.append(f"  stage {i:<2} layers {s['layers']:<8} fwd {format_seconds(s['forward_s'])}"
+                         f"  bwd {format_seconds(s['backward_s'])}  in flight {s['in_flight']:.1f}"
+                         f"  memory {format_bytes(s['memory']['total'])}")
+    lines += [
+        "",
+        "step time",
+        f"  total        {format_seconds(p['step_time_s'])}",
+        f"  compute      {format_seconds(t['compute_s'])}   tp comm {format_seconds(t['tp_comm_s'])}"
+        f"   bubble {format_seconds(t['bubble_s'])}   p2p {format_seconds(t['p2p_s'])}"
+        f"   dp comm exposed {format_seconds(t['dp_exposed_s'])} of {format_seconds(t['dp_comm_s'])}",
+        f"  throughput   {p['tokens_per_s']:,.0f} tokens/s; {p['tflops_per_device']:.1f} TFLOP/s per "
+        f"device (model), {p['hardware_tflops_per_device']:.1f} (hardware, with recompute); "
+        f"MFU {p['mfu']:.1%}",
+    ]
+    return "\n".join(lines)
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    traced = trace_for_estimate(args.model, args.global_batch or args.batch, args.seq,
+                                args.lora_rank)
+    dp = args.dp or max(cluster.world_size // (args.tp * args.pp * args.cp), 1)
+    config = PinnedConfig(
+        tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, sp=args.sp, microbatch=args.microbatch,
+        global_batch=traced.batch, recompute=args.recompute,
+        precision=args.dtype or default_precision(cluster), zero=args.zero,
+        optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
+    )
+    est = estimate_graph(traced.gm, cluster, config)
+    lora = None
+    if args.lora_rank:
+        n = sum(lora_params(out, inp, args.lora_rank) for out, inp in adapter_shapes(traced))
+        s = model_state_bytes(n / args.tp, trainable=True, precision=config.precision,
+                              optimizer=config.optimizer, zero_stage=config.zero, dp=dp)
+        lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,
+                "param_bytes": s.params, "grad_bytes": s.grads, "optimizer_bytes": s.optimizer}
+    result = report(est, traced, cluster.name, lora)
+    print(format_report(result))
+    if lora:
+        print(f"\nLoRA adapters: {format_count(lora['params'])} trainable parameters "
+              f"(base weights frozen)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"\nestimate written to {args.json}")
+    return 0

@@ -1,0 +1,129 @@
+"""Evaluate one pinned configuration without searching: the memory calculator.
+
+Everything a user pins (tensor, pipeline, data parallelism, microbatch, recomputation,
+precision, ZeRO, optimizer, schedule) is fixed; only the per-node tensor-parallel layout
+is chosen — by the same CP-SAT model as planning, minimizing step time with the memory
+limit lifted, so a configuration that does not fit is reported as such rather than
+rejected. With ``sp=False`` no tensor-parallel strategy may split the sequence dimension
+(Megatron without sequence parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from autopar.cluster import Cluster
+from autopar.errors import AutoparError
+from autopar.graph_facts import graph_facts
+from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
+from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
+from autopar.solver.cpsat import solve
+from autopar.solver.evaluate import Prediction, evaluate
+from autopar.solver.options import PlanOptions
+from autopar.solver.problem import Problem, build_problem, forbid_sharding_like
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+
+
+@dataclass(frozen=True)
+class PinnedConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    sp: bool = False
+    microbatch: int = 1
+    global_batch: int | None = None
+    recompute: str = "none"
+    precision: str = "bf16"
+    zero: int = 0
+    optimizer: str = "adamw"
+    schedule: str = "1f1b"
+    virtual: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise AutoparError(f"{name} must be a positive integer, got {value!r}",
+                                   where=f"--{name}", fix=f"pass --{name} N with N >= 1")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise AutoparError(f"unknown recompute mode {self.recompute!r}", where="--recompute",
+                               fix=f"use one of {', '.join(RECOMPUTE_MODES)}")
+        if self.schedule not in SCHEDULES:
+            raise AutoparError(f"unknown schedule {self.schedule!r}", where="--schedule",
+                               fix=f"use one of {', '.join(SCHEDULES)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero}", where="--zero",
+                               fix="pass --zero 0, 1, 2 or 3")
+        if self.virtual > 1 and self.schedule != "interleaved":
+            raise AutoparError("virtual stages need the interleaved schedule",
+                               where="--virtual-stages", fix="add --schedule interleaved")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+@dataclass
+class Estimate:
+    config: PinnedConfig
+    setting: Setting
+    prediction: Prediction
+    problem: Problem
+    choice: list[int]
+    tables: CostTables
+
+
+def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -> Estimate:
+    facts = graph_facts(gm)
+    traced = facts.batch_size or 1
+    global_batch = config.global_batch or traced
+    if config.devices != cluster.world_size:
+        raise AutoparError(
+            f"tp x pp x dp x cp = {config.tp} x {config.pp} x {config.dp} x {config.cp} = "
+            f"{config.devices} devices, but cluster {cluster.name} has {cluster.world_size}",
+            where="--tp/--pp/--dp/--cp",
+            fix="make the product of the degrees equal the number of devices (or omit --dp)",
+        )
+    if config.cp > 1:
+        raise AutoparError(
+            "context parallelism is not modelled yet",
+            where="--cp",
+            fix="use --cp 1; ring attention arrives with the context-parallel issue",
+        )
+    if global_batch % config.dp:
+        raise AutoparError(
+            f"global batch {global_batch} does not split over dp={config.dp}",
+            where="--global-batch", fix="use a multiple of dp")
+    local = global_batch // config.dp
+    if local % config.microbatch:
+        raise AutoparError(
+            f"microbatch {config.microbatch} does not divide the {local} sequences per "
+            f"data-parallel rank", where="--microbatch", fix="pick a divisor")
+    layers = {b.container: len(b.layers) for b in facts.blocks}
+    n_layers = max(layers.values(), default=0)
+    if config.pp > 1 and n_layers < config.pp * config.virtual:
+        raise AutoparError(
+            f"{n_layers} layers cannot fill {config.pp} stages x {config.virtual} chunks",
+            where="--pp", fix="use fewer stages")
+    setting = Setting(
+        dp=config.dp, tp=config.tp, zero=config.zero, microbatch=config.microbatch,
+        microbatches=local // config.microbatch, recompute=config.recompute, pp=config.pp,
+        schedule=config.schedule, virtual=config.virtual,
+    )
+    options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
+                          zero_stages=(config.zero,), recompute=(config.recompute,))
+    problem = build_problem(gm, config.tp, batch_strategies(gm, config.dp, traced))
+    if not config.sp and config.tp > 1 and facts.seq_len:
+        forbid_sharding_like(problem, propagate_input_dim(gm, config.tp, facts.seq_len, dim=1))
+    tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+    result = solve(tables, time_limit_s=30.0, enforce_memory=False)
+    if result.choice is None:
+        raise AutoparError(
+            f"no tensor-parallel layout found ({result.status})",
+            where="estimate", fix="try another --tp")
+    return Estimate(config, setting, evaluate(tables, result.choice), problem, result.choice,
+                    tables)

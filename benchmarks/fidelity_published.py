@@ -1,0 +1,96 @@
+"""Predicted vs published: Megatron-LM's GPT runs (Narayanan et al., SC'21, Table 1).
+
+Each row of ../shared/anchors/megatron_sc21_table1.csv is evaluated with its published
+settings (A100-80GB, its TP/PP/DP, micro and global batch, interleaving, sequence 2048,
+vocabulary 51200, fp16, full activation recomputation; the GPT with explicit softmax
+attention and 0.1 dropout, as Megatron ran it in 2021) by ``autopar estimate``'s model, and
+the predicted TFLOP/s per GPU — hardware FLOPs, counting the recomputed forward as the paper
+does — is printed next to the published figure.
+
+    python benchmarks/fidelity_published.py            # all rows (a few minutes)
+    python benchmarks/fidelity_published.py --rows 3   # the first three
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from autopar.cluster import load_cluster
+from autopar.graph_facts import graph_facts
+from autopar.models import resolve_model
+from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.trace import trace
+
+ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "megatron_sc21_table1.csv"
+SEQ, VOCAB = 2048, 51200
+
+
+def predict(row: dict) -> tuple[float, float, dict]:
+    """(predicted hardware TFLOP/s per GPU, seconds spent, details) for one table row."""
+    started = time.perf_counter()
+    layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
+    tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
+    global_batch, micro = int(row["global_batch"]), int(row["micro_batch"])
+    per_virtual = row["layers_per_virtual_stage"].strip()
+    virtual = layers // pp // int(per_virtual) if per_virtual else 1
+    dp = gpus // (tp * pp)
+    spec = resolve_model(f"gpt:layers={layers},hidden={hidden},heads={heads},vocab={VOCAB},"
+                         f"seq={SEQ},batch={global_batch},math_attention=1,dropout=0.1")
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(global_batch, SEQ))
+    cluster = load_cluster({"nodes": gpus // 8, "devices_per_node": 8,
+                            "device": {"preset": "A100-80GB"}})
+    config = PinnedConfig(
+        tp=tp, pp=pp, dp=dp, sp=False, microbatch=micro, global_batch=global_batch,
+        recompute="full", precision="fp16", zero=0, optimizer="adam",
+        schedule="interleaved" if virtual > 1 else "1f1b", virtual=virtual,
+    )
+    est = estimate_graph(gm, cluster, config)
+    facts = graph_facts(gm)
+    scale = global_batch / (facts.batch_size or 1)
+    recomputed = sum(d.facts.fwd_flops * d.count for d in est.problem.decisions
+                     if est.tables.recomputed(d) and d.facts.requires_grad)
+    hardware = (facts.fwd_flops + facts.bwd_flops + recomputed) * scale
+    step = est.prediction.step_time_s
+    details = {"step_s": step, "bubble_s": est.prediction.bubble_s,
+               "tp_comm_s": est.prediction.tp_comm_s, "dp_exposed_s": est.prediction.dp_exposed_s,
+               "peak_gib": est.prediction.peak_memory_bytes / 2**30}
+    return hardware / step / gpus / 1e12, time.perf_counter() - started, details
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=None)
+    args = ap.parse_args()
+    rows = list(csv.DictReader(ANCHOR.open()))[: args.rows]
+    print("Megatron-LM SC'21 Table 1 on A100-80GB: TFLOP/s per GPU (hardware FLOPs)")
+    print(f"{'params':>8} {'tp':>3} {'pp':>3} {'gpus':>5} {'batch':>6} {'mb':>3} {'v':>2} "
+          f"{'published':>10} {'predicted':>10} {'error':>7} {'step s':>8} {'bubble s':>9} "
+          f"{'mem GiB':>8}")
+    print(f"{'':>8} {'':>3} {'':>3} {'':>5} {'':>6} {'':>3} {'':>2} {'measured':>10} "
+          f"{'modelled':>10}")
+    errors = []
+    for row in rows:
+        predicted, spent, d = predict(row)
+        published = float(row["tflops_per_gpu"])
+        error = (predicted - published) / published
+        errors.append(abs(error))
+        per_virtual = row["layers_per_virtual_stage"].strip()
+        v = int(row["layers"]) // int(row["pp"]) // int(per_virtual) if per_virtual else 1
+        print(f"{row['params_b']:>7}B {row['tp']:>3} {row['pp']:>3} {row['gpus']:>5} "
+              f"{row['global_batch']:>6} {row['micro_batch']:>3} {v:>2} {published:>10.1f} "
+              f"{predicted:>10.1f} {error:>+7.1%} {d['step_s']:>8.2f} {d['bubble_s']:>9.2f} "
+              f"{d['peak_gib']:>8.1f}", flush=True)
+    print(f"\nabsolute error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+          f"over {len(errors)} rows (target: median <= 10%, worst <= 20%)")
+
+
+if __name__ == "__main__":
+    main()

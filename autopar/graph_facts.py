@@ -56,6 +56,8 @@ class NodeFacts:
     saved_inputs: tuple[int, ...] = ()
     saves_output: bool = False
     extra_saved_bytes: int = 0
+    extra_saved_float_numel: int = 0  # of which floating point (kept in the compute dtype)
+    extra_saved_other_bytes: int = 0  # of which not floating point (masks, indices)
     param: ParamFacts | None = None  # for get_attr nodes of parameters and buffers
     params: tuple[str, ...] = ()  # FQNs of the parameters this node reads directly
     module_path: str = ""

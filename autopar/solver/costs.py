@@ -232,7 +232,9 @@ class CostTables:
         if d.kind != "op" or not facts.requires_grad or (recompute and self.recomputed(d)):
             return 0.0
         div = self.setting.tp if sharded_compute(s) else 1
-        total = facts.extra_saved_bytes * self._scale(d) * (self.element_bytes / 4) / div
+        # Float buffers (statistics, LSEs) follow the compute precision; masks keep their bytes.
+        float_bytes = facts.extra_saved_float_numel * self.element_bytes
+        total = (float_bytes + facts.extra_saved_other_bytes) * self._scale(d) / div
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
         return total

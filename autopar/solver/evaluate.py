@@ -53,6 +53,9 @@ class Prediction:
     bubble_s: float = 0.0
     p2p_s: float = 0.0
     stages: tuple[StagePrediction, ...] = field(default=())
+    # bytes each repeated layer keeps for backward per microbatch, under the recomputation
+    # in force (Korthikanti et al.'s per-layer activation memory)
+    layer_activations: dict[int, float] = field(default_factory=dict)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -130,6 +133,7 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
     grad_bytes = [0.0] * pp
     weights = [0.0] * pp
     layer_act: dict[int, float] = defaultdict(float)  # activations of one layer, no recompute
+    layer_kept: dict[int, float] = defaultdict(float)  # ... under the recomputation in force
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -150,6 +154,7 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
             layer = node.meta[META_KEY].layer
             if layer is not None:
                 layer_act[layer] += own_plain
+                layer_kept[layer] += own
 
     tp_comm = [0.0] * pp
     for key in problem.values:
@@ -157,6 +162,11 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         src = chosen(problem, choice, key[0]).outputs[key[1]]
         per_instance_comm = 0.0
         per_instance_saved = 0.0
+        plain_saved = 0.0  # what the consumers would keep without recomputation
+        for q, flags in needed_placements(problem, choice, key).items():
+            if flags["saved"]:
+                sp = q == R and isinstance(src, Shard) and flags["only_sharded"]
+                plain_saved += tables.saved_bytes(key, src if sp else q)
         for q, flags in needed_placements(problem, choice, key, tables).items():
             if q != src:
                 per_instance_comm += tables.redistribution(key, src, q)
@@ -177,7 +187,8 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
             act[k] += per_instance_saved
             layer = node.meta[META_KEY].layer
             if layer is not None:
-                layer_act[layer] += per_instance_saved
+                layer_act[layer] += plain_saved
+                layer_kept[layer] += per_instance_saved
 
     p2p = _p2p_times(tables, choice, stages) if pp > 1 else [0.0] * pp
     m = setting.microbatches
@@ -211,6 +222,7 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         bubble_s=bubble,
         p2p_s=m * p2p[slowest],
         stages=tuple(stage_preds),
+        layer_activations=dict(layer_kept),
     )
 
 

@@ -4,8 +4,8 @@ Everything a user pins (tensor, pipeline, data parallelism, microbatch, recomput
 precision, ZeRO, optimizer, schedule) is fixed; only the per-node tensor-parallel layout
 is chosen — by the same CP-SAT model as planning, minimizing step time with the memory
 limit lifted, so a configuration that does not fit is reported as such rather than
-rejected. With ``sp=False`` no tensor-parallel strategy may split the sequence dimension
-(Megatron without sequence parallelism).
+rejected. Tensor parallelism never splits the batch here (that is what ``dp`` pins), and with
+``sp=False`` it does not split the sequence either (Megatron without sequence parallelism).
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, evaluate
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Problem, build_problem, forbid_sharding_like
+from autopar.solver.problem import (
+    Problem,
+    build_problem,
+    forbid_sharding_like,
+    keep_residual_stream_whole,
+)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
@@ -42,6 +47,10 @@ class PinnedConfig:
     optimizer: str = "adamw"
     schedule: str = "1f1b"
     virtual: int = 1
+    # "auto": the solver's fastest tensor-parallel layout. "megatron": the residual stream
+    # (norms, dropouts, residual adds) stays whole on every device, or sequence-split with
+    # sp — Megatron-LM's layout, which Korthikanti et al.'s formulas describe.
+    layout: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual"):
@@ -58,6 +67,9 @@ class PinnedConfig:
         if self.zero not in (0, 1, 2, 3):
             raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero}", where="--zero",
                                fix="pass --zero 0, 1, 2 or 3")
+        if self.layout not in ("auto", "megatron"):
+            raise AutoparError(f"unknown layout {self.layout!r}", where="layout",
+                               fix="use 'auto' or 'megatron'")
         if self.virtual > 1 and self.schedule != "interleaved":
             raise AutoparError("virtual stages need the interleaved schedule",
                                where="--virtual-stages", fix="add --schedule interleaved")
@@ -117,8 +129,16 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
                           zero_stages=(config.zero,), recompute=(config.recompute,))
     problem = build_problem(gm, config.tp, batch_strategies(gm, config.dp, traced))
-    if not config.sp and config.tp > 1 and facts.seq_len:
-        forbid_sharding_like(problem, propagate_input_dim(gm, config.tp, facts.seq_len, dim=1))
+    if config.tp > 1:
+        # Tensor parallelism splits the work within each sequence; splitting the batch is
+        # data parallelism's job. Without --sp it does not split the sequence either
+        # (Megatron's baseline: norms, dropouts and residuals whole on every device).
+        forbid_sharding_like(problem, propagate_input_dim(gm, config.tp, traced, dim=0))
+        sequence = propagate_input_dim(gm, config.tp, facts.seq_len, dim=1) if facts.seq_len else {}
+        if not config.sp and sequence:
+            forbid_sharding_like(problem, sequence)
+        if config.layout == "megatron":
+            keep_residual_stream_whole(problem, sequence if config.sp else {})
     tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     result = solve(tables, time_limit_s=30.0, enforce_memory=False)
     if result.choice is None:

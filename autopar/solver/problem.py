@@ -189,3 +189,26 @@ def forbid_sharding_like(problem: Problem, marker: dict[str, Strategy]) -> None:
 
         kept = [s for s in d.candidates if not clashes(s)]
         d.candidates = kept or d.candidates[:1]
+
+
+_RESIDUAL_OPS = ("layer_norm", "rms_norm", "aten.add.Tensor", "dropout")
+
+
+def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) -> None:
+    """Megatron-LM's layout: norms, dropouts and residual adds keep their output whole on
+    every tp device — or split along the sequence where ``sequence`` (sequence parallelism)
+    says it lies. Only the matmuls and what lies between a column- and a row-parallel matmul
+    are split. The residual stream is recognized by its shape: that of the norms' outputs."""
+    norms = [d for d in problem.decisions if "norm" in d.facts.target and d.facts.shapes]
+    if not norms:
+        return
+    stream = norms[0].facts.shapes[0]
+    for d in problem.decisions:
+        if d.kind != "op" or not any(op in d.facts.target for op in _RESIDUAL_OPS):
+            continue
+        if not d.facts.shapes or d.facts.shapes[0] != stream:
+            continue
+        seq = sequence.get(d.name)
+        allowed = {R} | ({seq.outputs[0]} if seq is not None and seq.outputs else set())
+        kept = [s for s in d.candidates if s.outputs and s.outputs[0] in allowed]
+        d.candidates = kept or d.candidates[:1]

@@ -148,5 +148,7 @@ def annotate(gm: fx.GraphModule) -> None:
                     facts.saved_inputs = m.saved_inputs
                     facts.saves_output = m.saves_output
                     facts.extra_saved_bytes = m.extra_saved_bytes
+                    facts.extra_saved_float_numel = m.extra_saved_float_numel
+                    facts.extra_saved_other_bytes = m.extra_saved_other_bytes
         facts.requires_grad = requires_grad.get(node, False)
         node.meta[META_KEY] = facts

@@ -73,6 +73,8 @@ class OpMeasure:
     saved_inputs: tuple[int, ...] = ()  # indices into the node's flattened tensor inputs
     saves_output: bool = False
     extra_saved_bytes: int = 0
+    extra_saved_float_numel: int = 0  # elements of those buffers that are floating point
+    extra_saved_other_bytes: int = 0  # bytes of those buffers that are not floating point
 
 
 NOTHING = OpMeasure()
@@ -176,7 +178,7 @@ class OpCostMeter:
 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 with FlopCounterMode(display=False) as fwd_counter:
-                    out = node.target(*args, **kwargs)
+                    out = _measured_target(node.target, args, kwargs)
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             bwd_flops = 0
             diff_outs = [t for t in outs if t.requires_grad]
@@ -215,6 +217,18 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
+def _measured_target(target: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``target``, except that ``dropout`` in training runs as ``native_dropout``: on CPU
+    ``dropout`` keeps its mask as a float tensor, while the GPU kernels (and native_dropout
+    everywhere) keep one byte per element, which is what a training cluster holds."""
+    if target is _aten.dropout.default:
+        x, p, train = (list(args) + [kwargs.get("p"), kwargs.get("train")])[:3]
+        if train and p and p > 0:
+            out, _mask = _aten.native_dropout.default(x, p, train)
+            return out
+    return target(*args, **kwargs)
+
+
 def _device(device: torch.device) -> torch.device:
     """Meta models are measured as fake CPU tensors: meta would pick the math attention
     kernel (which saves the full score matrix); CPU and CUDA pick flash-style kernels that
@@ -232,6 +246,8 @@ def _classify_saved(
     saved_inputs: set[int] = set()
     saves_output = False
     extra = 0
+    extra_float = 0
+    extra_other = 0
     counted: set[int | None] = set()
     for s in saved:
         k = _storage_key(s)
@@ -242,8 +258,14 @@ def _classify_saved(
         elif k not in counted or k is None:
             counted.add(k)
             extra += s.numel() * s.element_size()
+            if s.is_floating_point():
+                extra_float += s.numel()
+            else:
+                extra_other += s.numel() * s.element_size()
     return {
         "saved_inputs": tuple(sorted(saved_inputs)),
         "saves_output": saves_output,
         "extra_saved_bytes": extra,
+        "extra_saved_float_numel": extra_float,
+        "extra_saved_other_bytes": extra_other,
     }

@@ -1,0 +1,64 @@
+"""``autopar estimate``: the memory calculator's figures and verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autopar.cli.main import main
+
+ARGS = ["llama3-8b", "--cluster", "8xH100-80GB", "--tp", "1", "--pp", "1", "--dp", "8",
+        "--dtype", "bf16", "--global-batch", "8", "--seq", "2048"]
+
+
+def estimate(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "e.json"
+    assert main(["estimate", *ARGS, *extra, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, capsys) -> None:
+    """16Ψ accounting: 2 B weights + 2 B gradients + 12 B (fp32 master, momentum, variance)."""
+    e = estimate(tmp_path, "--zero", "0")
+    m = e["predicted"]["memory"]
+    params = 8.03e9
+    assert m["params"] == pytest.approx(2 * params, rel=0.01)
+    assert m["grads"] == pytest.approx(2 * params, rel=0.01)
+    assert m["optimizer"] == pytest.approx(12 * params, rel=0.01)
+    assert m["activations"] > 0
+    assert e["predicted"]["fits"] is False
+    text = capsys.readouterr().out
+    assert "does NOT fit" in text and "assuming" in text and "bf16" in text
+    for key in ("step_time_s", "peak_memory_bytes", "tflops_per_device", "tokens_per_s"):
+        assert e["predicted"][key] > 0
+
+
+@pytest.mark.slow
+def test_llama3_8b_zero3_fits(tmp_path) -> None:
+    e = estimate(tmp_path, "--zero", "3")
+    assert e["predicted"]["fits"] is True
+    assert e["predicted"]["memory"]["optimizer"] == pytest.approx(12 * 8.03e9 / 8, rel=0.01)
+
+
+def test_pinned_degrees_must_match_the_cluster(capsys) -> None:
+    assert main(["estimate", "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,batch=8",
+                 "--cluster", "8xA100-80GB", "--tp", "2", "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "tp x pp x dp x cp = 2 x 1 x 2 x 1 = 4" in err and "8" in err
+
+
+def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:
+    out = tmp_path / "p.json"
+    assert main(["estimate", "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128,batch=64",
+                 "--cluster", "8xA100-80GB", "--tp", "2", "--pp", "2", "--dp", "2",
+                 "--microbatch", "2", "--schedule", "interleaved", "--virtual-stages", "2",
+                 "--recompute", "full", "--json", str(out)]) == 0
+    e = json.loads(out.read_text())
+    stages = e["predicted"]["stages"]
+    assert [s["layers"] for s in stages] == ["0-3", "4-7"]
+    assert e["predicted"]["time"]["bubble_s"] > 0
+    # 1F1B-family schedules: the first stage holds the most microbatches in flight.
+    assert stages[0]["in_flight"] > stages[1]["in_flight"]
+    assert "pipeline stages" in capsys.readouterr().out

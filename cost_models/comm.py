@@ -105,17 +105,29 @@ def algorithm_bandwidth_from_bus(kind: str, busbw: float, n: int) -> float:
 
 
 # --- One collective on one link -------------------------------------------------------------
+# gloo (torch.distributed on CPU) runs all-gather and reduce-scatter no faster than an
+# all-reduce of the whole tensor: `autopar calibrate` on this project's CI machine fitted bus
+# bandwidths of 1.56 GB/s for all-reduce but 0.78 for all-gather and 0.46 for
+# reduce-scatter, i.e. the same or longer time for the same tensor. On gloo they cost what
+# an all-reduce of the whole tensor costs (the link is fitted to all-reduce).
+GLOO_AS_ALL_REDUCE = ("all_gather", "reduce_scatter")
+
+
 def collective_time(
-    kind: str, nbytes: float, n: int, link: LinkSpec, *, algorithm: str = "ring"
+    kind: str, nbytes: float, n: int, link: LinkSpec, *, algorithm: str = "ring",
+    backend: str = "nccl",
 ) -> float:
     """Seconds for ``kind`` over ``n`` devices on ``link``.
 
     ``nbytes`` is the size of the whole tensor: the all-reduced tensor, the all-gather's
     output, the reduce-scatter's input, the all-to-all's input on one device, the message of
-    a ``send_recv`` (``n`` >= 2 means there is a peer).
+    a ``send_recv`` (``n`` >= 2 means there is a peer). ``backend`` "gloo" prices
+    all-gather and reduce-scatter as all-reduces (see :data:`GLOO_AS_ALL_REDUCE`).
     """
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if backend == "gloo" and kind in GLOO_AS_ALL_REDUCE:
+        kind = "all_reduce"
     if _pick(kind, algorithm) == "auto":
         return min(
             collective_time(kind, nbytes, n, link, algorithm="ring"),
@@ -283,8 +295,10 @@ def group_collective_time(
     if n <= 1 or nbytes <= 0:
         return 0.0
     if axis_span(mesh, axis) <= cluster.devices_per_node:
-        return collective_time(kind, nbytes, n, cluster.intra_node, algorithm=algorithm)
-    flat = collective_time(kind, nbytes, n, cluster.inter_node, algorithm=algorithm)
+        return collective_time(kind, nbytes, n, cluster.intra_node, algorithm=algorithm,
+                               backend=cluster.backend)
+    flat = collective_time(kind, nbytes, n, cluster.inter_node, algorithm=algorithm,
+                           backend=cluster.backend)
     if layout.per_node == 1 or kind == "send_recv":
         return flat
     hier = hierarchical_time(

@@ -238,6 +238,28 @@ def curve_efficiency(curve: Sequence[tuple[float, float]], flops: float) -> floa
 
 
 # --- Times --------------------------------------------------------------------------------
+# Fused attention kernels reach a smaller share of peak than a GEMM of the same FLOPs: the
+# softmax, its exponentials and the online rescaling sit between the two matmuls.
+# FlashAttention-2 (Dao, 2023) reaches 50-73% of A100 peak in forward and somewhat less in
+# backward, against ~80% for cuBLAS GEMMs; PyTorch's CPU flash kernel measured on this
+# project's CI machine ran at 0.47 (forward) and 0.63 (backward) of the calibrated matmul
+# rate. 0.6 of the matmul efficiency covers both.
+ATTENTION_EFFICIENCY = 0.6
+
+# glibc maps an allocation above its mmap threshold fresh from the OS, and the threshold
+# adapts up to 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): on a CPU, only tensors past
+# that size pay first-touch page faults on every step.
+ALLOCATION_THRESHOLD_BYTES = 32 * 2**20
+
+
+def allocation_time(new_bytes: float, device: DeviceSpec) -> float:
+    """Seconds to write a freshly allocated tensor of ``new_bytes`` the first time."""
+    per_byte = float(getattr(device, "allocation_s_per_byte", 0.0) or 0.0)
+    if per_byte <= 0 or new_bytes < ALLOCATION_THRESHOLD_BYTES:
+        return 0.0
+    return new_bytes * per_byte
+
+
 def op_time(
     flops: float,
     bytes_moved: float,
@@ -246,12 +268,15 @@ def op_time(
     *,
     shape: Sequence[int] | None = None,
     kernels: int = 1,
+    efficiency_scale: float = 1.0,
 ) -> float:
     """Seconds for an op doing ``flops`` and moving ``bytes_moved`` in ``kernels`` launches.
 
     ``shape`` is the matmul's ``(m, n, k)`` or ``(batch, m, n, k)`` when the op is one (it
     sets the efficiency; ``flops`` stays authoritative for the work). Without it the large-GEMM
     efficiency applies, or the measured curve at ``flops / kernels`` per call.
+    ``efficiency_scale`` multiplies that efficiency for kernels that reach less of peak than a
+    GEMM (fused attention: :data:`ATTENTION_EFFICIENCY`).
 
     >>> from autopar.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device
@@ -266,7 +291,8 @@ def op_time(
     compute = 0.0
     if flops > 0:
         per_call = flops / max(kernels, 1)
-        rate = peak_flops(device, dtype) * matmul_efficiency(device, shape, flops=per_call)
+        rate = (peak_flops(device, dtype) * efficiency_scale
+                * matmul_efficiency(device, shape, flops=per_call))
         compute = flops / rate
     memory = 0.0
     if bytes_moved > 0:
@@ -282,9 +308,11 @@ def forward_time(
     *,
     shape: Sequence[int] | None = None,
     kernels: int = 1,
+    efficiency_scale: float = 1.0,
 ) -> float:
     """Seconds of an op's forward pass: :func:`op_time` of its FLOPs and bytes."""
-    return op_time(flops, bytes_moved, device, dtype, shape=shape, kernels=kernels)
+    return op_time(flops, bytes_moved, device, dtype, shape=shape, kernels=kernels,
+                   efficiency_scale=efficiency_scale)
 
 
 def recompute_time(
@@ -311,6 +339,7 @@ def backward_time(
     kernels: int = 1,
     input_grad: bool = True,
     weight_grad: bool = True,
+    efficiency_scale: float = 1.0,
 ) -> float:
     """Seconds of an op's backward, from its *forward* ``flops``, ``bytes_moved`` and shape.
 
@@ -336,14 +365,17 @@ def backward_time(
         return 0.0
     if shape is None:
         return op_time(
-            passes * flops, passes * bytes_moved, device, dtype, kernels=passes * kernels
+            passes * flops, passes * bytes_moved, device, dtype, kernels=passes * kernels,
+            efficiency_scale=efficiency_scale,
         )
     batch, m, n, k = _dims(shape)
     total = 0.0
     if input_grad:
-        total += op_time(flops, bytes_moved, device, dtype, shape=(batch, m, k, n), kernels=kernels)
+        total += op_time(flops, bytes_moved, device, dtype, shape=(batch, m, k, n),
+                         kernels=kernels, efficiency_scale=efficiency_scale)
     if weight_grad:
-        total += op_time(flops, bytes_moved, device, dtype, shape=(batch, k, n, m), kernels=kernels)
+        total += op_time(flops, bytes_moved, device, dtype, shape=(batch, k, n, m),
+                         kernels=kernels, efficiency_scale=efficiency_scale)
     return total
 
 
@@ -368,3 +400,21 @@ def efficiency_from_measurement(
             f"({kernels * kernel_floor(device):.3g} s); measure a larger matmul"
         )
     return min(1.0, flops / (busy * peak_flops(device, dtype)))
+
+
+# Bytes of memory traffic per trainable parameter in one optimizer step (fp32 states,
+# elementwise kernels): AdamW's foreach step runs about a dozen passes (decay, two moment
+# updates, bias corrections, sqrt, division, the update) over 4-byte tensors, ~96 B/param
+# (measured on this project's CI machine: 5 ns/param at its ~19 GB/s); momentum SGD reads
+# weight, gradient and buffer and writes two (20 B); plain SGD 12 B; Adafactor's factored
+# statistics cost about as much as Adam's; 8-bit Adam adds (de)quantization to Adam's passes.
+OPTIMIZER_STEP_BYTES = {"adamw": 96, "adam": 96, "momentum": 20, "sgd": 12, "adafactor": 96,
+                        "adam8bit": 112}
+
+
+def optimizer_step_time(numel: float, optimizer: str, device: DeviceSpec) -> float:
+    """Seconds of one optimizer step over ``numel`` trainable parameters on ``device``."""
+    per_param = OPTIMIZER_STEP_BYTES.get(optimizer, OPTIMIZER_STEP_BYTES["adamw"])
+    if numel <= 0:
+        return 0.0
+    return numel * per_param / (device.memory_bandwidth_bytes_per_s * memory_efficiency(device))

@@ -337,9 +337,10 @@ def with_fragmentation(live_bytes: float, fragmentation: float = 0.0) -> float:
 class MemoryBreakdown:
     """What one device holds at its peak, in bytes (modelled).
 
-    ``host`` is what CPU offload keeps in host memory instead (not in ``total``);
-    ``fragmentation`` the allocator's allowance as a fraction of the live bytes
-    (see :func:`with_fragmentation`).
+    ``temporaries`` are short-lived tensors alive at the peak (the loss gradient when backward
+    starts, the optimizer's scratch during its step); ``host`` is what CPU offload keeps in
+    host memory instead (not in ``total``); ``fragmentation`` the allocator's allowance as a
+    fraction of the live bytes (see :func:`with_fragmentation`).
     """
 
     params: float
@@ -349,11 +350,13 @@ class MemoryBreakdown:
     buffers: float  # communication buckets and gathered (ZeRO-3) weights
     host: float = 0.0
     fragmentation: float = 0.0
+    temporaries: float = 0.0
 
     @property
     def live(self) -> float:
         """Bytes of live tensors."""
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        return (self.params + self.grads + self.optimizer + self.activations + self.buffers
+                + self.temporaries)
 
     @property
     def total(self) -> float:
@@ -367,6 +370,7 @@ class MemoryBreakdown:
             "optimizer": int(self.optimizer),
             "activations": int(self.activations),
             "buffers": int(self.buffers),
+            "temporaries": int(self.temporaries),
             "fragmentation": int(self.total - self.live),
             "host": int(self.host),
             "total": int(self.total),

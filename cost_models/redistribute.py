@@ -52,7 +52,8 @@ def redistribution_collectives(src: Placement, dst: Placement) -> tuple[str | No
 
 
 def redistribution_time(
-    src: Placement, dst: Placement, nbytes: float, n: int, link: LinkSpec, *, backward: bool
+    src: Placement, dst: Placement, nbytes: float, n: int, link: LinkSpec, *, backward: bool,
+    backend: str = "nccl",
 ) -> float:
     """Seconds to move a tensor of ``nbytes`` (global size) from ``src`` to ``dst`` placement
     over ``n`` devices, including the backward collective when the tensor needs a gradient."""
@@ -61,20 +62,22 @@ def redistribution_time(
     fwd, bwd = redistribution_collectives(src, dst)
     if isinstance(src, Shard) and isinstance(dst, Shard) and fwd == "all_to_all":
         nbytes = nbytes / n  # each device exchanges its own shard
-    t = collective_time(fwd, nbytes, n, link) if fwd else 0.0
+    t = collective_time(fwd, nbytes, n, link, backend=backend) if fwd else 0.0
     if backward and bwd:
-        t += collective_time(bwd, nbytes, n, link)
+        t += collective_time(bwd, nbytes, n, link, backend=backend)
     return t
 
 
-def partial_grad_time(src: Placement, nbytes: float, n: int, link: LinkSpec) -> float:
+def partial_grad_time(
+    src: Placement, nbytes: float, n: int, link: LinkSpec, backend: str = "nccl"
+) -> float:
     """Backward cost of making the gradient of a replicated tensor whole, when sharded
     computation consumes it: reduce-scatter if the tensor was gathered from a shard (the
     gather's backward becomes the reduce-scatter), otherwise all-reduce."""
     if n <= 1:
         return 0.0
     kind = "reduce_scatter" if isinstance(src, Shard) else "all_reduce"
-    return collective_time(kind, nbytes, n, link)
+    return collective_time(kind, nbytes, n, link, backend=backend)
 
 
 def is_free(src: Placement, dst: Placement) -> bool:

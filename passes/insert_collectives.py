@@ -74,12 +74,15 @@ class InsertCollectives(GraphPass):
 
         changes: list[str] = []
         replacements: dict[fx.Node, dict[int, fx.Node]] = defaultdict(dict)
+        position = {n: i for i, n in enumerate(graph.nodes)}
         for (a, need), consumers in requests.items():
             have = tuple(view.placement(a, ax) for ax in axes)
             producer = value_of(a)[0]
             requires_grad = producer.meta[META_KEY].requires_grad if META_KEY in producer.meta else False
             current = a
-            anchor = a
+            # Right before the first reader: a weight is gathered when it is used, and the
+            # copy sits with the layer that reads it (where outlining puts it).
+            first = min((c[0] for c in consumers), key=lambda n: position[n])
             sharded_users = [c for c in consumers if c[2]]
             needs_grad_sync = TP in axes and requires_grad and bool(sharded_users) and (
                 need[axes.index(TP)] == R
@@ -91,7 +94,7 @@ class InsertCollectives(GraphPass):
                     ax == TP and needs_grad_sync and isinstance(src, Shard)
                     and len(sharded_users) == len(consumers)
                 )
-                with graph.inserting_after(anchor):
+                with graph.inserting_before(first):
                     if fused:
                         current = graph.call_function(
                             comm_ops.gather_scatter_grad, (current, ax, str(src))
@@ -102,11 +105,10 @@ class InsertCollectives(GraphPass):
                             comm_ops.redistribute, (current, ax, str(src), str(dst))
                         )
                 current.meta["val"] = a.meta.get("val")
-                anchor = current
                 changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
             synced = current
             if needs_grad_sync:
-                with graph.inserting_after(anchor):
+                with graph.inserting_before(first):
                     synced = graph.call_function(comm_ops.grad_all_reduce, (current, TP))
                 synced.meta["val"] = a.meta.get("val")
                 changes.append(f"{a.name}: gradient all-reduce on tp for sharded readers "

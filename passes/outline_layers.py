@@ -44,11 +44,11 @@ def partition_nodes(gm: fx.GraphModule) -> tuple[dict[fx.Node, int], dict[int, s
             continue
         layer = _layer_of(node)
         if layer is None and node.meta.get(META_KEY) is None:
-            # Inserted by an earlier pass (a collective): goes with the node it reads.
-            sources = [a for a in node.all_input_nodes if a in part]
-            layer_parts = [part[a] for a in sources if PRE < part[a] < POST]
-            if layer_parts:
-                part[node] = layer_parts[0]
+            # Inserted by an earlier pass (a collective): goes with the node it reads (the
+            # latest of them), wherever it was placed in the graph.
+            sources = [part[a] for a in node.all_input_nodes if a in part]
+            if sources:
+                part[node] = max(sources)
                 continue
         if layer is not None:
             index = 1 + layer[1]

@@ -38,6 +38,7 @@ process), so measurements run with ``threads`` (default 1) torch threads.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -111,6 +112,7 @@ class DeviceCalibration:
     matmuls: tuple[MatmulPoint, ...]
     bandwidth: tuple[BandwidthPoint, ...]
     kernel_floor_s: float
+    allocation_s_per_byte: float = 0.0
     peak_flops: Mapping[str, float] = field(init=False)
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = field(init=False)
 
@@ -148,6 +150,7 @@ class DeviceCalibration:
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
             "memory_efficiency": 1.0,
             "kernel_floor_s": self.kernel_floor_s,
+            "allocation_s_per_byte": self.allocation_s_per_byte,
         }
 
     def measurements(self) -> dict[str, Any]:
@@ -155,6 +158,7 @@ class DeviceCalibration:
         floor = self.kernel_floor_s
         return {
             "one_element_add_seconds": floor,
+            "allocation_seconds_per_byte": self.allocation_s_per_byte,
             "matmul": [
                 {
                     "dtype": p.dtype,
@@ -235,13 +239,16 @@ def calibrate_device(
     with _threads(threads):
         say("kernel floor")
         one = torch.ones(1, device=device)
-        floor = time_call(lambda: torch.add(one, one), device, repeats=2 * repeats)
+        raw_floor = time_call(lambda: torch.add(one, one), device, repeats=2 * repeats)
+        floor = max(raw_floor, _training_floor(device, repeats))
         matmuls: list[MatmulPoint] = []
         for dtype in dtypes:
             say(f"matmul {dtype}")
             for m, k, n, skinny in matmul_shapes(device_type, quick):
                 seconds = _time_matmul(m, k, n, dtype, device, repeats)
                 matmuls.append(MatmulPoint(m, k, n, dtype, seconds, skinny))
+        say("first-touch allocation")
+        allocation = _allocation_cost(device, repeats) if device.type == "cpu" else 0.0
         say("elementwise bandwidth")
         bandwidth = [
             BandwidthPoint(size, _time_add(size, device, repeats))
@@ -254,6 +261,7 @@ def calibrate_device(
         matmuls=tuple(matmuls),
         bandwidth=tuple(bandwidth),
         kernel_floor_s=floor,
+        allocation_s_per_byte=allocation,
     )
 
 
@@ -286,24 +294,86 @@ def time_call(
 
 
 def _time_matmul(m: int, k: int, n: int, dtype: str, device: torch.device, repeats: int) -> float:
+    """Mean time over the three layouts a training step runs a matmul in: ``x @ Wᵀ`` (a
+    Linear's forward), ``dY @ W`` (its input gradient) and ``Xᵀ @ dY`` (its weight
+    gradient). The transposed layouts run measurably slower than a plain ``a @ b``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(m, k, generator=gen).to(device, _TORCH_DTYPES[dtype])
-    b = torch.randn(k, n, generator=gen).to(device, _TORCH_DTYPES[dtype])
+    kind = _TORCH_DTYPES[dtype]
+    a = torch.randn(m, k, generator=gen).to(device, kind)
+    b = torch.randn(k, n, generator=gen).to(device, kind)
+    b_rows = torch.randn(n, k, generator=gen).to(device, kind)  # a weight as stored: (out, in)
+    a_cols = torch.randn(k, m, generator=gen).to(device, kind)
+    # Operands are cycled through copies totalling past the last-level cache, as a model's
+    # weights and activations are when each matmul runs once per step.
+    copies = max(1, min(16, (64 * MIB) // max((m * k + k * n + n * k + k * m) * 4, 1)))
+    pool = [tuple(t.clone() for t in (a, b, b_rows, a_cols)) for _ in range(copies)]
+    turn = itertools.cycle(pool)
+
+    def run(layout: int) -> Callable[[], object]:
+        def call() -> object:
+            x, y, y_rows, x_cols = next(turn)
+            if layout == 0:
+                return torch.mm(x, y_rows.t())
+            return torch.mm(x, y) if layout == 1 else torch.mm(x_cols.t(), y)
+
+        return call
+
     with _tf32(device, dtype == "tf32"):
-        return time_call(lambda: torch.mm(a, b), device, repeats=repeats)
+        return statistics.mean(time_call(run(i), device, repeats=repeats) for i in range(3))
 
 
 def _add_sizes(device_type: str, quick: bool) -> list[int]:
     """Bytes per tensor: past the caches, at the sizes a training step's activations have."""
     if device_type == "cuda":
         return [s * MIB for s in ([64, 256] if quick else [16, 64, 256, 1024])]
-    return [s * MIB for s in ([1, 4, 16] if quick else [1, 2, 4, 8, 16, 32])]
+    # Below glibc's 32 MiB mmap threshold: page faults are measured apart (allocation).
+    return [s * MIB for s in ([1, 4, 16] if quick else [1, 2, 4, 8, 16])]
+
+
+def _training_floor(device: torch.device, repeats: int, ops: int = 64) -> float:
+    """Seconds per kernel of tiny ops inside a training step: a chain of ``ops`` one-element
+    multiplications run forward and backward under autograd, divided by the kernels that
+    ran (each op's forward and its backward). Autograd's bookkeeping per node is part of
+    every op a training step runs, which a bare one-element add does not see."""
+    x = torch.ones(1, device=device, requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.backward()
+
+    return time_call(step, device, repeats=repeats) / (2 * ops)
+
+
+def _allocation_cost(device: torch.device, repeats: int) -> float:
+    """Seconds per byte of writing a fresh tensor larger than glibc's mmap threshold, over
+    writing an existing one: the first-touch page faults a CPU step pays for big tensors."""
+    n = 64 * MIB // 4
+    existing = torch.empty(n, device=device)
+    fresh = time_call(lambda: torch.empty(n, device=device).fill_(1.0), device, repeats=repeats)
+    reused = time_call(lambda: existing.fill_(1.0), device, repeats=repeats)
+    return max(fresh - reused, 0.0) / (n * 4)
 
 
 def _time_add(tensor_bytes: int, device: torch.device, repeats: int) -> float:
-    a = torch.ones(tensor_bytes // 4, device=device)
+    """Seconds for the work of one "3-tensor" elementwise op at this size, from a mix of the
+    memory-bound ops a training step runs: add, GELU, softmax, LayerNorm and their traffic.
+    On a CPU core the transcendental ones are far slower per byte than an add, so an add
+    alone would overstate what a model's elementwise ops get."""
+    n = tensor_bytes // 4
+    rows = max(n // 1024, 1)
+    a = torch.ones(rows, 1024, device=device)
     b = torch.ones_like(a)
-    return time_call(lambda: torch.add(a, b), device, repeats=repeats)
+    ops = (  # (op, tensors it reads and writes)
+        (lambda: torch.add(a, b), 3),
+        (lambda: torch.nn.functional.gelu(a), 2),
+        (lambda: torch.softmax(a, -1), 2),
+        (lambda: torch.nn.functional.layer_norm(a, (1024,)), 2),
+    )
+    seconds = sum(time_call(f, device, repeats=repeats) for f, _ in ops)
+    traffic = sum(t for _, t in ops)
+    return seconds * 3 / traffic  # the time 3 tensors' worth of traffic takes
 
 
 def _sync(device: torch.device) -> None:

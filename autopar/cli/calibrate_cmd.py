@@ -105,7 +105,7 @@ def format_device(device: DeviceCalibration) -> str:
     """Matmul points, elementwise points and the resulting device numbers (all measured)."""
     floor = device.kernel_floor_s
     lines = [
-        f"kernel floor (measured: one-element add) {floor * 1e6:.2f} µs; 'busy' below is the "
+        f"kernel floor (measured: tiny ops under autograd) {floor * 1e6:.2f} µs; 'busy' below is the "
         "time net of it",
         "",
     ]

@@ -126,7 +126,7 @@ def format_report(r: dict) -> str:
         "",
         "memory per device (the fullest stage)",
     ]
-    for key in ("params", "grads", "optimizer", "activations", "buffers"):
+    for key in ("params", "grads", "optimizer", "activations", "buffers", "temporaries"):
         lines.append(f"  {key:<12} {format_bytes(m[key]):>12}  ({m[key] / 1e9:,.1f} GB)")
     verdict = "fits" if p["fits"] else f"does NOT fit: {format_bytes(m['total'] - cap)} over"
     lines.append(f"  {'total':<12} {format_bytes(m['total']):>12} of {format_bytes(cap)} — {verdict}")

@@ -65,8 +65,8 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     mem = p["memory"]
     capacity = p["memory_capacity_bytes"]
     lines += ["", "memory per device (modelled)"]
-    for key in ("params", "grads", "optimizer", "activations", "buffers"):
-        lines.append(f"  {key:<12} {format_bytes(mem[key]):>12}")
+    for key in ("params", "grads", "optimizer", "activations", "buffers", "temporaries"):
+        lines.append(f"  {key:<12} {format_bytes(mem.get(key, 0)):>12}")
     used = mem["total"] / capacity
     lines.append(
         f"  {'total':<12} {format_bytes(mem['total']):>12} of {format_bytes(capacity)} "

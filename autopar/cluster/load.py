@@ -56,6 +56,8 @@ _DEVICE_UNITS = {
     "matmul_efficiency": ("matmul_efficiency", "fraction", None),
     "kernel_floor_us": ("kernel_floor_s", "nonnegative", lambda v: v / 1e6),
     "kernel_floor_s": ("kernel_floor_s", "nonnegative", None),
+    "allocation_ns_per_byte": ("allocation_s_per_byte", "nonnegative", lambda v: v / 1e9),
+    "allocation_s_per_byte": ("allocation_s_per_byte", "nonnegative", None),
     "memory_efficiency": ("memory_efficiency", "fraction", None),
 }
 _CURVE = "matmul_efficiency_curve"
@@ -76,6 +78,7 @@ _DEFAULTS = {
     "backend": "nccl",
     "device.kernel_floor_s": DEFAULT_KERNEL_FLOOR_S,
     "device.memory_efficiency": DEFAULT_MEMORY_EFFICIENCY,
+    "device.allocation_s_per_byte": 0.0,
     f"device.{_CURVE}": (),
 }
 
@@ -386,6 +389,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         kernel_floor_s=values["device.kernel_floor_s"],
         memory_efficiency=values["device.memory_efficiency"],
         matmul_efficiency_curve=values[f"device.{_CURVE}"],
+        allocation_s_per_byte=values["device.allocation_s_per_byte"],
     )
     return Cluster(
         nodes=values["nodes"],

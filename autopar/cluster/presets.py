@@ -68,6 +68,7 @@ def _preset(
     kernel_floor_s: float = DEFAULT_KERNEL_FLOOR_S,
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY,
     curve: tuple[tuple[float, float], ...] = (),
+    allocation_ns_per_byte: float = 0.0,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -81,6 +82,7 @@ def _preset(
             "kernel_floor_s": kernel_floor_s,
             "memory_efficiency": memory_efficiency,
             "matmul_efficiency_curve": [list(point) for point in curve],
+            "allocation_s_per_byte": allocation_ns_per_byte / 1e9,
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6},
         "inter_node_link": {"bandwidth_bytes_per_s": inter[0] * GB, "latency_s": inter[1] / 1e6},
@@ -121,7 +123,8 @@ _TABLE = [
     _preset("cpu", memory_gib=8, tflops={"fp32": 0.19, "bf16": 0.19, "fp16": 0.18},
             hbm_gb_per_s=28, matmul_efficiency=1.0, intra=(1.5, 140), inter=(1.25, 100),
             backend="gloo", kernel_floor_s=2e-6, memory_efficiency=0.5,
-            curve=((2e5, 0.70), (2e6, 0.80), (3e7, 0.88), (1e9, 0.94), (1e10, 1.0))),
+            curve=((2e5, 0.50), (2e6, 0.80), (3e7, 0.88), (1e9, 0.96), (1e10, 1.0)),
+            allocation_ns_per_byte=0.3),
 ]
 # fmt: on
 

@@ -56,6 +56,8 @@ def format_cluster(cluster: Cluster) -> str:
             src("device.matmul_efficiency_curve"),
         ),
         ("  kernel floor", _num(d.kernel_floor_s * 1e6), "µs", src("device.kernel_floor_s")),
+        ("  allocation", _num(d.allocation_s_per_byte * 1e9), "ns/B",
+         src("device.allocation_s_per_byte")),
         ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
     ]
     for title, prefix, link in (

@@ -186,6 +186,10 @@ class DeviceSpec:
     kernel_floor_s: float = DEFAULT_KERNEL_FLOOR_S
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = ()
+    # Seconds per byte of writing a freshly allocated large tensor (first-touch page faults):
+    # 0 on GPUs, whose caching allocator reuses memory; measured on CPUs, where glibc maps
+    # tensors above its mmap threshold fresh from the OS each time.
+    allocation_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -211,6 +215,8 @@ class DeviceSpec:
             "fraction", self.matmul_efficiency, "matmul_efficiency", "DeviceSpec.matmul_efficiency"
         )
         _check("nonnegative", self.kernel_floor_s, "kernel_floor_s", "DeviceSpec.kernel_floor_s")
+        _check("nonnegative", self.allocation_s_per_byte, "allocation_s_per_byte",
+               "DeviceSpec.allocation_s_per_byte")
         _check(
             "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
         )
@@ -311,6 +317,7 @@ class Cluster:
                 "matmul_efficiency_curve": [list(p) for p in d.matmul_efficiency_curve],
                 "kernel_floor_s": d.kernel_floor_s,
                 "memory_efficiency": d.memory_efficiency,
+                "allocation_s_per_byte": d.allocation_s_per_byte,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -327,7 +334,8 @@ _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
 _ORDER = ["name", "nodes", "devices_per_node", "backend", "device.name", "device.memory_bytes"]
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
-_ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency"]
+_ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
+           "device.allocation_s_per_byte"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s")]
 
 

@@ -26,7 +26,12 @@ import torch.fx as fx
 
 from autopar.cluster import Cluster, LinkSpec
 from autopar.cost_models.comm import axis_link
-from autopar.cost_models.compute import backward_time, forward_time
+from autopar.cost_models.compute import (
+    ATTENTION_EFFICIENCY,
+    allocation_time,
+    backward_time,
+    forward_time,
+)
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.graph_facts import META_KEY, NodeFacts
@@ -193,15 +198,24 @@ class CostTables:
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         flops = facts.fwd_flops * scale
-        fwd = forward_time(flops, moved, device, dtype, shape=shape)
+        attention = "scaled_dot_product" in facts.target
+        eff = ATTENTION_EFFICIENCY if attention else 1.0
+        fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
+        fwd += allocation_time(facts.bytes_written * scale * (self.element_bytes / 4), device)
         bwd = 0.0
-        if facts.requires_grad:
+        if facts.requires_grad and attention:
+            # Fused attention's backward: the FLOPs the trace counted, in one kernel.
+            bwd = forward_time(facts.bwd_flops * scale, 2 * moved, device, dtype,
+                               shape=shape, efficiency_scale=eff)
+        elif facts.requires_grad:
             # The trace measured which gradients autograd computes (a frozen weight has no
             # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
             both = facts.bwd_flops >= 1.5 * max(facts.fwd_flops, 1)
             bwd = backward_time(flops, moved, device, dtype, shape=shape,
                                 weight_grad=both) if facts.fwd_flops else backward_time(
                 0.0, moved, device, dtype)
+        if facts.requires_grad:  # the gradients it writes, one per input it reads
+            bwd += allocation_time(facts.bytes_read * scale * (self.element_bytes / 4), device)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:
@@ -268,6 +282,19 @@ class CostTables:
             return 0.0
         return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes
 
+    def local_output_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of one instance's (first) output on one device, per microbatch."""
+        if not d.facts.shapes or not s.outputs:
+            return 0.0
+        return self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
+
+    def trainable_numel(self, d: Decision, s: Strategy) -> float:
+        """Trainable parameters of one instance on one device (local over tp)."""
+        param = d.facts.param
+        if d.kind != "param" or param is None or not param.trainable:
+            return 0.0
+        return param.numel / divisor(s.outputs[0], self.setting.tp)
+
     def weight_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of one instance's working weights, whole over dp (what ZeRO-3 gathers)."""
         param = d.facts.param
@@ -281,15 +308,18 @@ class CostTables:
         fully recomputed layer is redistributed again when the layer reruns."""
         n, link = self.setting.tp, self.tp_link
         nbytes = self.value_bytes(key)
-        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key))
+        backend = self.cluster.backend
+        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
+                                backend=backend)
         if self.in_recomputed_layer(self.problem.decisions[key[0]]):
-            t += redistribution_time(src, dst, nbytes, n, link, backward=False)
+            t += redistribution_time(src, dst, nbytes, n, link, backward=False, backend=backend)
         return t
 
     def partial_grad(self, key: ValueKey, src: Placement) -> float:
         if not self.requires_grad(key):
             return 0.0
-        return partial_grad_time(src, self.value_bytes(key), self.setting.tp, self.tp_link)
+        return partial_grad_time(src, self.value_bytes(key), self.setting.tp, self.tp_link,
+                                 self.cluster.backend)
 
     def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
         """Bytes of one instance of a value kept for backward, in ``placement``."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from autopar.cost_models.comm import collective_time, group_collective_time
+from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.memory import MemoryBreakdown, ddp_buffer_bytes
 from autopar.cost_models.pipeline import bubble_fraction, in_flight
 from autopar.graph_facts import META_KEY
@@ -53,6 +54,7 @@ class Prediction:
     bubble_s: float = 0.0
     p2p_s: float = 0.0
     stages: tuple[StagePrediction, ...] = field(default=())
+    optimizer_s: float = 0.0  # the optimizer's step over this device's parameters
     # bytes each repeated layer keeps for backward per microbatch, under the recomputation
     # in force (Korthikanti et al.'s per-layer activation memory)
     layer_activations: dict[int, float] = field(default_factory=dict)
@@ -132,6 +134,8 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
     opt = [0.0] * pp
     grad_bytes = [0.0] * pp
     weights = [0.0] * pp
+    largest = [0.0] * pp  # the largest tensor a node makes (local, per microbatch)
+    trainable_numel = [0.0] * pp
     layer_act: dict[int, float] = defaultdict(float)  # activations of one layer, no recompute
     layer_kept: dict[int, float] = defaultdict(float)  # ... under the recomputation in force
     for d in problem.decisions:
@@ -141,8 +145,12 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         own_plain = tables.own_activation(d, s, recompute=False)
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
+        out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
+        numel = tables.trainable_numel(d, s)
         for node in d.nodes:
             k = stages.stage[node.name]
+            largest[k] = max(largest[k], out)
+            trainable_numel[k] += numel
             fwd[k] += f
             bwd[k] += b + r
             act[k] += own
@@ -178,7 +186,8 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
                     # gathered again in backward.
                     per_instance_saved += tables.saved_bytes(key, src)
                     per_instance_comm += collective_time(
-                        "all_gather", tables.value_bytes(key), n_tp, tables.tp_link)
+                        "all_gather", tables.value_bytes(key), n_tp, tables.tp_link,
+                        backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
         for node in producer.nodes:
@@ -191,6 +200,7 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
                 layer_kept[layer] += per_instance_saved
 
     p2p = _p2p_times(tables, choice, stages) if pp > 1 else [0.0] * pp
+    gathered_outputs = _gathered_outputs(tables, choice)
     m = setting.microbatches
     stage_preds = []
     for k in range(pp):
@@ -198,7 +208,8 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         transient = 0.0
         if setting.recompute == "full" and stages.layers_of[k]:
             transient = max(layer_act[i] for i in stages.layers_of[k])
-        memory = MemoryBreakdown(params[k], grads[k], opt[k], act[k] * flight + transient, 0.0)
+        memory = peak_phase(tables, params[k], grads[k], opt[k], act[k] * flight, transient,
+                            largest[k], trainable_numel[k], gathered_outputs if k == pp - 1 else 0.0)
         stage_preds.append(StagePrediction(tuple(stages.layers_of[k]), fwd[k], bwd[k],
                                            tp_comm[k], act[k], flight, memory))
 
@@ -208,10 +219,13 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
     dp_comm, dp_exposed, buffers = data_parallel_costs(
         tables, grad_bytes[slowest], weights[slowest], fwd[slowest], bwd[slowest],
         _gathered_peak(tables, choice, stages, slowest))
-    step = m * per_micro[slowest] + bubble + dp_exposed
+    owned = trainable_numel[slowest] / (setting.dp if setting.zero >= 1 else 1)
+    optimizer_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
+    step = m * per_micro[slowest] + bubble + dp_exposed + optimizer_s
     peak_stage = max(range(pp), key=lambda k: stage_preds[k].memory.total + buffers)
     mem = stage_preds[peak_stage].memory
-    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations, buffers)
+    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations, buffers,
+                             temporaries=mem.temporaries)
     return Prediction(
         step_time_s=step,
         compute_s=m * (fwd[slowest] + bwd[slowest]),
@@ -223,7 +237,55 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         p2p_s=m * p2p[slowest],
         stages=tuple(stage_preds),
         layer_activations=dict(layer_kept),
+        optimizer_s=optimizer_s,
     )
+
+
+def peak_phase(tables: CostTables, params: float, grads: float, optimizer: float,
+               activations: float, recompute_transient: float, largest: float,
+               trainable_numel: float, gathered_outputs: float) -> MemoryBreakdown:
+    """The largest of the peaks of a training step, with what is alive at it.
+
+    - When forward ends: weights, optimizer states, every kept activation, and the graph's
+      outputs gathered whole for the caller (e.g. logits sharded over tp).
+    - When backward starts: the same, with the gradient of the loss's input plus one working
+      copy (twice the largest activation) instead of the gathered outputs; later, a fully
+      recomputed layer's activations come back one layer at a time (not at the same time).
+    - During the optimizer step: weights, gradients, states, and the optimizer's scratch
+      (one fp32 tensor per trainable weight: foreach AdamW's intermediate).
+
+    Gradients count before the optimizer step only if they outlive it (DDP's buckets,
+    accumulation over microbatches, ZeRO's sharded gradients).
+    """
+    setting = tables.setting
+    grads_alive = setting.microbatches > 1 or (setting.dp > 1) or setting.zero > 0
+    live_grads = grads if grads_alive else 0.0
+    phases = [
+        MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+                        temporaries=gathered_outputs),
+        MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+                        temporaries=max(2 * largest, recompute_transient)),
+        MemoryBreakdown(params, grads, optimizer, 0.0, 0.0,
+                        temporaries=trainable_numel * 4 / (setting.dp if setting.zero >= 1 else 1)),
+    ]
+    return max(phases, key=lambda m: m.total)
+
+
+def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
+    """Bytes the graph's outputs take when made whole on tp for the caller: the gathered
+    copy, the local part it was gathered from (alive until the step drops the outputs), and
+    the per-rank parts while they are concatenated (any dim but the first)."""
+    problem = tables.problem
+    total = 0.0
+    for key, info in problem.values.items():
+        if not any(use.consumer < 0 for use in info.uses):
+            continue
+        src = chosen(problem, choice, key[0]).outputs[key[1]]
+        n = tables.setting.tp
+        if isinstance(src, Shard) and n > 1:
+            whole = tables.value_bytes(key)
+            total += whole * (1 + 1 / n + (0 if src.dim == 0 and src.groups == 1 else 1))
+    return total
 
 
 def _p2p_times(tables: CostTables, choice: list[int], stages: _StageMap) -> list[float]:

@@ -33,6 +33,9 @@ class PlanOptions:
     optimizer: str = "adamw"
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = ("none", "selective", "full")
+    # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
+    # splits work within each sequence only, as Megatron's does.
+    tp_splits_batch: bool = True
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
 

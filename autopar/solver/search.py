@@ -19,12 +19,12 @@ from autopar.cluster import Cluster
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.solver.batch_axis import batch_strategies
+from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, evaluate
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Problem, build_problem
+from autopar.solver.problem import Problem, build_problem, forbid_sharding_like
 from autopar.units import format_bytes
 
 
@@ -103,6 +103,8 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
         local = global_batch // dp
         batch = batch_strategies(gm, dp, traced)
         problem = build_problem(gm, tp, batch)
+        if not options.tp_splits_batch and tp > 1:
+            forbid_sharding_like(problem, propagate_input_dim(gm, tp, traced, dim=0))
         for zero in options.zero_stages:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard

@@ -1,0 +1,125 @@
+"""Predicted vs measured on this machine: peak memory per rank and step time.
+
+Runs real training steps of a GPT on gloo with 1, 2 and 4 processes — data, tensor and
+data x tensor parallelism, each with and without recomputation — and prints, per case, the
+plan's predicted peak memory (modelled) next to the peak of live tensor bytes that torch's
+MemTracker saw over a whole step (measured), and the predicted step time with a calibrated
+``cpu`` profile next to the median measured step time.
+
+    python benchmarks/fidelity_measured.py                  # calibrates first (~1 min)
+    python benchmarks/fidelity_measured.py --profile p.json # reuse a profile
+
+Targets: peak memory within 10% in every case; step time median error <= 25%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CASES = [  # (processes, dp, tp, recompute)
+    (1, 1, 1, "none"),
+    (1, 1, 1, "full"),
+    (2, 2, 1, "none"),
+    (2, 2, 1, "full"),
+    (2, 1, 2, "none"),
+    (2, 1, 2, "full"),
+    (4, 2, 2, "none"),
+    (4, 2, 2, "full"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def calibrate(out: Path, nproc: int, quick: bool) -> Path:
+    cmd = [sys.executable, "-m", "autopar.cli.main", "calibrate", "--out", str(out),
+           "--nproc", str(nproc)] + (["--quick"] if quick else [])
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
+    """This machine as a cluster of ``nproc`` gloo processes: the device calibrated with one
+    process (``profile``), with compute and memory bandwidth shared when there are more
+    processes than cores (each runs one thread), and the link calibrated with ``nproc``
+    processes (``links``: gloo's latency grows when processes outnumber cores)."""
+    share = min(1.0, (os.cpu_count() or 1) / nproc)
+    device = json.loads(profile.read_text())["device"]
+    lines = [f"name: this-machine-{nproc}", "nodes: 1", f"devices_per_node: {nproc}",
+             f"profile: {links}", "device:", "  preset: cpu",
+             "  peak_flops: {" + ", ".join(f"{k}: {v * share}" for k, v in
+                                             device["peak_flops"].items()) + "}",
+             f"  memory_bandwidth_bytes_per_s: {device['memory_bandwidth_bytes_per_s'] * share}"]
+    path = tmp / f"cluster-{nproc}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_case(nproc: int, dp: int, tp: int, recompute: str, cluster: Path, tmp: Path) -> list[dict]:
+    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
+           "--dp", str(dp), "--tp", str(tp), "--recompute", recompute,
+           "--cluster", str(cluster), "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"case {nproc}/{dp}/{tp}/{recompute} failed:\n{proc.stderr[-3000:]}")
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", help="a profile from `autopar calibrate` (default: make one)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        profile = Path(args.profile).resolve() if args.profile else tmp / "profile.json"
+        if not args.profile:
+            print("calibrating this machine (autopar calibrate) ...", flush=True)
+            calibrate(profile, 2, quick=False)
+        links = {1: profile, 2: profile}
+        print("calibrating the link with 4 processes (autopar calibrate --quick) ...", flush=True)
+        links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
+        print("\nGPT 4 layers x 256 hidden, batch 8 x 256 tokens, fp32, AdamW, gloo\n")
+        print(f"{'ranks':>5} {'mesh':<10} {'recompute':<9} {'tp-sharded':>10} | "
+              f"{'peak MiB':>9} {'peak MiB':>9} {'error':>7} | {'step ms':>8} {'step ms':>8} "
+              f"{'error':>7}")
+        print(f"{'':>5} {'':<10} {'':<9} {'weights':>10} | {'modelled':>9} {'measured':>9} "
+              f"{'':>7} | {'modelled':>8} {'measured':>8}")
+        memory_errors, time_errors = [], []
+        for nproc, dp, tp, recompute in CASES:
+            cluster = cluster_file(profile, links[nproc], nproc, tmp)
+            ranks = run_case(nproc, dp, tp, recompute, cluster, tmp)
+            measured_peak = max(r["measured_peak_bytes"] for r in ranks)
+            predicted_peak = ranks[0]["predicted_peak_bytes"]
+            measured_step = statistics.median(r["measured_step_s"] for r in ranks)
+            predicted_step = ranks[0]["predicted_step_s"]
+            mem_err = (predicted_peak - measured_peak) / measured_peak
+            time_err = (predicted_step - measured_step) / measured_step
+            memory_errors.append(abs(mem_err))
+            time_errors.append(abs(time_err))
+            mesh = f"dp{dp}xtp{tp}"
+            print(f"{nproc:>5} {mesh:<10} {recompute:<9} {ranks[0]['tp_sharded']:>10} | "
+                  f"{predicted_peak / 2**20:>9.1f} {measured_peak / 2**20:>9.1f} {mem_err:>+7.1%} | "
+                  f"{predicted_step * 1e3:>8.1f} {measured_step * 1e3:>8.1f} {time_err:>+7.1%}",
+                  flush=True)
+        print(f"\npeak memory: worst error {max(memory_errors):.1%} (target <= 10% in every case)")
+        print(f"step time: median error {statistics.median(time_errors):.1%} (target <= 25%)")
+
+
+if __name__ == "__main__":
+    main()

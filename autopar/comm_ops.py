@@ -69,6 +69,18 @@ def _gather(x: torch.Tensor, p: Shard, group: dist.ProcessGroup, n: int) -> torc
     return torch.cat([torch.cat([r[j] for r in per_rank], p.dim) for j in range(p.groups)], p.dim)
 
 
+def _all_to_all(x: torch.Tensor, src: Shard, dst: Shard, group, n: int) -> torch.Tensor:
+    """``S(src.dim) -> S(dst.dim)``: each device sends the ``dst``-chunks of its part to the
+    devices that own them and joins what it receives along ``src.dim``: 1/n of the tensor
+    crosses the link, against a whole tensor for gather-then-slice."""
+    chunks = [c.contiguous() for c in x.chunk(n, dst.dim)]
+    send = torch.cat([c.reshape(-1) for c in chunks])
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    shape = chunks[0].shape
+    return torch.cat([piece.view(shape) for piece in recv.chunk(n)], src.dim)
+
+
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     out = x.contiguous().clone()
     dist.all_reduce(out, group=group)
@@ -112,6 +124,8 @@ class _Redistribute(torch.autograd.Function):
         if isinstance(src, Partial) and isinstance(dst, Shard):
             out = _reduce_scatter(x, dst, group, n, rank)
             return out / n if _is_avg(src) else out
+        if isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1:
+            return _all_to_all(x, src, dst, group, n)
         if isinstance(src, Shard):
             whole = _gather(x, src, group, n)
         elif isinstance(src, Partial):
@@ -137,6 +151,8 @@ class _Redistribute(torch.autograd.Function):
                 return (_reduce_scatter(grad, src, group, n, rank), *none)
             if isinstance(src, Replicate) and isinstance(dst, Shard):
                 return (_zero_pad(grad, dst, n, rank, ctx.shape), *none)
+        if isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1:
+            return (_all_to_all(grad.contiguous(), dst, src, group, n), *none)
         if isinstance(dst, Shard):
             whole = _gather(grad, dst, group, n)
         else:
@@ -146,19 +162,69 @@ class _Redistribute(torch.autograd.Function):
         return (whole / n if _is_avg(src) else whole, *none)
 
 
+class _Deferred:
+    """Weights whose partial gradients wait for one bucketed all-reduce per step."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.params: dict[int, tuple[torch.Tensor, str]] = {}
+
+
+_DEFERRED = _Deferred()
+
+
 class _GradAllReduce(torch.autograd.Function):
     """Megatron's "f": identity forward; the partial gradients of sharded consumers are
-    summed in backward."""
+    summed in backward. For a weight (``deferrable``) inside :func:`deferred_weight_grads`,
+    the sum waits for the end of the step, when one all-reduce covers every such weight
+    (Megatron does the same for sequence-parallel LayerNorm weights)."""
 
     @staticmethod
-    def forward(ctx, x, axis: str):
+    def forward(ctx, x, axis: str, deferrable: bool = False):
         ctx.axis = axis
+        ctx.param = x if deferrable else None
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         group, _, _ = _group(ctx.axis)
-        return (grad if group is None else _all_reduce(grad, group)), None
+        if group is None:
+            return grad, None, None
+        if ctx.param is not None and _DEFERRED.active:
+            _DEFERRED.params[id(ctx.param)] = (ctx.param, ctx.axis)
+            return grad, None, None
+        return _all_reduce(grad, group), None, None
+
+
+class deferred_weight_grads:
+    """Within it, weights' partial gradients on a tensor-parallel axis accumulate locally;
+    on exit (after the last microbatch's backward) one flattened all-reduce per axis sums
+    them. Summing once after accumulation is exact: the sum is linear."""
+
+    def __enter__(self):
+        _DEFERRED.active = True
+        _DEFERRED.params.clear()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _DEFERRED.active = False
+        pending = list(_DEFERRED.params.values())
+        _DEFERRED.params.clear()
+        if exc[0] is not None or not pending:
+            return False
+        by_axis: dict[str, list[torch.Tensor]] = {}
+        for param, axis in pending:
+            if param.grad is not None:
+                by_axis.setdefault(axis, []).append(param.grad)
+        for axis, grads in by_axis.items():
+            group, _, _ = _group(axis)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        return False
 
 
 class _GatherScatterGrad(torch.autograd.Function):
@@ -216,9 +282,10 @@ def redistribute(x: torch.Tensor, axis: str, src: str, dst: str) -> torch.Tensor
     return _Redistribute.apply(x, axis, parse_placement(src), parse_placement(dst))
 
 
-def grad_all_reduce(x: torch.Tensor, axis: str) -> torch.Tensor:
-    """Identity forward; all-reduce of the gradient over ``axis`` in backward."""
-    return _GradAllReduce.apply(x, axis)
+def grad_all_reduce(x: torch.Tensor, axis: str, deferrable: bool = False) -> torch.Tensor:
+    """Identity forward; all-reduce of the gradient over ``axis`` in backward (for a weight,
+    ``deferrable``: at the end of the step when :class:`deferred_weight_grads` is on)."""
+    return _GradAllReduce.apply(x, axis, deferrable)
 
 
 def gather_scatter_grad(x: torch.Tensor, axis: str, src: str) -> torch.Tensor:

@@ -60,8 +60,11 @@ def redistribution_time(
     if n <= 1:
         return 0.0
     fwd, bwd = redistribution_collectives(src, dst)
-    if isinstance(src, Shard) and isinstance(dst, Shard) and fwd == "all_to_all":
-        nbytes = nbytes / n  # each device exchanges its own shard
+    if fwd == "all_to_all":
+        if src.groups == 1 and dst.groups == 1:
+            nbytes = nbytes / n  # each device exchanges its own shard
+        else:  # split-then-shard layouts are regathered whole, then sliced
+            fwd = bwd = "all_gather"
     t = collective_time(fwd, nbytes, n, link, backend=backend) if fwd else 0.0
     if backward and bwd:
         t += collective_time(bwd, nbytes, n, link, backend=backend)

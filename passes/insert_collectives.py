@@ -108,8 +108,9 @@ class InsertCollectives(GraphPass):
                 changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
             synced = current
             if needs_grad_sync:
+                weight = producer.op == "get_attr" and current is a
                 with graph.inserting_before(first):
-                    synced = graph.call_function(comm_ops.grad_all_reduce, (current, TP))
+                    synced = graph.call_function(comm_ops.grad_all_reduce, (current, TP, weight))
                 synced.meta["val"] = a.meta.get("val")
                 changes.append(f"{a.name}: gradient all-reduce on tp for sharded readers "
                                f"({synced.name})")

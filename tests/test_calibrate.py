@@ -202,7 +202,7 @@ def test_quick_matmul_calibration_is_sane_and_reproduces_itself(tmp_path):
     assert all(0 < e <= 1 for e in effs)
     assert effs[-1] > effs[0] and max(effs) == pytest.approx(1.0, abs=0.05)
     # monotone-ish: no size is much slower per FLOP than a smaller one
-    assert all(later > 0.6 * max(effs[:i]) for i, later in enumerate(effs) if i)
+    assert all(later > 0.4 * max(effs[:i]) for i, later in enumerate(effs) if i)
     # the convention: flops / (peak * efficiency) + floor gives back each measured time
     floor = device.kernel_floor_s
     in_curve = [p for p in device.matmuls if p.in_curve(floor)]

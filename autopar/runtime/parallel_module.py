@@ -95,13 +95,17 @@ class ParallelModule(nn.Module):
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)
         total = torch.zeros((), device=self.mesh_context.device)
-        for i, (a, k) in enumerate(chunks):
-            sync = i == len(chunks) - 1
-            context = self.wrapped.no_sync() if (not sync and hasattr(self.wrapped, "no_sync")) else _null()
-            with context:
-                loss = find_loss(self(*a, **k)) / len(chunks)
-                loss.backward()
-            total += loss.detach()
+        # FSDP2 moves gradients into its shards during backward, so weights' tp partial sums
+        # must happen there; with DDP (or none) they wait for one bucketed all-reduce.
+        defer = self.plan.training.get("zero_stage", 0) == 0
+        with comm_ops.deferred_weight_grads() if defer else _null():
+            for i, (a, k) in enumerate(chunks):
+                sync = i == len(chunks) - 1
+                no_sync = not sync and hasattr(self.wrapped, "no_sync")
+                with self.wrapped.no_sync() if no_sync else _null():
+                    loss = find_loss(self(*a, **k)) / len(chunks)
+                    loss.backward()
+                total += loss.detach()
         group = self.mesh_context.group("dp")
         if group is not None:
             dist.all_reduce(total, group=group)

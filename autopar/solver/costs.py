@@ -25,7 +25,7 @@ from functools import cached_property
 import torch.fx as fx
 
 from autopar.cluster import Cluster, LinkSpec
-from autopar.cost_models.comm import axis_link
+from autopar.cost_models.comm import axis_link, collective_transfer_time
 from autopar.cost_models.compute import (
     ATTENTION_EFFICIENCY,
     allocation_time,
@@ -318,8 +318,12 @@ class CostTables:
     def partial_grad(self, key: ValueKey, src: Placement) -> float:
         if not self.requires_grad(key):
             return 0.0
-        return partial_grad_time(src, self.value_bytes(key), self.setting.tp, self.tp_link,
-                                 self.cluster.backend)
+        nbytes, n = self.value_bytes(key), self.setting.tp
+        if self.problem.decisions[key[0]].kind == "param" and self.setting.zero == 0:
+            # A weight's partial gradient joins one bucketed all-reduce per step (the
+            # runtime defers them): its bytes, without a latency of its own.
+            return collective_transfer_time("all_reduce", nbytes, n, self.tp_link)
+        return partial_grad_time(src, nbytes, n, self.tp_link, self.cluster.backend)
 
     def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
         """Bytes of one instance of a value kept for backward, in ``placement``."""

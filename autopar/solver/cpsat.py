@@ -167,7 +167,8 @@ def solve(
                 comm = _t(fixed("reduce_scatter") + fixed("all_gather")) + sum(
                     (slope("reduce_scatter", g) + slope("all_gather", g)) * lit
                     for g, lit in grad_terms)
-            model.Add(exposed >= comm - bwd)
+            overlap = 0 if tables.cluster.backend == "gloo" else bwd  # see evaluate
+            model.Add(exposed >= comm - overlap)
         else:
             comm_terms = [slope("reduce_scatter", g) * lit for g, lit in grad_terms]
             peak_terms = []
@@ -177,7 +178,8 @@ def solve(
                 # Gathered weights at peak: the root's, and two layers' (prefetch).
                 peak_terms.append(_kib(one * (d.count if d.facts.layer is None else 2)) * lit)
             latency = 2 * fixed("all_gather") + fixed("reduce_scatter")
-            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - fwd - bwd))
+            hidden = 0 if tables.cluster.backend == "gloo" else fwd + bwd
+            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - hidden))
             memory_terms.extend(peak_terms)
         objective = objective + exposed
     if enforce_memory:

@@ -354,14 +354,17 @@ def data_parallel_costs(
         return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
 
     buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
+    # gloo on CPU moves data with the same cores that compute (one thread per process):
+    # its collectives do not overlap the backward pass there.
+    window = 0.0 if tables.cluster.backend == "gloo" else bwd
     if setting.zero == 0:
         comm = dp_time("all_reduce", grad_bytes)
-        return comm, max(0.0, comm - bwd), buckets
+        return comm, max(0.0, comm - window), buckets
     if setting.zero in (1, 2):
         # Reduce-scatter the gradients, update the local shard, all-gather the weights:
         # the volume of one all-reduce, once per step.
         comm = dp_time("reduce_scatter", grad_bytes) + dp_time("all_gather", weight_bytes)
-        return comm, max(0.0, comm - bwd), buckets
+        return comm, max(0.0, comm - window), buckets
     per_micro = 2 * dp_time("all_gather", weight_bytes) + dp_time("reduce_scatter", grad_bytes)
-    exposed = m * max(0.0, per_micro - (fwd + bwd))
+    exposed = m * max(0.0, per_micro - (0.0 if tables.cluster.backend == "gloo" else fwd + bwd))
     return m * per_micro, exposed, gathered_peak

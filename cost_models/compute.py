@@ -300,33 +300,10 @@ def op_time(
     return max(compute, memory) + kernels * kernel_floor(device)
 
 
-def forward_time(
-    flops: float,
-    bytes_moved: float,
-    device: DeviceSpec,
-    dtype: str,
-    *,
-    shape: Sequence[int] | None = None,
-    kernels: int = 1,
-    efficiency_scale: float = 1.0,
-) -> float:
-    """Seconds of an op's forward pass: :func:`op_time` of its FLOPs and bytes."""
-    return op_time(flops, bytes_moved, device, dtype, shape=shape, kernels=kernels,
-                   efficiency_scale=efficiency_scale)
-
-
-def recompute_time(
-    flops: float,
-    bytes_moved: float,
-    device: DeviceSpec,
-    dtype: str,
-    *,
-    shape: Sequence[int] | None = None,
-    kernels: int = 1,
-) -> float:
-    """Seconds to recompute an op's forward during backward (activation checkpointing): the
-    forward again, same kernels, same shape."""
-    return forward_time(flops, bytes_moved, device, dtype, shape=shape, kernels=kernels)
+# An op's forward, and its recomputation in backward (activation checkpointing: the same
+# kernels on the same shapes), cost what :func:`op_time` says.
+forward_time = op_time
+recompute_time = op_time
 
 
 def backward_time(

@@ -27,7 +27,9 @@ def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, ca
     assert m["params"] == pytest.approx(2 * params, rel=0.01)
     assert m["grads"] == pytest.approx(2 * params, rel=0.01)
     assert m["optimizer"] == pytest.approx(12 * params, rel=0.01)
-    assert m["activations"] > 0
+    # The peak is the optimizer step here (foreach AdamW's fp32 scratch), when activations
+    # are gone: the breakdown is of the peak.
+    assert m["activations"] + m["temporaries"] > 0
     assert e["predicted"]["fits"] is False
     text = capsys.readouterr().out
     assert "does NOT fit" in text and "assuming" in text and "bf16" in text

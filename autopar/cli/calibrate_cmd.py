@@ -30,6 +30,7 @@ from autopar.calibrate import (
     measure_collectives,
 )
 from autopar.cluster.profile import write_profile
+from autopar.units import format_bytes, format_seconds
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -123,7 +124,7 @@ def format_device(device: DeviceCalibration) -> str:
             elif not p.in_curve(floor):
                 mark = "  under 2x the floor: not in the curve"
             lines.append(
-                f"  {f'{p.m} x {p.k} x {p.n}':<18} {_si(p.flops):>7} {_duration(p.seconds):>10}"
+                f"  {f'{p.m} x {p.k} x {p.n}':<18} {_si(p.flops):>7} {format_seconds(p.seconds):>10}"
                 f" {p.rate(floor) / 1e9:>8.1f} {device.efficiency(p):>10.2f}{mark}"
             )
         lines.append("")
@@ -131,7 +132,7 @@ def format_device(device: DeviceCalibration) -> str:
     lines.append(f"  {'tensor':<10} {'time':>10} {'GB/s':>8}")
     for b in device.bandwidth:
         lines.append(
-            f"  {_size(b.tensor_bytes):<10} {_duration(b.seconds):>10} {b.rate(floor) / 1e9:>8.1f}"
+            f"  {format_bytes(b.tensor_bytes):<10} {format_seconds(b.seconds):>10} {b.rate(floor) / 1e9:>8.1f}"
         )
     curve = device.matmul_efficiency_curve
     lines += [
@@ -164,7 +165,7 @@ def format_collectives(points: Sequence[CollectivePoint]) -> str:
     for p in sorted(points, key=lambda p: (KINDS.index(p.kind), p.nbytes)):
         predicted = link.predict(p.kind, p.nbytes, p.world_size)
         lines.append(
-            f"  {p.kind:<15} {_size(p.nbytes):>8} {_duration(p.seconds):>10} "
+            f"  {p.kind:<15} {format_bytes(p.nbytes):>8} {format_seconds(p.seconds):>10} "
             f"{p.bus_bandwidth / 1e9:>9.3f} {(predicted - p.seconds) / p.seconds:>+9.0%}"
         )
     per_kind = []
@@ -195,16 +196,3 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _duration(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def _size(nbytes: int) -> str:
-    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {suffix}"
-    return f"{nbytes} B"

@@ -32,7 +32,12 @@ from autopar.calibrate.collectives import (
     measure_collectives,
     ring_factors,
 )
-from autopar.calibrate.matmul import DeviceCalibration, calibrate_device, efficiency_curve
+from autopar.calibrate.matmul import (
+    DeviceCalibration,
+    calibrate_device,
+    calibrate_device_concurrently,
+    efficiency_curve,
+)
 from autopar.cluster.profile import Profile
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "DeviceCalibration",
     "LinkFit",
     "calibrate_device",
+    "calibrate_device_concurrently",
     "collective_sizes",
     "efficiency_curve",
     "fit_link",

@@ -23,7 +23,7 @@ from autopar.calibrate import (
     CalibrationError,
     CollectivePoint,
     DeviceCalibration,
-    calibrate_device,
+    calibrate_device_concurrently,
     fit_link,
     host_info,
     make_profile,
@@ -47,7 +47,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"{', quick' if quick else ''}\n",
         flush=True,
     )
-    device = calibrate_device(device_type, quick=quick, threads=threads, progress=_progress)
+    device = calibrate_device_concurrently(device_type, nproc=args.nproc, quick=quick,
+                                           threads=threads)
     print(format_device(device), flush=True)
     _progress(f"collectives ({args.nproc} processes)")
     points = measure_collectives(args.nproc, device_type=device_type, quick=quick, threads=threads)

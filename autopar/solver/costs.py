@@ -194,14 +194,18 @@ class CostTables:
         div = self.setting.tp if sharded_compute(s) else 1
         scale = self._scale(d) / div
         dtype = self.options.precision
-        moved = (facts.bytes_read + facts.bytes_written) * scale * (self.element_bytes / 4)
+        # Buffers an op keeps for backward (a softmax's output inside cross-entropy, norm
+        # statistics) are written by it too, though they are not among its outputs.
+        kept = facts.extra_saved_float_numel * 4 + facts.extra_saved_other_bytes
+        written = facts.bytes_written + kept
+        moved = (facts.bytes_read + written) * scale * (self.element_bytes / 4)
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         flops = facts.fwd_flops * scale
         attention = "scaled_dot_product" in facts.target
         eff = ATTENTION_EFFICIENCY if attention else 1.0
         fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
-        fwd += allocation_time(facts.bytes_written * scale * (self.element_bytes / 4), device)
+        fwd += allocation_time(written * scale * (self.element_bytes / 4), device)
         bwd = 0.0
         if facts.requires_grad and attention:
             # Fused attention's backward: the FLOPs the trace counted, in one kernel.

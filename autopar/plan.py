@@ -73,6 +73,9 @@ class Plan:
     predicted: dict[str, Any]
     solver: dict[str, Any]
     layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer summary
+    # pipeline stages (when mesh.pp > 1): schedule, virtual_stages, bubble_fraction,
+    # chunks [{chunk, rank, layers: [first, last]}], stages [{rank, layers, times, memory}]
+    pipeline: dict[str, Any] = field(default_factory=dict)
     unruled_ops: dict[str, int] = field(default_factory=dict)
 
     # --- access ------------------------------------------------------------------------

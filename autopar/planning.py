@@ -29,8 +29,12 @@ def plan(
     *,
     dp: int | None = None,
     tp: int | None = None,
+    pp: int | None = None,
     global_batch: int | None = None,
     microbatch: int | None = None,
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    virtual: int | None = None,
     precision: str | None = None,
     optimizer: str = "adamw",
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE,
@@ -44,8 +48,10 @@ def plan(
 
     ``model`` is a module (traced with ``example_inputs``, which may be TensorSpecs) or a
     GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
-    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``microbatch`` pin
-    what they name; the solver chooses the rest.
+    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``,
+    ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
+    "interleaved", "zb_v") and ``virtual`` (chunks per pipeline rank) pin what they name;
+    the solver chooses the rest.
 
     >>> import torch, autopar
     >>> from autopar.models import GPT, GPTConfig
@@ -62,7 +68,11 @@ def plan(
         global_batch=global_batch,
         dp=dp,
         tp=tp,
+        pp=pp,
         microbatch=microbatch,
+        microbatches=microbatches,
+        schedule=schedule,
+        virtual=virtual,
         precision=precision or default_precision(cluster),
         optimizer=optimizer,
         zero_stages=tuple(zero_stages),

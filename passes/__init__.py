@@ -12,13 +12,33 @@ from autopar.passes.infra import (
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
 from autopar.passes.outline_layers import OutlineLayers
+from autopar.passes.pipeline_split import PipelineSplit
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
+from autopar.plan import Plan
 
 
 def sharding_passes() -> list[GraphPass]:
-    """The passes that turn the traced graph into this rank's program, in order."""
+    """The tensor-parallel passes, in order."""
     return [ShardParameters(), LocalizeShapes(), SubstituteLocalOps(), InsertCollectives()]
+
+
+def program_passes(plan: Plan) -> list[GraphPass]:
+    """Every pass that turns a graph traced on one microbatch into this rank's program for
+    ``plan``, in order: tensor parallelism; layer modules when FSDP2 gathers them, when
+    checkpointing reruns them, or when pipeline stages are cut between them; the
+    checkpointing; the pipeline split."""
+    zero = plan.training.get("zero_stage", 0)
+    recompute = plan.training.get("recompute", "none")
+    pipelined = plan.mesh.get("pp", 1) > 1
+    passes = sharding_passes()
+    if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none" or pipelined:
+        passes.append(OutlineLayers())
+    if recompute != "none":
+        passes.append(CheckpointLayers())
+    if pipelined:
+        passes.append(PipelineSplit())
+    return passes
 
 
 __all__ = [
@@ -30,9 +50,11 @@ __all__ = [
     "PassContext",
     "PassManager",
     "PassResult",
+    "PipelineSplit",
     "ShardParameters",
     "SubstituteLocalOps",
     "get_pass",
+    "program_passes",
     "register_pass",
     "sharding_passes",
 ]

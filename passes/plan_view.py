@@ -22,7 +22,10 @@ class PlanView:
     def __init__(self, gm: fx.GraphModule, plan: Plan):
         self.gm = gm
         self.plan = plan
-        self.axes = [a for a, n in plan.mesh.items()]
+        # Placement axes. The pipeline axis has none (it cuts the graph); nor has the
+        # data-parallel one here: per-rank programs are traced on one microbatch, so the
+        # batch is already local, and DDP/FSDP2 do the data-parallel communication.
+        self.axes = [a for a in plan.mesh if a not in ("pp", "dp")] or ["tp"]
         self._strategies: dict[tuple[str, str], Strategy] = {}
         for node in gm.graph.nodes:
             if not is_decision(node):
@@ -64,10 +67,7 @@ class PlanView:
         return local_shape(shape, tuple(placements), tuple(self.split(a) for a in self.axes))
 
     def split(self, axis: str) -> int:
-        """How many pieces a dim sharded on ``axis`` is cut into on one rank. On ``dp`` the
-        batch is also cut into the plan's microbatches: the program runs one at a time."""
-        if axis == "dp":
-            return self.size(axis) * self.plan.batch.get("microbatches", 1)
+        """How many pieces a dim sharded on ``axis`` is cut into on one rank."""
         return self.size(axis)
 
     def shard_factor(self, node: fx.Node, slot: int, dim: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from autopar.cli.main import main
@@ -66,3 +68,26 @@ def test_demo_runs_and_matches(capsys) -> None:
     assert "single device vs 2 gloo processes" in text
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) >= 3
+
+
+def test_plan_with_pipeline_shows_stages_and_keeps_them_in_json(tmp_path, capsys) -> None:
+    out = tmp_path / "pp.json"
+    model = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,batch=8"
+    assert main(["plan", model, "--cluster", "2xcpu", "--pp", "2", "--microbatches", "4",
+                 "--schedule", "1f1b", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "pipeline (modelled)  1f1b" in text and "4 microbatches" in text and "bubble" in text
+    assert "embedding,0-" in text and ",head" in text
+    plan = Plan.load(out)
+    assert plan.mesh["pp"] == 2
+    pipe = plan.pipeline
+    assert pipe["schedule"] == "1f1b" and pipe["microbatches"] == 4
+    assert 0 < pipe["bubble_fraction"] < 1
+    # The stages' layers cover the model's 4 layers exactly once, in order.
+    spans = [c["layers"] for c in pipe["chunks"]]
+    assert spans[0][0] == 0 and spans[-1][1] == 3
+    assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+    assert [s["rank"] for s in pipe["stages"]] == [0, 1]
+    assert all(s["memory_bytes"] > 0 and s["time_per_microbatch_s"] > 0 for s in pipe["stages"])
+    # Written out and read back, the plan is the same data.
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan

@@ -56,11 +56,20 @@ CASES = [
     # re-gathered shards) and selective (attention scores only, on explicit attention).
     ("gpt", 4, ["--dp", "2", "--tp", "2", "--recompute", "full", "--cluster", FAST]),
     ("gptmath", 2, ["--tp", "2", "--recompute", "selective", "--cluster", FAST]),
+    # Pipeline parallelism (torch.distributed.pipelining): GPipe and 1F1B over 4 microbatches,
+    # interleaved 1F1B with two virtual stages per rank, and pipelines composed with tp and dp.
+    *[(m, 2, ["--pp", "2", "--schedule", s, "--microbatches", "4"])
+      for m in ("gpt", "llama") for s in ("gpipe", "1f1b")],
+    *[(m, 2, ["--pp", "2", "--schedule", "interleaved", "--microbatches", "4", "--layers", "4"])
+      for m in ("gpt", "llama")],
+    *[(m, 4, ["--pp", "2", "--tp", "2", "--microbatches", "4", "--cluster", FAST])
+      for m in ("gpt", "llama")],
+    *[(m, 4, ["--pp", "2", "--dp", "2", "--microbatches", "2"]) for m in ("gpt", "llama")],
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,nproc,extra", CASES, ids=[f"{m}-{'-'.join(x for x in a if x.startswith('--') and x != '--cluster')}-{n}ranks"
+@pytest.mark.parametrize("model,nproc,extra", CASES, ids=[f"{m}-{'-'.join(x.lstrip('-') for x in a if x != FAST)}-{n}ranks"
          for m, n, a in CASES])
 def test_matches_single_device(model: str, nproc: int, extra: list[str], tmp_path: Path) -> None:
     if model == "llama":
@@ -82,3 +91,8 @@ def test_matches_single_device(model: str, nproc: int, extra: list[str], tmp_pat
         assert results[0]["microbatches"] == 2
     if "--recompute" in extra:
         assert results[0]["recompute"] == extra[extra.index("--recompute") + 1]
+    if "--pp" in extra:
+        assert mesh["pp"] == 2
+        assert results[0]["microbatches"] == int(extra[extra.index("--microbatches") + 1])
+    if "--schedule" in extra:
+        assert results[0]["schedule"] == extra[extra.index("--schedule") + 1]

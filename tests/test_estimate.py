@@ -59,7 +59,8 @@ def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:
                  "--recompute", "full", "--json", str(out)]) == 0
     e = json.loads(out.read_text())
     stages = e["predicted"]["stages"]
-    assert [s["layers"] for s in stages] == ["0-3", "4-7"]
+    # interleaved: each rank runs two chunks of two layers
+    assert [s["layers"] for s in stages] == ["0-1,4-5", "2-3,6-7"]
     assert e["predicted"]["time"]["bubble_s"] > 0
     # 1F1B-family schedules: the first stage holds the most microbatches in flight.
     assert stages[0]["in_flight"] > stages[1]["in_flight"]

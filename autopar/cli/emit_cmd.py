@@ -12,8 +12,9 @@ import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.plan_cmd import plan_from_args
 from autopar.errors import AutoparError
-from autopar.passes import PassContext, PassManager, sharding_passes
+from autopar.passes import PassContext, PassManager, program_passes
 from autopar.plan import Plan
+from autopar.runtime.parallel_module import rank_code
 
 
 def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
@@ -35,19 +36,20 @@ def run_emit(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.load(args.plan)
         traced = trace_model(args.model, plan.batch["traced"], plan.batch["seq"])
-        gm = traced.gm
-        plan.check_model(gm.meta["autopar"].fingerprint, traced.spec.name)
+        plan.check_model(traced.gm.meta["autopar"].fingerprint, traced.spec.name)
     else:
         plan, _, _ = plan_from_args(args)
-        gm = trace_model(args.model, plan.batch["traced"], plan.batch["seq"]).gm
+    # Each rank's program is rewritten from the model traced on one of its microbatches.
+    gm = trace_model(args.model, plan.batch["microbatch"], plan.batch["seq"]).gm
     coords = rank_coords(plan, args.rank)
-    program, results = PassManager(sharding_passes()).run(gm, PassContext(plan, coords))
+    program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, coords))
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
     print(f"# autopar {autopar.__version__} (plan schema {plan.schema_version}): rank "
           f"{args.rank} of {plan.world_size}, mesh {mesh}, coordinates {coords}")
     print(f"# model {plan.model['name']} (fingerprint {plan.model['fingerprint']}); "
-          f"microbatch {plan.batch['microbatch']} per rank; ZeRO-{plan.training['zero_stage']}")
+          f"microbatch {plan.batch['microbatch']} x {plan.batch['microbatches']} per rank; "
+          f"ZeRO-{plan.training['zero_stage']}; recompute {plan.training['recompute']}")
     for result in results:
         print(f"# pass {result.pass_name}: {len(result.changes)} change(s)")
-    print(program.code)
+    print(rank_code(program, plan, coords))
     return 0

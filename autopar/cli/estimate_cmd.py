@@ -22,6 +22,7 @@ from autopar.graph_facts import graph_facts
 from autopar.models import resolve_model
 from autopar.planning import default_precision
 from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
+from autopar.solver.stages import layer_ranges
 from autopar.trace import trace
 from autopar.units import format_bytes, format_count, format_seconds
 
@@ -100,7 +101,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
                 "p2p_s": p.p2p_s, "dp_comm_s": p.dp_comm_s, "dp_exposed_s": p.dp_exposed_s,
             },
             "stages": [
-                {"layers": f"{s.layers[0]}-{s.layers[-1]}" if s.layers else "-",
+                {"layers": layer_ranges(s.layers),
                  "forward_s": s.forward_s, "backward_s": s.backward_s,
                  "in_flight": s.in_flight, "memory": s.memory.to_dict()}
                 for s in p.stages

@@ -47,3 +47,17 @@ def zero_stages(text: str) -> tuple[int, ...]:
             fix="give stages 0-3 separated by commas, e.g. --zero 0,3",
         )
     return stages
+
+
+def recompute_modes(text: str) -> tuple[str, ...]:
+    from autopar.errors import AutoparError
+
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    allowed = ("none", "selective", "full")
+    if not modes or any(m not in allowed for m in modes):
+        raise AutoparError(
+            f"--recompute {text!r} is not a list of recomputation modes",
+            where="--recompute",
+            fix=f"give modes from {', '.join(allowed)} separated by commas, e.g. none,full",
+        )
+    return modes

@@ -34,7 +34,16 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="e.g. 8xH100-80GB, 16x8xA100-80GB, c.yaml")
     p.add_argument("--dp", type=int, default=None, help="pin the data-parallel degree")
     p.add_argument("--tp", type=int, default=None, help="pin the tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=None, help="pin the pipeline-parallel degree")
     p.add_argument("--microbatch", type=int, default=None, help="pin sequences per microbatch")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pin microbatches per step (instead of --microbatch)")
+    p.add_argument("--schedule", default=None,
+                   help="pin the pipeline schedule: gpipe, 1f1b, interleaved, zb_v (zero-bubble)")
+    p.add_argument("--virtual-stages", type=int, default=None,
+                   help="pin chunks per pipeline rank (interleaved schedule)")
+    p.add_argument("--recompute", default="none,selective,full",
+                   help="recomputation modes the solver may use (default none,selective,full)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     p.add_argument("--zero", default="0,3", help="ZeRO stages the solver may use (default 0,3)")
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT seconds per mesh")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.load import trace_model, zero_stages
+from autopar.cli.load import recompute_modes, trace_model, zero_stages
 from autopar.cli.summary import format_plan
 from autopar.plan import Plan
 from autopar.planning import plan
@@ -17,8 +17,13 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, float, str]:
         args.cluster,
         dp=args.dp,
         tp=args.tp,
+        pp=args.pp,
         global_batch=traced.batch,
         microbatch=args.microbatch,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        virtual=args.virtual_stages,
+        recompute=recompute_modes(args.recompute),
         precision=args.precision,
         zero_stages=zero_stages(args.zero),
         time_limit_s=args.time_limit,

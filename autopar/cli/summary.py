@@ -81,4 +81,35 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"  throughput   {p['tokens_per_s']:,.0f} tokens/s, {p['tflops_per_device']:.1f} TFLOP/s "
         f"per device (model FLOPs), MFU {p['mfu']:.1%}",
     ]
+    if plan.pipeline:
+        lines += ["", *format_pipeline(plan.pipeline)]
     return "\n".join(lines)
+
+
+def format_pipeline(pipe: dict) -> list[str]:
+    """The stage table: which layers each pipeline rank holds, and its modelled time and memory
+    per microbatch. The first chunk's rank also holds the embedding, the last chunk's the output
+    head and the loss; their cost is in that rank's figures."""
+    virtual = pipe.get("virtual_stages", 1)
+    lines = [
+        f"pipeline (modelled)  {pipe['schedule']}"
+        + (f", {virtual} virtual stages per rank" if virtual > 1 else "")
+        + f", {pipe['microbatches']} microbatches, bubble {format_seconds(pipe['bubble_s'])} "
+        f"({pipe['bubble_fraction']:.1%} of the microbatches' work), p2p {format_seconds(pipe['p2p_s'])}",
+        f"  {'rank':>4}  {'layers':<22} {'fwd/mb':>9} {'bwd/mb':>9} {'total/mb':>9} "
+        f"{'in flight':>9} {'memory':>10}",
+    ]
+    chunks = pipe["chunks"]
+    for stage in pipe["stages"]:
+        layers = stage["layers"]
+        if chunks and chunks[0]["rank"] == stage["rank"]:
+            layers = f"embedding,{layers}"
+        if chunks and chunks[-1]["rank"] == stage["rank"]:
+            layers = f"{layers},head"
+        lines.append(
+            f"  {stage['rank']:>4}  {layers:<22} {format_seconds(stage['forward_s']):>9} "
+            f"{format_seconds(stage['backward_s']):>9} "
+            f"{format_seconds(stage['time_per_microbatch_s']):>9} {stage['in_flight']:>9} "
+            f"{format_bytes(stage['memory_bytes']):>10}"
+        )
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -11,15 +12,21 @@ from autopar.runtime.mesh import MeshContext
 
 
 def wrap_data_parallel(
-    module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module]
+    module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
+    pipelined: bool = False,
 ) -> nn.Module:
     """Wrap ``module`` for data parallelism over the ``dp`` axis.
 
     ``units`` are the submodules FSDP2 shards and gathers one at a time (the outlined
-    layers), so at most the root's weights and about two layers are whole at once.
+    layers), so at most the root's weights and about two layers are whole at once. A
+    pipeline stage gets FSDP2's ``replicate`` for ZeRO-0 instead of DDP: the pipeline's
+    first step runs a shape-inference backward that DDP's reducer counts as a real one.
     """
     group = ctx.group("dp")
-    if group is None:
+    if group is None or group.size() == 1:
+        return module
+    if zero_stage == 0 and pipelined:
+        replicate(module, mesh=ctx.mesh["dp"])
         return module
     if zero_stage == 0:
         return DistributedDataParallel(

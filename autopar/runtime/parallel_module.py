@@ -8,12 +8,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.fx as fx
+import torch.fx._pytree as fx_pytree
 from torch import nn
 
 from autopar import comm_ops
+from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
+from autopar.runtime.pipeline import PipelineRunner
 
 
 def find_loss(outputs: Any) -> torch.Tensor:
@@ -44,20 +47,29 @@ class ParallelModule(nn.Module):
     Gradients land on this rank's (local) parameters for an ordinary ``optimizer.step()``.
     """
 
-    def __init__(self, program: fx.GraphModule, wrapped: nn.Module, plan: Plan, ctx: MeshContext):
+    def __init__(self, program: fx.GraphModule, wrapped: nn.Module, plan: Plan,
+                 ctx: MeshContext, pipeline: PipelineRunner | None = None):
         super().__init__()
         self.wrapped = wrapped
         self.plan = plan
         self.mesh_context = ctx
         self._program = program  # the per-rank fx program (printable with .code)
+        self._pipeline = pipeline
         self._input_shards = self._input_placements(program)
 
     @property
     def code(self) -> str:
-        """The per-rank program as Python source."""
-        return self._program.code
+        """The per-rank program as Python source (with pipeline stages: the root, which
+        calls every chunk in order, then this rank's chunks)."""
+        return rank_code(self._program, self.plan, self.mesh_context.coords)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            raise RuntimeSetupError(
+                "a pipelined model runs whole training steps, not single forward calls",
+                where="ParallelModule.forward",
+                fix="call train_step(*inputs) (forward and backward over the microbatches)",
+            )
         with comm_ops.keep_gathered_as_shards():
             return self.wrapped(*args, **kwargs)
 
@@ -91,13 +103,17 @@ class ParallelModule(nn.Module):
 
     def train_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Forward and backward over this rank's local batch, split into the plan's
-        microbatches; returns the loss averaged over all data-parallel ranks."""
+        microbatches (pipelined or not); returns the loss averaged over all data-parallel
+        ranks, on every rank."""
+        # FSDP2 moves gradients into its shards during backward, so weights' tp partial sums
+        # must happen there; with DDP (or none) they wait for one bucketed all-reduce.
+        # (Pipeline stages use FSDP2 for data parallelism, so they sum them in backward.)
+        if self._pipeline is not None:
+            return self._mean_over_dp(self._pipeline.step(self._named_inputs(args, kwargs)))
+        defer = self.plan.training.get("zero_stage", 0) == 0
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)
         total = torch.zeros((), device=self.mesh_context.device)
-        # FSDP2 moves gradients into its shards during backward, so weights' tp partial sums
-        # must happen there; with DDP (or none) they wait for one bucketed all-reduce.
-        defer = self.plan.training.get("zero_stage", 0) == 0
         with comm_ops.deferred_weight_grads() if defer else _null():
             for i, (a, k) in enumerate(chunks):
                 sync = i == len(chunks) - 1
@@ -106,11 +122,32 @@ class ParallelModule(nn.Module):
                     loss = find_loss(self(*a, **k)) / len(chunks)
                     loss.backward()
                 total += loss.detach()
+        return self._mean_over_dp(total)
+
+    def _mean_over_dp(self, loss: torch.Tensor) -> torch.Tensor:
         group = self.mesh_context.group("dp")
         if group is not None:
-            dist.all_reduce(total, group=group)
-            total /= dist.get_world_size(group)
-        return total
+            dist.all_reduce(loss, group=group)
+            loss /= dist.get_world_size(group)
+        return loss
+
+    def _named_inputs(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The program's inputs by placeholder name, flattened as the traced call was."""
+        placeholders = [n.name for n in self._program.graph.nodes if n.op == "placeholder"]
+        info = getattr(self._program.graph._codegen, "pytree_info", None)
+        if info is not None and info.in_spec is not None:
+            leaves = fx_pytree.tree_flatten_spec((args, kwargs), info.in_spec)
+        else:
+            leaves = [*args, *kwargs.values()]
+        if len(leaves) != len(placeholders):
+            raise RuntimeSetupError(
+                f"train_step got {len(leaves)} inputs, the traced model takes "
+                f"{len(placeholders)} ({', '.join(placeholders)})",
+                where="ParallelModule.train_step",
+                fix="pass the inputs the model was traced with (shard_batch's output)",
+            )
+        return {name: v.to(self.mesh_context.device) if isinstance(v, torch.Tensor) else v
+                for name, v in zip(placeholders, leaves)}
 
     def local_placement(self, fqn: str, axis: str = "tp") -> Shard | None:
         """How parameter ``fqn`` is split on ``axis`` (None when whole)."""
@@ -139,3 +176,33 @@ def _split_microbatches(args: tuple, kwargs: dict, m: int) -> list[tuple[tuple, 
         (tuple(part(a, i) for a in args), {k: part(v, i) for k, v in kwargs.items()})
         for i in range(m)
     ]
+
+
+def rank_code(program: fx.GraphModule, plan: Plan, coords: dict[str, int]) -> str:
+    """This rank's program as Python: the root, then every module it calls (outlined
+    layers, pipeline chunks) once — identical layers are printed once and named after."""
+    roots: list[tuple[str, fx.GraphModule]] = [("root", program)]
+    if plan.mesh.get("pp", 1) > 1:
+        mine = [e["chunk"] for e in plan.pipeline["chunks"] if e["rank"] == coords["pp"]]
+        roots[0] = (f"root: runs the chunks in order (schedule {plan.pipeline['schedule']}, "
+                    f"{plan.pipeline['microbatches']} microbatches); this rank runs "
+                    f"{', '.join(f'stage_{c}' for c in mine)}", program)
+        roots += [(f"stage_{c}", program.get_submodule(f"stage_{c}")) for c in mine]
+    parts: list[str] = []
+    seen: dict[str, str] = {}
+    for label, root in roots:
+        parts.append(f"# {label}\n{root.code.strip()}\n")
+        for node in root.graph.nodes:
+            if node.op != "call_module" or (root is program and len(roots) > 1):
+                continue  # a pipelined root calls the chunks, printed after it
+            sub = root.get_submodule(node.target)
+            if not isinstance(sub, fx.GraphModule):
+                continue
+            name = node.target if root is program else f"{label}.{node.target}"
+            code = sub.code.strip()
+            if code in seen:
+                parts.append(f"# {name}: same code as {seen[code]}\n")
+            else:
+                seen[code] = name
+                parts.append(f"# {name}\n{code}\n")
+    return "\n".join(parts)

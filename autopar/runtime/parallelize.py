@@ -15,20 +15,17 @@ import torch.fx as fx
 from torch import nn
 
 from autopar.cluster import Cluster, load_cluster
+from autopar.errors import RuntimeSetupError
 from autopar.graph_facts import graph_facts
-from autopar.passes import (
-    CheckpointLayers,
-    OutlineLayers,
-    PassContext,
-    PassManager,
-    sharding_passes,
-)
+from autopar.passes import PassContext, PassManager, program_passes
 from autopar.plan import Plan
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.mesh import build_mesh, ensure_process_group
 from autopar.runtime.parallel_module import ParallelModule
+from autopar.runtime.pipeline import PipelineRunner
 from autopar.trace import trace
+from autopar.trace.inputs import microbatch_inputs
 
 
 def parallelize(
@@ -38,38 +35,54 @@ def parallelize(
     *,
     dp: int | None = None,
     tp: int | None = None,
+    pp: int | None = None,
     plan: Plan | str | Path | None = None,
     **plan_options: Any,
 ) -> ParallelModule:
     """This rank's part of ``model``, planned for ``cluster`` and ready to train.
 
     ``example_inputs`` is one *global* batch (every rank passes the same); the plan splits
-    it. ``dp``/``tp`` pin mesh degrees; ``plan`` (a Plan or a JSON file) skips planning.
-    Other keywords go to :func:`autopar.plan` (``precision``, ``microbatch``, ...).
+    it. ``dp``/``tp``/``pp`` pin mesh degrees; ``plan`` (a Plan or a JSON file) skips
+    planning. Other keywords go to :func:`autopar.plan` (``precision``, ``microbatch``,
+    ``microbatches``, ``schedule``, ``virtual``, ...).
     """
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
     gm = trace(model, example_inputs)
     if plan is None:
-        plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, model_name=type(model).__name__,
+        plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
     elif not isinstance(plan, Plan):
         plan = Plan.load(plan)
     plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
     ctx = build_mesh(plan, cluster.backend)
     zero = plan.training.get("zero_stage", 0)
-    recompute = plan.training.get("recompute", "none")
-    passes = sharding_passes()
-    if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none":
-        # FSDP2 gathers one layer module at a time; checkpointing reruns one at a time.
-        passes.append(OutlineLayers())
-    if recompute != "none":
-        passes.append(CheckpointLayers())
-    program, _ = PassManager(passes).run(gm, PassContext(plan, ctx.coords))
+    local = _microbatch_graph(model, example_inputs, plan, gm)
+    program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords))
+    if plan.mesh.get("pp", 1) > 1:
+        runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
+            wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True)))
+        return ParallelModule(program, nn.ModuleList(runner.modules), plan, ctx, runner)
     program.to(ctx.device)
     units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
     wrapped = wrap_data_parallel(program, ctx, zero, units=units)
     return ParallelModule(program, wrapped, plan, ctx)
+
+
+def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
+                      gm: fx.GraphModule) -> fx.GraphModule:
+    """The model traced on one microbatch of one rank, which the passes rewrite."""
+    traced, microbatch = plan.batch["traced"], plan.batch["microbatch"]
+    if microbatch == traced:
+        return gm
+    if microbatch > traced:
+        raise RuntimeSetupError(
+            f"the plan runs microbatches of {microbatch} sequences, more than the "
+            f"{traced} of the example batch",
+            where="plan.batch.microbatch",
+            fix="pass one global batch as example_inputs (its size is the plan's global batch)",
+        )
+    return trace(model, microbatch_inputs(example_inputs, traced, microbatch))
 
 
 def _plan_on_rank0(gm: fx.GraphModule, cluster: Cluster, **kwargs: Any) -> Plan:

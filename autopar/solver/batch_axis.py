@@ -23,8 +23,13 @@ R = Replicate()
 
 
 def batch_strategies(gm: fx.GraphModule, dp: int, batch_size: int | None) -> dict[str, Strategy]:
-    """Node name -> strategy on the dp axis, for every decision node."""
-    return propagate_input_dim(gm, dp, batch_size, dim=0)
+    """Node name -> strategy on the dp axis, for every decision node.
+
+    The batch dimension is marked even when ``dp`` is 1: microbatches cut it too (a
+    pipeline with no data parallelism still runs one microbatch at a time), so it is
+    propagated as if split into single sequences."""
+    split = batch_size if batch_size and batch_size > 1 else dp
+    return propagate_input_dim(gm, max(split, dp), batch_size, dim=0)
 
 
 def propagate_input_dim(

@@ -59,6 +59,7 @@ class Setting:
     pp: int = 1
     schedule: str = "1f1b"
     virtual: int = 1
+    partition: tuple[int, ...] | None = None  # layers per chunk; None: equal counts
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -323,9 +324,10 @@ class CostTables:
         if not self.requires_grad(key):
             return 0.0
         nbytes, n = self.value_bytes(key), self.setting.tp
-        if self.problem.decisions[key[0]].kind == "param" and self.setting.zero == 0:
+        deferred = self.setting.zero == 0 and self.setting.pp == 1
+        if self.problem.decisions[key[0]].kind == "param" and deferred:
             # A weight's partial gradient joins one bucketed all-reduce per step (the
-            # runtime defers them): its bytes, without a latency of its own.
+            # runtime defers them under DDP): its bytes, without a latency of its own.
             return collective_transfer_time("all_reduce", nbytes, n, self.tp_link)
         return partial_grad_time(src, nbytes, n, self.tp_link, self.cluster.backend)
 

@@ -42,7 +42,8 @@ def _kib(nbytes: float) -> int:
     return int(-(-nbytes // KIB))  # round up: never under-count memory
 
 
-def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_terms) -> None:
+def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_terms,
+                 activation_scale: float) -> None:
     """Redistribution, partial-gradient and saved-memory terms of one value.
 
     For each use (edge) ``y[p, q]`` is the joint indicator "the producer gives ``p`` and
@@ -101,7 +102,7 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
     for p, var in back.items():
         per_micro.append(_t(tables.partial_grad(key, p) * count) * var)
     for q, sv in saved.items():
-        memory_terms.append(_kib(tables.saved_bytes(key, q) * count) * sv)
+        memory_terms.append(_kib(tables.saved_bytes(key, q) * count * activation_scale) * sv)
 
 
 def solve(
@@ -110,7 +111,16 @@ def solve(
     hint: list[int] | None = None,
     *,
     enforce_memory: bool = True,
+    state_scale: float = 1.0,
+    activation_scale: float = 1.0,
 ) -> SolveResult:
+    """The fastest choice of strategies under the device's memory.
+
+    With pipeline stages one device holds part of the model: ``state_scale`` (about
+    ``1/pp``) scales weights, gradients and optimizer states, ``activation_scale`` (the
+    microbatches the first stage keeps in flight, over ``pp``) the saved activations. The
+    exact per-stage memory is checked afterwards by :func:`evaluate`.
+    """
     started = time.perf_counter()
     problem, setting = tables.problem, tables.setting
     model = cp_model.CpModel()
@@ -131,7 +141,8 @@ def solve(
             fwd_terms.append(_t(f) * xs[i])
             bwd_terms.append(_t(b) * xs[i])
             st = tables.states(d, s)
-            memory_terms.append(_kib(tables.activation_memory(d, s) + st.total * d.count) * xs[i])
+            memory_terms.append(_kib(tables.activation_memory(d, s) * activation_scale
+                                     + st.total * d.count * state_scale) * xs[i])
             if setting.dp > 1:
                 g = tables.grad_bytes(d, s) * d.count
                 if g:
@@ -140,7 +151,7 @@ def solve(
                     weight_terms.append((d, s, xs[i]))
 
     for key, info in problem.values.items():
-        _value_terms(model, tables, x, key, info, per_micro, memory_terms)
+        _value_terms(model, tables, x, key, info, per_micro, memory_terms, activation_scale)
 
     fwd = sum(fwd_terms)
     bwd = sum(bwd_terms)
@@ -159,7 +170,8 @@ def solve(
 
         if setting.zero in (0, 1, 2):
             total_grads = sum(g for g, _ in grad_terms)
-            buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True))
+            buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True)
+                           * state_scale)
             if setting.zero == 0:
                 comm = _t(fixed("all_reduce")) + sum(
                     slope("all_reduce", g) * lit for g, lit in grad_terms)
@@ -176,7 +188,8 @@ def solve(
                 one = tables.weight_bytes(d, s)
                 comm_terms.append(2 * slope("all_gather", one * d.count) * lit)
                 # Gathered weights at peak: the root's, and two layers' (prefetch).
-                peak_terms.append(_kib(one * (d.count if d.facts.layer is None else 2)) * lit)
+                peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
+                                              else 2)) * lit)
             latency = 2 * fixed("all_gather") + fixed("reduce_scatter")
             hidden = 0 if tables.cluster.backend == "gloo" else fwd + bwd
             model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - hidden))

@@ -2,26 +2,26 @@
 
 This is the ground truth the CP-SAT model linearizes: the same cost tables, with
 redistributions and saved tensors counted once per (value, placement) exactly as the
-runtime performs and keeps them, summed per pipeline stage. Layers are cut into ``pp``
-contiguous stages of equal layer counts; what runs before the layers (embeddings) belongs
-to the first stage, what runs after (the head, the loss) to the last.
+runtime performs and keeps them. Costs are first summed per *unit* (what runs before the
+layers, each layer, what runs after them), then per pipeline stage, for the setting's
+partition of layers into chunks (see :mod:`autopar.solver.stages`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from autopar.cost_models.comm import collective_time, group_collective_time
+from autopar.cost_models.comm import axis_link, collective_time, group_collective_time
 from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.memory import MemoryBreakdown, ddp_buffer_bytes
-from autopar.cost_models.pipeline import bubble_fraction, in_flight
+from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
-from autopar.solver.costs import CostTables, divisor, sharded_compute
+from autopar.solver.costs import CostTables, Setting, divisor, sharded_compute
 from autopar.solver.problem import Problem, ValueKey
+from autopar.solver.stages import StageLoad, equal_partition, rank_of_chunk
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of
 
@@ -39,6 +39,11 @@ class StagePrediction:
     activations_per_microbatch: float
     in_flight: float  # microbatches whose activations the stage holds at its peak
     memory: MemoryBreakdown
+    p2p_s: float = 0.0  # sending activations on and gradients back
+
+    @property
+    def time_per_microbatch_s(self) -> float:
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.p2p_s
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class Prediction:
     # bytes each repeated layer keeps for backward per microbatch, under the recomputation
     # in force (Korthikanti et al.'s per-layer activation memory)
     layer_activations: dict[int, float] = field(default_factory=dict)
+    partition: tuple[int, ...] = ()  # layers per pipeline chunk
+    bubble_fraction: float = 0.0  # pipeline idle time over the slowest stage's work
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -89,55 +96,60 @@ def chosen(problem: Problem, choice: list[int], index: int) -> Strategy:
     return problem.decisions[index].candidates[choice[index]]
 
 
-def stage_of_layers(layers: list[int], pp: int) -> dict[int, int]:
-    """Layer index -> stage: contiguous, equal counts (the first stages take the remainder)."""
-    out = {}
-    per, extra = divmod(len(layers), pp)
-    i = 0
-    for stage in range(pp):
-        for _ in range(per + (1 if stage < extra else 0)):
-            out[layers[i]] = stage
-            i += 1
-    return out
+@dataclass
+class UnitCosts:
+    """Per-microbatch, per-device costs of each *unit* of the graph — what runs before the
+    layers (unit 0), each repeated layer in order, and what runs after them (the last unit)
+    — under one chosen plan (modelled). Pipeline stages are sums of units."""
+
+    layers: list[int]  # layer index of units 1..L
+    unit_of: dict[str, int]  # node name -> unit
+    fwd: list[float]
+    bwd: list[float]  # including recomputation
+    tp_comm: list[float]
+    act: list[float]  # kept for backward, under the recomputation in force
+    params: list[float]
+    grads: list[float]
+    opt: list[float]
+    grad_bytes: list[float]
+    weights: list[float]
+    largest: list[float]  # the largest tensor a node makes (local)
+    trainable_numel: list[float]
+    layer_plain: list[float]  # activations without recomputation (layer units)
+    cut_fwd: list[float]  # bytes crossing the cut after unit i, forward
+    cut_bwd: list[float]  # ... and their gradients, backward
+    gathered_outputs: float = 0.0  # the graph's outputs made whole for the caller
+
+    @property
+    def n_units(self) -> int:
+        return len(self.fwd)
 
 
-class _StageMap:
-    def __init__(self, gm: fx.GraphModule, pp: int):
-        layers = sorted({n.meta[META_KEY].layer for n in gm.graph.nodes
-                         if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
-        self.pp = pp
-        self.by_layer = stage_of_layers(layers, pp) if layers else {}
-        self.stage: dict[str, int] = {}
-        seen_layer = False
-        for node in gm.graph.nodes:
-            facts = node.meta.get(META_KEY)
-            layer = facts.layer if facts is not None else None
-            if layer is not None:
-                self.stage[node.name] = self.by_layer[layer]
-                seen_layer = seen_layer or node.op != "get_attr"
-            else:
-                self.stage[node.name] = (pp - 1) if seen_layer else 0
-        self.layers_of = defaultdict(list)
-        for layer, stage in self.by_layer.items():
-            self.layers_of[stage].append(layer)
+def _units(gm: fx.GraphModule) -> tuple[list[int], dict[str, int]]:
+    """Layers in order, and each node's unit: 0 before the first layer node, the layer's
+    position, or L + 1 after the layers."""
+    layers = sorted({n.meta[META_KEY].layer for n in gm.graph.nodes
+                     if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
+    position = {layer: i + 1 for i, layer in enumerate(layers)}
+    unit_of: dict[str, int] = {}
+    seen_layer = False
+    for node in gm.graph.nodes:
+        facts = node.meta.get(META_KEY)
+        layer = facts.layer if facts is not None else None
+        if layer is not None:
+            unit_of[node.name] = position[layer]
+            seen_layer = seen_layer or node.op != "get_attr"
+        else:
+            unit_of[node.name] = len(layers) + 1 if seen_layer else 0
+    return layers, unit_of
 
 
-def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
-    problem, setting = tables.problem, tables.setting
-    pp, n_tp = setting.pp, setting.tp
-    stages = _StageMap(problem.gm, pp)
-    fwd = [0.0] * pp
-    bwd = [0.0] * pp
-    act = [0.0] * pp
-    params = [0.0] * pp
-    grads = [0.0] * pp
-    opt = [0.0] * pp
-    grad_bytes = [0.0] * pp
-    weights = [0.0] * pp
-    largest = [0.0] * pp  # the largest tensor a node makes (local, per microbatch)
-    trainable_numel = [0.0] * pp
-    layer_act: dict[int, float] = defaultdict(float)  # activations of one layer, no recompute
-    layer_kept: dict[int, float] = defaultdict(float)  # ... under the recomputation in force
+def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
+    problem = tables.problem
+    n_tp = tables.setting.tp
+    layers, unit_of = _units(problem.gm)
+    n = len(layers) + 2
+    u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -148,23 +160,19 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
         out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
         numel = tables.trainable_numel(d, s)
         for node in d.nodes:
-            k = stages.stage[node.name]
-            largest[k] = max(largest[k], out)
-            trainable_numel[k] += numel
-            fwd[k] += f
-            bwd[k] += b + r
-            act[k] += own
-            params[k] += st.params
-            grads[k] += st.grads
-            opt[k] += st.optimizer
-            grad_bytes[k] += g
-            weights[k] += w
-            layer = node.meta[META_KEY].layer
-            if layer is not None:
-                layer_act[layer] += own_plain
-                layer_kept[layer] += own
+            k = unit_of[node.name]
+            u.largest[k] = max(u.largest[k], out)
+            u.trainable_numel[k] += numel
+            u.fwd[k] += f
+            u.bwd[k] += b + r
+            u.act[k] += own
+            u.layer_plain[k] += own_plain
+            u.params[k] += st.params
+            u.grads[k] += st.grads
+            u.opt[k] += st.optimizer
+            u.grad_bytes[k] += g
+            u.weights[k] += w
 
-    tp_comm = [0.0] * pp
     for key in problem.values:
         producer = problem.decisions[key[0]]
         src = chosen(problem, choice, key[0]).outputs[key[1]]
@@ -191,59 +199,157 @@ def evaluate(tables: CostTables, choice: list[int]) -> Prediction:
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
         for node in producer.nodes:
-            k = stages.stage[node.name]
-            tp_comm[k] += per_instance_comm
-            act[k] += per_instance_saved
-            layer = node.meta[META_KEY].layer
-            if layer is not None:
-                layer_act[layer] += plain_saved
-                layer_kept[layer] += per_instance_saved
+            k = unit_of[node.name]
+            u.tp_comm[k] += per_instance_comm
+            u.act[k] += per_instance_saved
+            u.layer_plain[k] += plain_saved
+    _cuts(tables, choice, u)
+    u.gathered_outputs = _gathered_outputs(tables, choice)
+    return u
 
-    p2p = _p2p_times(tables, choice, stages) if pp > 1 else [0.0] * pp
-    gathered_outputs = _gathered_outputs(tables, choice)
-    m = setting.microbatches
+
+def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
+    """Bytes each cut between units would send forward (activations, once per value however
+    many later units read it) and backward (their gradients)."""
+    problem = tables.problem
+    last_reader: dict[tuple, int] = {}
+    for node in problem.gm.graph.nodes:
+        if node.name not in problem.decision_of:
+            continue
+        k = u.unit_of[node.name]
+        for a in tensor_inputs(node):
+            producer, index = value_of(a)
+            if producer.op == "get_attr" or producer.name not in problem.decision_of:
+                continue
+            key = (problem.decision_of[producer.name], index, producer.name)
+            last_reader[key] = max(last_reader.get(key, -1), k)
+    for (decision, index, name), reader in last_reader.items():
+        start = u.unit_of[name]
+        if reader <= start:
+            continue
+        p = chosen(problem, choice, decision).outputs[index]
+        nbytes = tables.value_bytes((decision, index)) / divisor(p, tables.setting.tp)
+        grad = tables.requires_grad((decision, index))
+        for cut in range(start, reader):
+            u.cut_fwd[cut] += nbytes
+            if grad:
+                u.cut_bwd[cut] += nbytes
+
+
+def stage_load(u: UnitCosts) -> StageLoad:
+    """What :func:`autopar.solver.stages.balance` needs from the unit costs."""
+    time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]
+    state = [u.params[i] + u.grads[i] + u.opt[i] for i in range(u.n_units)]
+    return StageLoad(time[0], time[-1], tuple(time[1:-1]), state[0], state[-1],
+                     tuple(state[1:-1]), u.act[0], u.act[-1], tuple(u.act[1:-1]))
+
+
+def evaluate(tables: CostTables, choice: list[int], setting: Setting | None = None) -> Prediction:
+    """The prediction of ``choice`` at ``setting`` (by default the tables' own); pipeline
+    chunks follow ``setting.partition``, or equal layer counts."""
+    return assemble(tables, unit_costs(tables, choice), setting or tables.setting)
+
+
+def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
+    """Sum units into pipeline stages and compose the step (modelled)."""
+    pp, m = setting.pp, setting.microbatches
+    schedule = schedule_name(setting.schedule)
+    chunks = pp * setting.virtual
+    n_layers = len(u.layers)
+    partition = setting.partition or (equal_partition(n_layers, chunks) if pp > 1
+                                      else (n_layers,))
+    # units of each chunk: [first, last]; chunk 0 also runs unit 0, the last chunk unit L+1
+    bounds, start = [], 1
+    for c, count in enumerate(partition):
+        first = 0 if c == 0 else start
+        last = start + count - 1 if c < len(partition) - 1 else n_layers + 1
+        bounds.append((first, last))
+        start += count
+    rank_units: list[list[int]] = [[] for _ in range(pp)]
+    p2p = [0.0] * pp
+    link = axis_link(tables.cluster, setting.mesh, "pp") if pp > 1 else None
+    holds_last = rank_of_chunk(chunks - 1, pp, schedule)
+    for c, (first, last) in enumerate(bounds):
+        r = rank_of_chunk(c, pp, schedule)
+        rank_units[r].extend(range(first, last + 1))
+        if link is None:
+            continue
+        if c < chunks - 1:  # send activations on
+            p2p[r] += u.cut_fwd[last] / link.bandwidth_bytes_per_s + link.latency_s
+        if c > 0 and u.cut_bwd[first - 1]:  # send gradients back
+            p2p[r] += u.cut_bwd[first - 1] / link.bandwidth_bytes_per_s + link.latency_s
+
+    def total(values: list[float], r: int) -> float:
+        return sum(values[i] for i in rank_units[r])
+
     stage_preds = []
-    for k in range(pp):
-        flight = in_flight(setting.schedule, pp, m, k, setting.virtual) if pp > 1 else 1.0
+    per_micro = []
+    for r in range(pp):
+        units = rank_units[r]
+        flight = in_flight(schedule, pp, m, r, setting.virtual) if pp > 1 else 1.0
+        layer_units = [i for i in units if 0 < i <= n_layers]
         transient = 0.0
-        if setting.recompute == "full" and stages.layers_of[k]:
-            transient = max(layer_act[i] for i in stages.layers_of[k])
-        memory = peak_phase(tables, params[k], grads[k], opt[k], act[k] * flight, transient,
-                            largest[k], trainable_numel[k], gathered_outputs if k == pp - 1 else 0.0)
-        stage_preds.append(StagePrediction(tuple(stages.layers_of[k]), fwd[k], bwd[k],
-                                           tp_comm[k], act[k], flight, memory))
+        if setting.recompute == "full" and layer_units:
+            transient = max(u.layer_plain[i] for i in layer_units)
+        act = total(u.act, r)
+        memory = peak_phase(tables, setting, total(u.params, r), total(u.grads, r),
+                            total(u.opt, r), act * flight, transient,
+                            max((u.largest[i] for i in units), default=0.0),
+                            total(u.trainable_numel, r),
+                            u.gathered_outputs if r == holds_last else 0.0)
+        fwd, bwd, comm = total(u.fwd, r), total(u.bwd, r), total(u.tp_comm, r)
+        stage_preds.append(StagePrediction(
+            tuple(u.layers[i - 1] for i in layer_units), fwd, bwd, comm, act, flight, memory,
+            p2p[r]))
+        per_micro.append(fwd + bwd + comm + p2p[r])
 
-    per_micro = [fwd[k] + bwd[k] + tp_comm[k] + p2p[k] for k in range(pp)]
     slowest = max(range(pp), key=lambda k: per_micro[k])
-    bubble = bubble_fraction(setting.schedule, pp, m, setting.virtual) * m * per_micro[slowest] if pp > 1 else 0.0
-    dp_comm, dp_exposed, buffers = data_parallel_costs(
-        tables, grad_bytes[slowest], weights[slowest], fwd[slowest], bwd[slowest],
-        _gathered_peak(tables, choice, stages, slowest))
-    owned = trainable_numel[slowest] / (setting.dp if setting.zero >= 1 else 1)
-    optimizer_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
-    step = m * per_micro[slowest] + bubble + dp_exposed + optimizer_s
-    peak_stage = max(range(pp), key=lambda k: stage_preds[k].memory.total + buffers)
+    sp = stage_preds[slowest]
+    bubble = frac = 0.0
+    if pp > 1:
+        frac = bubble_fraction(schedule, pp, m, setting.virtual, t_f=sp.forward_s,
+                               t_b=sp.backward_s / 2, t_w=sp.backward_s / 2)
+        bubble = frac * m * per_micro[slowest]
+    # Each rank syncs its own stage's gradients (and ZeRO-3 gathers its own weights); the
+    # step ends when the last rank has, and has stepped its optimizer.
+    dp = []
+    for r in range(pp):
+        roots = sum(u.weights[i] for i in rank_units[r] if not 0 < i <= n_layers)
+        layer_w = max((u.weights[i] for i in rank_units[r] if 0 < i <= n_layers), default=0.0)
+        comm, exposed, buffers = data_parallel_costs(
+            tables, setting, total(u.grad_bytes, r), total(u.weights, r),
+            stage_preds[r].forward_s, stage_preds[r].backward_s, roots + 2 * layer_w)
+        owned = total(u.trainable_numel, r) / (setting.dp if setting.zero >= 1 else 1)
+        opt_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
+        dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
+    tail = max(range(pp), key=lambda r: dp[r][0])
+    _, dp_comm, dp_exposed, _, optimizer_s = dp[tail]
+    step = m * per_micro[slowest] + bubble + dp[tail][0]
+    peak_stage = max(range(pp), key=lambda r: stage_preds[r].memory.total + dp[r][3])
     mem = stage_preds[peak_stage].memory
-    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations, buffers,
-                             temporaries=mem.temporaries)
+    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,
+                             dp[peak_stage][3], temporaries=mem.temporaries)
     return Prediction(
         step_time_s=step,
-        compute_s=m * (fwd[slowest] + bwd[slowest]),
-        tp_comm_s=m * tp_comm[slowest],
+        compute_s=m * (sp.forward_s + sp.backward_s),
+        tp_comm_s=m * sp.tp_comm_s,
         dp_comm_s=dp_comm,
         dp_exposed_s=dp_exposed,
         memory=memory,
         bubble_s=bubble,
         p2p_s=m * p2p[slowest],
         stages=tuple(stage_preds),
-        layer_activations=dict(layer_kept),
+        layer_activations={layer: u.act[i + 1] for i, layer in enumerate(u.layers)},
         optimizer_s=optimizer_s,
+        partition=tuple(partition),
+        bubble_fraction=frac,
     )
 
 
-def peak_phase(tables: CostTables, params: float, grads: float, optimizer: float,
-               activations: float, recompute_transient: float, largest: float,
-               trainable_numel: float, gathered_outputs: float) -> MemoryBreakdown:
+def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float,
+               optimizer: float, activations: float, recompute_transient: float,
+               largest: float, trainable_numel: float, gathered_outputs: float
+               ) -> MemoryBreakdown:
     """The largest of the peaks of a training step, with what is alive at it.
 
     - When forward ends: weights, optimizer states, every kept activation, and the graph's
@@ -257,7 +363,6 @@ def peak_phase(tables: CostTables, params: float, grads: float, optimizer: float
     Gradients count before the optimizer step only if they outlive it (DDP's buckets,
     accumulation over microbatches, ZeRO's sharded gradients).
     """
-    setting = tables.setting
     grads_alive = setting.microbatches > 1 or (setting.dp > 1) or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
     phases = [
@@ -288,53 +393,8 @@ def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
     return total
 
 
-def _p2p_times(tables: CostTables, choice: list[int], stages: _StageMap) -> list[float]:
-    """Per stage and microbatch: sending activations forward and their gradients back across
-    each stage boundary (point-to-point between neighbouring stages)."""
-    problem = tables.problem
-    out = [0.0] * stages.pp
-    link = tables.cluster.inter_node if tables.cluster.nodes > 1 else tables.cluster.intra_node
-    for node in problem.gm.graph.nodes:
-        if node.name not in problem.decision_of:
-            continue
-        k = stages.stage[node.name]
-        for a in tensor_inputs(node):
-            producer, index = value_of(a)
-            j = stages.stage.get(producer.name, k)
-            if j == k or producer.op == "get_attr":
-                continue
-            key = (problem.decision_of[producer.name], index)
-            p = chosen(problem, choice, key[0]).outputs[index]
-            nbytes = tables.value_bytes(key) / divisor(p, tables.setting.tp)
-            t = nbytes / link.bandwidth_bytes_per_s + link.latency_s
-            out[j] += t
-            if tables.requires_grad(key):
-                out[k] += t
-    return out
-
-
-def _gathered_peak(tables: CostTables, choice: list[int], stages: _StageMap, k: int) -> float:
-    """Weights FSDP2 holds whole at once on stage ``k``: the root's and two layers'."""
-    problem = tables.problem
-    root = 0.0
-    per_layer: dict[int, float] = defaultdict(float)
-    for d in problem.decisions:
-        w = tables.weight_bytes(d, d.candidates[choice[d.index]])
-        if not w:
-            continue
-        for node in d.nodes:
-            if stages.stage[node.name] != k:
-                continue
-            layer = node.meta[META_KEY].layer
-            if layer is None:
-                root += w
-            else:
-                per_layer[layer] += w
-    return root + 2 * max(per_layer.values(), default=0.0)
-
-
 def data_parallel_costs(
-    tables: CostTables, grad_bytes: float, weight_bytes: float, fwd: float, bwd: float,
+    tables: CostTables, setting: Setting, grad_bytes: float, weight_bytes: float, fwd: float, bwd: float,
     gathered_peak: float,
 ) -> tuple[float, float, float]:
     """(dp communication, its exposed part, buffer bytes) for the setting's ZeRO stage.
@@ -345,7 +405,6 @@ def data_parallel_costs(
     forward and again for backward and reduce-scatters the gradients, overlapped with that
     microbatch's compute.
     """
-    setting = tables.setting
     if setting.dp <= 1:
         return 0.0, 0.0, 0.0
     m = setting.microbatches

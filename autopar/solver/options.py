@@ -6,8 +6,24 @@ from dataclasses import dataclass
 
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
+from autopar.solver.stages import RUNNABLE_SCHEDULES
 
 ZERO_STAGES_RUNNABLE = (0, 3)
+_SCHEDULE_ALIASES = {"zero-bubble": "zb_v", "zero_bubble": "zb_v", "zbv": "zb_v",
+                     "zb-v": "zb_v", "interleaved-1f1b": "interleaved",
+                     "interleaved_1f1b": "interleaved"}
+
+
+def runnable_schedule(name: str) -> str:
+    """The canonical name of a pipeline schedule autopar can run, or a clear error."""
+    key = _SCHEDULE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in RUNNABLE_SCHEDULES:
+        raise AutoparError(
+            f"unknown pipeline schedule {name!r}",
+            where="schedule",
+            fix=f"use one of {', '.join(RUNNABLE_SCHEDULES)} (zero-bubble means zb_v)",
+        )
+    return key
 
 
 @dataclass(frozen=True)
@@ -15,7 +31,11 @@ class PlanOptions:
     """Knobs of one planning run. ``None`` means "let the solver choose".
 
     - ``global_batch``: sequences per optimizer step (default: the traced batch).
-    - ``dp``/``tp``: pin mesh degrees. ``microbatch``: pin the per-device microbatch size.
+    - ``dp``/``tp``/``pp``: pin mesh degrees. ``microbatch``: pin the per-device microbatch
+      size, or ``microbatches`` their number per step.
+    - ``schedule``/``virtual``: pin the pipeline schedule ("gpipe", "1f1b", "interleaved",
+      "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining`` runs) and the
+      chunks per pipeline rank (interleaved only).
     - ``precision``: compute/storage precision of weights and activations ("bf16" and
       "fp16" mean mixed precision with fp32 master weights).
     - ``zero_stages``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
@@ -28,7 +48,11 @@ class PlanOptions:
     global_batch: int | None = None
     dp: int | None = None
     tp: int | None = None
+    pp: int | None = None
+    schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v (alias zero-bubble)
+    virtual: int | None = None  # chunks per pipeline rank (interleaved schedules)
     microbatch: int | None = None
+    microbatches: int | None = None  # microbatches per step (the alternative to microbatch)
     precision: str = "fp32"
     optimizer: str = "adamw"
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE
@@ -40,7 +64,7 @@ class PlanOptions:
     time_limit_s: float = 20.0
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "dp", "tp", "microbatch"):
+        for name in ("global_batch", "dp", "tp", "pp", "virtual", "microbatch", "microbatches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise AutoparError(
@@ -48,6 +72,21 @@ class PlanOptions:
                     where=f"PlanOptions.{name}",
                     fix=f"pass {name}=None to let the solver choose, or a positive int",
                 )
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", runnable_schedule(self.schedule))
+        if self.virtual is not None and self.virtual > 1 and self.schedule not in (
+                None, "interleaved"):
+            raise AutoparError(
+                f"virtual={self.virtual} needs the interleaved schedule, not {self.schedule!r}",
+                where="PlanOptions.virtual",
+                fix="pass schedule='interleaved', or virtual=1",
+            )
+        if self.microbatch is not None and self.microbatches is not None:
+            raise AutoparError(
+                "both microbatch (size) and microbatches (count) are pinned",
+                where="PlanOptions.microbatch/microbatches",
+                fix="pin one of them; the global batch fixes the other",
+            )
         if self.precision not in PRECISIONS:
             raise AutoparError(
                 f"unknown precision {self.precision!r}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
@@ -22,9 +22,10 @@ from autopar.graph_facts import META_KEY, graph_facts
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
-from autopar.solver.evaluate import Prediction, evaluate
+from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Problem, build_problem, forbid_sharding_like
+from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
 from autopar.units import format_bytes
 
 
@@ -39,10 +40,13 @@ class Candidate:
     def summary(self) -> dict:
         s = self.setting
         out = {
-            "dp": s.dp, "tp": s.tp, "zero": s.zero, "microbatch": s.microbatch,
+            "pp": s.pp, "dp": s.dp, "tp": s.tp, "zero": s.zero, "microbatch": s.microbatch,
             "microbatches": s.microbatches, "recompute": s.recompute, "status": self.status,
             "wall_s": round(self.wall_s, 4),
         }
+        if s.pp > 1:
+            out.update(schedule=s.schedule, virtual=s.virtual,
+                       partition=list(s.partition) if s.partition else None)
         if self.prediction is not None:
             out["step_time_s"] = self.prediction.step_time_s
             out["peak_memory_bytes"] = int(self.prediction.peak_memory_bytes)
@@ -59,20 +63,32 @@ class SearchResult:
     wall_s: float
 
 
-def mesh_shapes(cluster: Cluster, options: PlanOptions) -> list[tuple[int, int]]:
-    """(dp, tp) factorizations of the world with tp dividing the devices of one node."""
+def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int) -> list[tuple[int, int, int]]:
+    """(pp, dp, tp) factorizations of the world: ``tp`` divides the devices of one node,
+    ``pp`` is at most the number of layers (a stage holds at least one)."""
     world = cluster.world_size
     shapes = []
     for tp in range(1, cluster.devices_per_node + 1):
         if cluster.devices_per_node % tp or world % tp:
             continue
-        dp = world // tp
-        if options.tp is not None and tp != options.tp:
-            continue
-        if options.dp is not None and dp != options.dp:
-            continue
-        shapes.append((dp, tp))
-    return shapes
+        for pp in range(1, world // tp + 1):
+            if (world // tp) % pp or (pp > 1 and pp > n_layers):
+                continue
+            dp = world // tp // pp
+            if options.tp is not None and tp != options.tp:
+                continue
+            if options.dp is not None and dp != options.dp:
+                continue
+            if options.pp is not None and pp != options.pp:
+                continue
+            shapes.append((pp, dp, tp))
+    return sorted(shapes)
+
+
+def n_layers_of(gm: fx.GraphModule) -> int:
+    """Repeated layers in the graph (what pipeline stages are cut from)."""
+    return len({n.meta[META_KEY].layer for n in gm.graph.nodes
+                if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
 
 
 def _divisors_desc(n: int) -> list[int]:
@@ -84,38 +100,44 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
     facts = graph_facts(gm)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
-    shapes = mesh_shapes(cluster, options)
+    n_layers = n_layers_of(gm)
+    shapes = mesh_shapes(cluster, options, n_layers)
     if not shapes:
         raise NoFeasiblePlanError(
-            f"no mesh matches dp={options.dp}, tp={options.tp} on {cluster.world_size} devices "
-            f"({cluster.nodes} node(s) x {cluster.devices_per_node})",
-            where="dp/tp",
-            fix="dp x tp must equal the number of devices, and tp must divide the devices per node",
+            f"no mesh matches pp={options.pp}, dp={options.dp}, tp={options.tp} on "
+            f"{cluster.world_size} devices ({cluster.nodes} node(s) x "
+            f"{cluster.devices_per_node}) for a model of {n_layers} layers",
+            where="pp/dp/tp",
+            fix="pp x dp x tp must equal the number of devices, tp must divide the devices "
+            "per node, and pp must not exceed the layers",
         )
     candidates: list[Candidate] = []
-    best: tuple | None = None  # (step, tp, zero, candidate, problem, tables, batch)
-
-    for dp, tp in shapes:
+    best: tuple | None = None  # (step, pp, tp, zero, candidate, problem, tables, batch)
+    problems: dict[tuple[int, int], tuple] = {}
+    for pp, dp, tp in shapes:
         if global_batch % dp:
-            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0),
+            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
                                         f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
             continue
         local = global_batch // dp
-        batch = batch_strategies(gm, dp, traced)
-        problem = build_problem(gm, tp, batch)
-        if not options.tp_splits_batch and tp > 1:
-            forbid_sharding_like(problem, propagate_input_dim(gm, tp, traced, dim=0))
+        if (dp, tp) not in problems:
+            batch = batch_strategies(gm, dp, traced)
+            problem = build_problem(gm, tp, batch)
+            if not options.tp_splits_batch and tp > 1:
+                forbid_sharding_like(problem, propagate_input_dim(gm, tp, traced, dim=0))
+            problems[(dp, tp)] = (problem, batch)
+        problem, batch = problems[(dp, tp)]
         for zero in options.zero_stages:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len):
                 best = _search_microbatches(
                     problem, cluster, options, candidates, best, facts, traced, local,
-                    dp, tp, zero, recompute, batch,
+                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), batch, n_layers,
                 )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
-    return SearchResult(best[3], best[4], best[5], best[6], candidates,
+    return SearchResult(best[4], best[5], best[6], best[7], candidates,
                         time.perf_counter() - started)
 
 
@@ -131,46 +153,97 @@ def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None
     return modes
 
 
+def _microbatch_sizes(options: PlanOptions, local: int) -> list[int]:
+    if options.microbatch:
+        return [options.microbatch]
+    if options.microbatches:
+        return [local // options.microbatches] if local % options.microbatches == 0 else []
+    return _divisors_desc(local)
+
+
+def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
+                      ) -> list[tuple[str, int]]:
+    """(schedule, chunks per rank) to try for ``pp`` stages and ``m`` microbatches."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = []
+    for schedule in [options.schedule] if options.schedule else list(RUNNABLE_SCHEDULES):
+        if schedule == "interleaved":
+            # torch's interleaved schedule runs microbatches in rounds of pp
+            vs = [options.virtual] if options.virtual else range(2, 9)
+            out += [(schedule, v) for v in vs
+                    if v > 1 and n_layers >= pp * v and m % pp == 0]
+        elif schedule == "zb_v":
+            if n_layers >= 2 * pp:
+                out.append((schedule, 2))
+        elif options.virtual in (None, 1):
+            out.append((schedule, 1))
+    return out
+
+
 def _search_microbatches(problem, cluster, options, candidates, best, facts, traced, local,
-                         dp, tp, zero, recompute, batch):
+                         base: Setting, batch, n_layers):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
-    the best (step, tp, zero, candidate, problem, tables, batch) so far."""
+    the best (step, pp, tp, zero, candidate, problem, tables, batch) so far. With pipeline
+    stages, each solved layout is tried under every schedule, with its balanced cut."""
     previous = None  # step time at the next larger microbatch that fitted
     hint = None
-    sizes = [options.microbatch] if options.microbatch else _divisors_desc(local)
-    for mb in sizes:
+    pp = base.pp
+    for mb in _microbatch_sizes(options, local):
+        setting = replace(base, microbatch=mb, microbatches=local // mb)
         if local % mb:
-            candidates.append(Candidate(Setting(dp, tp, zero, mb, 0, recompute),
-                                        f"SKIPPED(microbatch {mb} does not divide {local})"))
+            candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
             continue
-        setting = Setting(dp, tp, zero, mb, local // mb, recompute)
+        m = local // mb
+        if pp > 1 and m < pp:
+            candidates.append(Candidate(setting, f"SKIPPED({m} microbatches cannot fill {pp} stages)"))
+            continue
+        variants = pipeline_variants(options, pp, m, n_layers)
+        if not variants:
+            candidates.append(Candidate(setting, "SKIPPED(no pipeline schedule fits)"))
+            continue
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         memory_floor, time_floor = lower_bounds(tables)
-        if memory_floor > tables.capacity:
+        if memory_floor / pp > tables.capacity:
             candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
             continue
-        if best is not None and time_floor >= best[0]:
+        if best is not None and time_floor / pp >= best[0]:
             candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
             break
-        result = solve(tables, options.time_limit_s, hint)
-        cand = Candidate(setting, result.status, wall_s=result.wall_s)
-        candidates.append(cand)
+        flight = min(m, pp)  # 1F1B's first stage
+        result = solve(tables, options.time_limit_s, hint, state_scale=1 / pp,
+                       activation_scale=flight / pp)
         if result.choice is None:
+            candidates.append(Candidate(setting, result.status, wall_s=result.wall_s))
             continue
         hint = result.choice
-        cand.choice = result.choice
-        cand.prediction = evaluate(tables, result.choice)
-        if cand.prediction.peak_memory_bytes > tables.capacity:
-            cand.status = "REJECTED(evaluated memory above capacity)"
+        units = unit_costs(tables, result.choice)
+        fastest = None
+        for schedule, virtual in variants:
+            variant = replace(setting, schedule=schedule, virtual=virtual)
+            if pp > 1:
+                cut = balance(stage_load(units), pp, schedule, virtual, m, tables.capacity)
+                variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
+            cand = Candidate(variant, result.status, choice=result.choice,
+                             wall_s=result.wall_s)
+            candidates.append(cand)
+            cand.prediction = assemble(tables, units, variant)
+            if cand.prediction.peak_memory_bytes > tables.capacity:
+                cand.status = "REJECTED(evaluated memory above capacity)"
+                continue
+            step = cand.prediction.step_time_s
+            fastest = step if fastest is None else min(fastest, step)
+            key = (step, pp, base.tp, base.zero)
+            if best is None or key < best[:4]:
+                best = (*key, cand, problem, tables, batch)
+        if fastest is None:
             continue
-        key = (cand.prediction.step_time_s, tp, zero)
-        if best is None or key < best[:3]:
-            best = (*key, cand, problem, tables, batch)
         # Larger microbatches amortize per-microbatch costs, but near the memory limit they
-        # force leaner, slower strategies: keep halving while it helps.
-        if previous is not None and cand.prediction.step_time_s >= previous:
+        # force leaner, slower strategies (and with pipelines fewer microbatches mean more
+        # bubble): keep halving while it helps.
+        if previous is not None and fastest >= previous:
             break
-        previous = cand.prediction.step_time_s
+        previous = fastest
     return best
 
 
@@ -190,20 +263,22 @@ def no_plan_error(
 ) -> NoFeasiblePlanError:
     """"Fits nowhere": the memory breakdown of the least-memory candidate and the shortfall."""
     low = lowest_memory(gm, cluster, options)
-    if low is None:
+    capacity = cluster.device.memory_bytes * options.memory_fraction
+    if low is None or low[1].total <= capacity:
         reasons = "; ".join(sorted({c.status for c in candidates}))
         return NoFeasiblePlanError(
-            f"no plan: every mesh was skipped ({reasons})",
+            f"no plan: every candidate was skipped ({reasons})",
             where=f"cluster {cluster.name}",
-            fix="change the global batch or the pinned degrees",
+            fix="change the global batch or the pinned degrees (pp x virtual stages need "
+            "that many layers; pipelines need at least pp microbatches)",
         )
     setting, memory = low
-    capacity = cluster.device.memory_bytes * options.memory_fraction
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in memory.to_dict().items() if k != "total")
     return NoFeasiblePlanError(
         f"the model fits on no mesh of {cluster.name}: the least-memory plan needs "
-        f"{format_bytes(memory.total)} per device (dp={setting.dp}, tp={setting.tp}, "
-        f"ZeRO-{setting.zero}, microbatch {setting.microbatch}: {parts}), "
+        f"{format_bytes(memory.total)} per device (pp={setting.pp}, dp={setting.dp}, "
+        f"tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
+        f"{setting.microbatch}: {parts}), "
         f"{format_bytes(memory.total - capacity)} more than the {format_bytes(capacity)} usable "
         f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",
         where=f"cluster {cluster.name}",
@@ -242,11 +317,12 @@ def lowest_memory(
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     low = None
-    for dp, tp in mesh_shapes(cluster, options):
-        if global_batch % dp:
+    recompute = "full" if "full" in options.recompute else options.recompute[0]
+    for pp, dp, tp in mesh_shapes(cluster, options, n_layers_of(gm)):
+        if global_batch % dp or global_batch // dp < pp:
             continue
         zero = max(options.zero_stages) if dp > 1 else 0
-        setting = Setting(dp, tp, zero, 1, global_batch // dp)
+        setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
         problem = build_problem(gm, tp, batch_strategies(gm, dp, traced))
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [

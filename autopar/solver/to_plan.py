@@ -10,8 +10,11 @@ from autopar.cluster import Cluster
 from autopar.graph_facts import graph_facts
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
+from autopar.solver.costs import Setting
+from autopar.solver.evaluate import Prediction
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
+from autopar.solver.stages import layer_ranges, rank_of_chunk
 
 
 def make_plan(
@@ -66,6 +69,9 @@ def make_plan(
         "tp_comm_s": prediction.tp_comm_s,
         "dp_comm_s": prediction.dp_comm_s,
         "dp_exposed_s": prediction.dp_exposed_s,
+        "bubble_s": prediction.bubble_s,
+        "p2p_s": prediction.p2p_s,
+        "optimizer_s": prediction.optimizer_s,
     }
     cluster_dict = cluster.to_dict()
     cluster_dict["devices"] = cluster.world_size
@@ -93,6 +99,7 @@ def make_plan(
             "zero_stage": setting.zero,
             "recompute": setting.recompute,
         },
+        pipeline=pipeline_entry(setting, prediction),
         strategies=strategies,
         params=params,
         predicted=predicted,
@@ -106,6 +113,42 @@ def make_plan(
         layers=_layer_summary(result),
         unruled_ops=dict(sorted(unruled.items())),
     )
+
+
+def pipeline_entry(setting: Setting, prediction: Prediction) -> dict:
+    """The pipeline part of a plan: schedule, the cut, and each stage's modelled figures."""
+    if setting.pp <= 1:
+        return {}
+    chunks, first = [], 0
+    for c, count in enumerate(prediction.partition):
+        chunks.append({"chunk": c, "rank": rank_of_chunk(c, setting.pp, setting.schedule),
+                       "layers": [first, first + count - 1]})
+        first += count
+    stages = []
+    for rank, s in enumerate(prediction.stages):
+        stages.append({
+            "rank": rank,
+            "layers": layer_ranges(s.layers),
+            "forward_s": s.forward_s,
+            "backward_s": s.backward_s,
+            "tp_comm_s": s.tp_comm_s,
+            "p2p_s": s.p2p_s,
+            "time_per_microbatch_s": s.time_per_microbatch_s,
+            "in_flight": s.in_flight,
+            "memory_bytes": int(s.memory.total),
+            "memory": s.memory.to_dict(),
+        })
+    return {
+        "label": "modelled",
+        "schedule": setting.schedule,
+        "virtual_stages": setting.virtual,
+        "microbatches": setting.microbatches,
+        "bubble_fraction": prediction.bubble_fraction,
+        "bubble_s": prediction.bubble_s,
+        "p2p_s": prediction.p2p_s,
+        "chunks": chunks,
+        "stages": stages,
+    }
 
 
 def _layer_summary(result: SearchResult) -> list[dict]:

@@ -109,3 +109,19 @@ def _materialize(value: Any, device: str | torch.device, seen: set[int]) -> Any:
     if isinstance(value, list):
         return [_materialize(v, device, seen) for v in value]
     return value
+
+
+def microbatch_inputs(example_inputs: Any, batch: int, microbatch: int) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of one microbatch: the first ``microbatch`` rows of every tensor
+    whose first dimension is the ``batch`` (what each rank runs at a time); everything else
+    as given. Per-rank programs are traced on this, as PiPPy traces on a microbatch, so
+    batch-sized constants (an ``arange`` over the batch in a mask) come out local.
+    """
+    args, kwargs = split_example_inputs(example_inputs, "meta")
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == batch:
+            return value[:microbatch]
+        return value
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}

@@ -1,0 +1,215 @@
+"""Run a pipelined program with ``torch.distributed.pipelining``.
+
+The pipeline-split pass made one module per chunk of layers; this rank keeps the chunks the
+plan gives its pipeline index, wraps each for data parallelism, makes a ``PipelineStage``
+of it and runs the plan's schedule (GPipe, 1F1B, interleaved 1F1B, ZB-V zero bubble). The
+schedule splits the batch into the plan's microbatches; their summed gradients are scaled by
+their number, so they are those of the whole batch. Weights that chunks on several ranks read (a
+tied embedding and output head) have their gradients summed over those ranks after each
+step, as Megatron does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.tensor import DTensor
+
+from autopar.errors import RuntimeSetupError
+from autopar.plan import Plan
+from autopar.runtime.mesh import MeshContext
+
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "zb_v": ScheduleZBVZeroBubble,
+}
+MULTI_CHUNK = ("interleaved", "zb_v")
+
+
+def _loss_of(outputs: Any, target: Any) -> torch.Tensor:
+    """The scalar among the last stage's outputs (the model's loss, already computed in the
+    graph: ``target`` is only there because the schedules pass it)."""
+    values = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.ndim == 0:
+            return value
+    raise RuntimeSetupError(
+        "the last pipeline stage returns no scalar loss",
+        where="pipeline loss",
+        fix="make the model return its loss (a scalar tensor) among its outputs",
+    )
+
+
+class _Stage(PipelineStage):
+    """``PipelineStage`` whose shape-inference inputs are zeros.
+
+    On its first step a stage learns its input shapes by running its forward on tensors
+    made from the previous stage's metadata, which ``torch.distributed.pipelining`` leaves
+    uninitialized (``torch.empty``). Integer inputs carried between stages (the targets of
+    the loss, token ids) then hold garbage, and the loss or an embedding fails with "index
+    out of bounds". Zeros are valid indices, so inference runs; the real step is unchanged.
+    """
+
+    def _to_tensor(self, arg: Any) -> torch.Tensor:
+        tensor = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor):
+            with torch.no_grad():
+                tensor.zero_()
+        return tensor
+
+
+def chunk_ranks(plan: Plan, chunks: int) -> list[int]:
+    """Pipeline rank of each chunk, as the plan placed them."""
+    entries = plan.pipeline.get("chunks") or []
+    if len(entries) != chunks:
+        raise RuntimeSetupError(
+            f"the plan lists {len(entries)} pipeline chunks but the program has {chunks}",
+            where="plan.pipeline.chunks",
+            fix="re-plan with this autopar (autopar plan ... --json FILE)",
+        )
+    return [int(e["rank"]) for e in entries]
+
+
+class PipelineRunner:
+    """This rank's stages and the schedule that drives them."""
+
+    def __init__(self, program: fx.GraphModule, plan: Plan, ctx: MeshContext,
+                 wrap: Callable[[nn.Module, list[nn.Module]], nn.Module]):
+        info = program.meta["autopar_pipeline"]
+        self.chunks, self.pp = info["chunks"], info["pp"]
+        self.input_names: list[str] = info["outputs"]["inputs"]
+        self.ctx = ctx
+        ranks = chunk_ranks(plan, self.chunks)
+        my_rank = ctx.coords["pp"]
+        self.mine = [c for c in range(self.chunks) if ranks[c] == my_rank]
+        schedule = plan.pipeline.get("schedule", "1f1b")
+        if schedule not in SCHEDULES:
+            raise RuntimeSetupError(f"unknown pipeline schedule {schedule!r}",
+                                    where="plan.pipeline.schedule",
+                                    fix=f"use one of {', '.join(SCHEDULES)}")
+        if (schedule in MULTI_CHUNK) != (len(self.mine) > 1):
+            raise RuntimeSetupError(
+                f"schedule {schedule!r} with {len(self.mine)} chunk(s) on pipeline rank {my_rank}",
+                where="plan.pipeline",
+                fix="interleaved and zb_v run several chunks per rank; gpipe and 1f1b one",
+            )
+        self._tied = _tied_groups(program, ranks, ctx)
+        group = ctx.group("pp")
+        self.modules: list[nn.Module] = []
+        self._stage_modules: dict[int, nn.Module] = {}
+        stages = []
+        for c in self.mine:
+            module = program.get_submodule(f"stage_{c}")
+            self._stage_modules[c] = module
+            units = [module.get_submodule(p) for p in info["layers"][c] if _has(module, p)]
+            wrapped = wrap(module, units)
+            self.modules.append(wrapped)
+            stages.append(_Stage(wrapped, c, self.chunks, ctx.device, group=group))
+        for c in range(self.chunks):  # other ranks' chunks: their weights are not ours
+            if c not in self.mine:
+                delattr(program, f"stage_{c}")
+        m = int(plan.batch.get("microbatches", 1))
+        cls = SCHEDULES[schedule]
+        # The schedules sum the microbatches' gradients; scaling them by 1/m here, once per
+        # parameter, and not per stage (scale_grads=True), keeps a weight that two chunks of
+        # this rank share (a tied embedding and head under ZB-V) from being scaled twice.
+        self.schedule = cls(stages if schedule in MULTI_CHUNK else stages[0], m,
+                            loss_fn=_loss_of, scale_grads=False)
+        self.microbatches = m
+        unique = {id(p): p for module in self.modules for p in module.parameters()}
+        self._params = list(unique.values())
+        self.holds_first = 0 in self.mine
+        self.last_rank = ranks[-1]
+
+    def step(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """Forward and backward over the microbatches; the mean loss, on every pp rank."""
+        args = [inputs[name] for name in self.input_names]
+        target = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        losses: list[torch.Tensor] = []
+        if self.holds_first:
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(target=target, losses=losses, return_outputs=False)
+        for p in self._params:
+            if p.grad is not None:
+                p.grad.div_(self.microbatches)
+        self._sum_tied_grads()
+        if losses:
+            loss = torch.stack([x.detach().reshape(()) for x in losses]).mean()
+        else:
+            loss = torch.zeros((), device=self.ctx.device)
+        group = self.ctx.group("pp")
+        if group is not None:  # the last stage's loss, everywhere
+            dist.broadcast(loss, src=dist.get_global_rank(group, self.last_rank), group=group)
+        return loss
+
+    def _sum_tied_grads(self) -> None:
+        for named, group in self._tied:
+            params = [self._stage_modules[c].get_parameter(name) for c, name in named]
+            # FSDP2 keeps gradients as DTensors; both holders shard them alike over dp
+            grads = [_local(p.grad) for p in params if p.grad is not None]
+            if grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=group)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                    offset += g.numel()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
+                 ) -> list[tuple[list[tuple[int, str]], dist.ProcessGroup]]:
+    """Weights read by chunks on different pipeline ranks: for each set of ranks holding
+    some, a group of them (same data- and tensor-parallel coordinates) and this rank's
+    (chunk, parameter name) pairs. Names, not tensors: data parallelism may replace the
+    parameters when it wraps a stage. Every process creates every group (``new_group``
+    is collective); each keeps the ones it belongs to."""
+    owners: dict[int, set[int]] = {}
+    names: dict[int, list[tuple[int, str]]] = {}
+    for c in range(len(ranks)):
+        for name, p in program.get_submodule(f"stage_{c}").named_parameters():
+            owners.setdefault(id(p), set()).add(ranks[c])
+            names.setdefault(id(p), []).append((c, name))
+    tied = {pid: tuple(sorted(r)) for pid, r in owners.items() if len(r) > 1}
+    if not tied or ctx.mesh is None:
+        return []
+    grid = ctx.mesh.mesh  # (pp, ...) rank grid
+    flat = grid.reshape(grid.shape[0], -1)
+    me = dist.get_rank()
+    my_pp = ctx.coords["pp"]
+    out = []
+    for pp_ranks in sorted(set(tied.values())):
+        for column in range(flat.shape[1]):
+            members = [int(flat[q, column]) for q in pp_ranks]
+            group = dist.new_group(members)
+            if me in members and my_pp in pp_ranks:
+                mine = [next((c, n) for c, n in names[pid] if ranks[c] == my_pp)
+                        for pid, r in tied.items() if r == pp_ranks]
+                out.append((mine, group))
+    return out

@@ -1,0 +1,157 @@
+"""Pipeline stages: which layers each chunk runs, and which pipeline rank runs each chunk.
+
+The layers are cut into ``pp x virtual`` contiguous chunks. Chunk ``c`` runs on rank
+``c % pp`` (GPipe, 1F1B, interleaved 1F1B), or in a V for ZB-V (chunk ``c < pp`` on rank
+``c``, the others back from the last rank to the first), as ``torch.distributed.pipelining``
+places them. What runs before the layers (embeddings) joins the first chunk, what runs
+after them (the head, the loss) the last.
+
+:func:`balance` chooses the cut: the partition whose slowest chunk is fastest, with each
+stage under its memory limit — under 1F1B the first stage holds the most microbatches in
+flight, so it can hold the fewest layers. Embeddings and the output head count at their
+real cost, so a large vocabulary moves layers off the last stage (Megatron balances this by
+hand).
+
+>>> load = StageLoad(pre_time=0.0, post_time=2.0, layer_time=(1.0,) * 6,
+...                  pre_state=0.0, post_state=0.0, layer_state=(0.0,) * 6,
+...                  pre_act=0.0, post_act=0.0, layer_act=(0.0,) * 6)
+>>> balance(load, pp=2, schedule="1f1b", virtual=1, microbatches=4, capacity=1.0)
+(4, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.cost_models.pipeline import in_flight, schedule_name
+
+RUNNABLE_SCHEDULES = ("1f1b", "interleaved", "zb_v", "gpipe")
+"""Schedules ``torch.distributed.pipelining`` runs (ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)."""
+
+
+def rank_of_chunk(chunk: int, pp: int, schedule: str) -> int:
+    """The pipeline rank that runs ``chunk``.
+
+    >>> [rank_of_chunk(c, 2, "interleaved") for c in range(4)], [rank_of_chunk(c, 2, "zb_v") for c in range(4)]
+    ([0, 1, 0, 1], [0, 1, 1, 0])
+    """
+    if schedule_name(schedule) == "zb_v" and chunk >= pp:
+        return 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def equal_partition(n_layers: int, chunks: int) -> tuple[int, ...]:
+    """Equal layer counts per chunk, the first chunks taking the remainder (Megatron's cut)."""
+    per, extra = divmod(n_layers, chunks)
+    return tuple(per + (1 if c < extra else 0) for c in range(chunks))
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """Per-microbatch time and bytes of what runs before the layers, each layer, and what
+    runs after them (modelled). ``*_state`` are weights, gradients and optimizer states,
+    ``*_act`` the activations one microbatch keeps for backward."""
+
+    pre_time: float
+    post_time: float
+    layer_time: tuple[float, ...]
+    pre_state: float
+    post_state: float
+    layer_state: tuple[float, ...]
+    pre_act: float
+    post_act: float
+    layer_act: tuple[float, ...]
+
+
+def _prefix(values: tuple[float, ...]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches: int,
+            capacity: float) -> tuple[int, ...] | None:
+    """Layer counts per chunk minimizing the slowest chunk's time, each chunk at least one
+    layer; with one chunk per rank every stage's memory (states plus its in-flight
+    activations) must also fit ``capacity``. None when no cut fits.
+
+    Greedy filling of each chunk as far as a time bound allows is optimal for a bound (the
+    constraints only tighten as a chunk grows), so bisection on the bound finds the best.
+    """
+    n = len(load.layer_time)
+    chunks = pp * virtual
+    if n < chunks:
+        return None
+    times, states, acts = (_prefix(load.layer_time), _prefix(load.layer_state),
+                           _prefix(load.layer_act))
+    one_per_rank = virtual == 1 and schedule_name(schedule) != "zb_v"
+    flights = [in_flight(schedule, pp, microbatches, k) if one_per_rank else 0.0
+               for k in range(pp)]
+
+    def fits(k: int, start: int, end: int, bound: float) -> bool:
+        first, last = k == 0, k == chunks - 1
+        t = times[end] - times[start] + (load.pre_time if first else 0.0) + (
+            load.post_time if last else 0.0)
+        if t > bound:
+            return False
+        if not one_per_rank:
+            return True
+        state = states[end] - states[start] + (load.pre_state if first else 0.0) + (
+            load.post_state if last else 0.0)
+        act = acts[end] - acts[start] + (load.pre_act if first else 0.0) + (
+            load.post_act if last else 0.0)
+        return state + act * flights[k] <= capacity
+
+    def greedy(bound: float) -> tuple[int, ...] | None:
+        counts, start = [], 0
+        for k in range(chunks):
+            if k == chunks - 1:
+                if not fits(k, start, n, bound):
+                    return None
+                counts.append(n - start)
+                break
+            lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
+            if not fits(k, start, lo, bound):
+                return None
+            while lo < hi:  # the furthest end that fits
+                mid = (lo + hi + 1) // 2
+                if fits(k, start, mid, bound):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            counts.append(lo - start)
+            start = lo
+        return tuple(counts)
+
+    total = times[-1] + load.pre_time + load.post_time
+    if greedy(total * (1 + 1e-9)) is None:
+        return None  # memory alone rules out every cut
+    lo, hi = 0.0, total * (1 + 1e-9)
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        if greedy(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return greedy(hi)
+
+
+def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:
+    """Layers as ranges: ``0-1,4-5`` (an interleaved stage), ``-`` for none.
+
+    >>> layer_ranges((0, 1, 4, 5)), layer_ranges(()), layer_ranges([3])
+    ('0-1,4-5', '-', '3')
+    """
+    if not layers:
+        return "-"
+    parts, start, prev = [], layers[0], layers[0]
+    for layer in list(layers[1:]) + [None]:
+        if layer is not None and layer == prev + 1:
+            prev = layer
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        if layer is not None:
+            start = prev = layer
+    return ",".join(parts)

@@ -57,7 +57,7 @@ def plan(
     >>> from autopar.models import GPT, GPTConfig
     >>> gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
     >>> idx = torch.randint(0, 64, (4, 16))
-    >>> autopar.plan(gpt, "2xcpu", (idx, idx)).mesh
+    >>> autopar.plan(gpt, "2xcpu", (idx, idx), dp=2).mesh
     {'dp': 2, 'tp': 1}
     """
     cluster = load_cluster(cluster)

@@ -31,22 +31,34 @@ ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "megatron_
 SEQ, VOCAB = 2048, 51200
 
 
-def predict(row: dict) -> tuple[float, float, dict]:
+def trace_row(row: dict) -> torch.fx.GraphModule:
+    """The row's GPT (explicit softmax attention, 0.1 dropout), traced on meta tensors."""
+    layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
+    global_batch = int(row["global_batch"])
+    spec = resolve_model(f"gpt:layers={layers},hidden={hidden},heads={heads},vocab={VOCAB},"
+                         f"seq={SEQ},batch={global_batch},math_attention=1,dropout=0.1")
+    with torch.device("meta"):
+        model = spec.build()
+    return trace(model, spec.example_inputs(global_batch, SEQ))
+
+
+def row_cluster(row: dict):
+    """The row's GPUs: A100-80GB, 8 per node."""
+    return load_cluster({"nodes": int(row["gpus"]) // 8, "devices_per_node": 8,
+                         "device": {"preset": "A100-80GB"}})
+
+
+def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, float, dict]:
     """(predicted hardware TFLOP/s per GPU, seconds spent, details) for one table row."""
     started = time.perf_counter()
-    layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
+    layers = int(row["layers"])
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
     global_batch, micro = int(row["global_batch"]), int(row["micro_batch"])
     per_virtual = row["layers_per_virtual_stage"].strip()
     virtual = layers // pp // int(per_virtual) if per_virtual else 1
     dp = gpus // (tp * pp)
-    spec = resolve_model(f"gpt:layers={layers},hidden={hidden},heads={heads},vocab={VOCAB},"
-                         f"seq={SEQ},batch={global_batch},math_attention=1,dropout=0.1")
-    with torch.device("meta"):
-        model = spec.build()
-    gm = trace(model, spec.example_inputs(global_batch, SEQ))
-    cluster = load_cluster({"nodes": gpus // 8, "devices_per_node": 8,
-                            "device": {"preset": "A100-80GB"}})
+    gm = gm if gm is not None else trace_row(row)
+    cluster = row_cluster(row)
     config = PinnedConfig(
         tp=tp, pp=pp, dp=dp, sp=False, microbatch=micro, global_batch=global_batch,
         recompute="full", precision="fp16", zero=0, optimizer="adam",
@@ -59,7 +71,8 @@ def predict(row: dict) -> tuple[float, float, dict]:
                      if est.tables.recomputed(d) and d.facts.requires_grad)
     hardware = (facts.fwd_flops + facts.bwd_flops + recomputed) * scale
     step = est.prediction.step_time_s
-    details = {"step_s": step, "bubble_s": est.prediction.bubble_s,
+    model_flops = (facts.fwd_flops + facts.bwd_flops) * scale
+    details = {"step_s": step, "model_tflops": model_flops / step / gpus / 1e12, "bubble_s": est.prediction.bubble_s,
                "tp_comm_s": est.prediction.tp_comm_s, "dp_exposed_s": est.prediction.dp_exposed_s,
                "peak_gib": est.prediction.peak_memory_bytes / 2**30}
     return hardware / step / gpus / 1e12, time.perf_counter() - started, details

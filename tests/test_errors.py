@@ -442,6 +442,23 @@ def test_world_size_mismatch(tiny_plan: autopar.Plan, monkeypatch: pytest.Monkey
     assert "torchrun --nproc-per-node 2" in err.fix
 
 
+def test_pipeline_plan_world_size_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autopar.runtime.mesh import build_mesh
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    plan = autopar.plan(tiny_gpt(), "4xcpu", token_batch(), pp=2, microbatches=2)
+    assert plan.mesh["pp"] == 2 and plan.world_size == 4
+    with pytest.raises(RuntimeSetupError) as info:
+        build_mesh(plan, "gloo")
+    err = info.value
+    assert_well_formed(err)
+    assert re.search(r"\b4\b", err.what) and re.search(r"\b1\b", err.what) and "pp=2" in err.what
+    assert "torchrun --nproc-per-node 4" in err.fix
+
+
 # --- the command line ------------------------------------------------------------------------
 
 

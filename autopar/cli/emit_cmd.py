@@ -15,6 +15,7 @@ from autopar.errors import AutoparError
 from autopar.passes import PassContext, PassManager, program_passes
 from autopar.plan import Plan
 from autopar.runtime.parallel_module import rank_code
+from autopar.trace.align import rename_like
 
 
 def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
@@ -35,12 +36,17 @@ def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
 def run_emit(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.load(args.plan)
-        traced = trace_model(args.model, plan.batch["traced"], plan.batch["seq"])
-        plan.check_model(traced.gm.meta["autopar"].fingerprint, traced.spec.name)
+        planned = trace_model(args.model, plan.batch["traced"], plan.batch["seq"]).gm
+        plan.check_model(planned.meta["autopar"].fingerprint, args.model)
     else:
-        plan, _, _ = plan_from_args(args)
-    # Each rank's program is rewritten from the model traced on one of its microbatches.
-    gm = trace_model(args.model, plan.batch["microbatch"], plan.batch["seq"]).gm
+        plan, traced = plan_from_args(args)
+        planned = traced.gm
+    # Each rank's program is rewritten from the model traced on one of its microbatches,
+    # its nodes named as in the planned graph.
+    gm = planned
+    if plan.batch["microbatch"] != plan.batch["traced"]:
+        gm = rename_like(trace_model(args.model, plan.batch["microbatch"], plan.batch["seq"]).gm,
+                         planned)
     coords = rank_coords(plan, args.rank)
     program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, coords))
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.load import recompute_modes, trace_model, zero_stages
+from autopar.cli.load import TracedModel, recompute_modes, trace_model, zero_stages
 from autopar.cli.summary import format_plan
 from autopar.plan import Plan
 from autopar.planning import plan
 
 
-def plan_from_args(args: argparse.Namespace) -> tuple[Plan, float, str]:
+def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
     traced = trace_model(args.model, args.batch, args.seq)
     result = plan(
         traced.gm,
@@ -29,12 +29,12 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, float, str]:
         time_limit_s=args.time_limit,
         model_name=traced.spec.name,
     )
-    return result, traced.trace_s, traced.spec.name
+    return result, traced
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    result, trace_s, name = plan_from_args(args)
-    print(format_plan(result, name, trace_s))
+    result, traced = plan_from_args(args)
+    print(format_plan(result, traced.spec.name, traced.trace_s))
     if args.json:
         result.save(args.json)
         print(f"\nplan written to {args.json}")

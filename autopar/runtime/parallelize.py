@@ -25,6 +25,7 @@ from autopar.runtime.mesh import build_mesh, ensure_process_group
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelineRunner
 from autopar.trace import trace
+from autopar.trace.align import rename_like
 from autopar.trace.inputs import microbatch_inputs
 
 
@@ -82,7 +83,8 @@ def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
             where="plan.batch.microbatch",
             fix="pass one global batch as example_inputs (its size is the plan's global batch)",
         )
-    return trace(model, microbatch_inputs(example_inputs, traced, microbatch))
+    # Named as in the planned graph (a model may trace differently at another batch size).
+    return rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch)), gm)
 
 
 def _plan_on_rank0(gm: fx.GraphModule, cluster: Cluster, **kwargs: Any) -> Plan:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from autopar.cost_models.comm import axis_link, collective_time, group_collective_time
+from autopar.cost_models.comm import LinkSpec, axis_link, collective_time, group_collective_time
 from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.memory import MemoryBreakdown, ddp_buffer_bytes
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
@@ -236,12 +236,21 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
                 u.cut_bwd[cut] += nbytes
 
 
-def stage_load(u: UnitCosts) -> StageLoad:
-    """What :func:`autopar.solver.stages.balance` needs from the unit costs."""
+def stage_load(u: UnitCosts, link: LinkSpec | None = None) -> StageLoad:
+    """What :func:`autopar.solver.stages.balance` needs from the unit costs; ``link``
+    (the pp axis's) prices the activations and gradients sent at each possible cut."""
     time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]
     state = [u.params[i] + u.grads[i] + u.opt[i] for i in range(u.n_units)]
+    forward = backward = ()
+    if link is not None:  # a cut after layer i is after unit i + 1
+        def send(nbytes: float) -> float:
+            return nbytes / link.bandwidth_bytes_per_s + link.latency_s if nbytes else 0.0
+
+        forward = tuple(send(u.cut_fwd[i + 1]) for i in range(len(u.layers)))
+        backward = tuple(send(u.cut_bwd[i + 1]) for i in range(len(u.layers)))
     return StageLoad(time[0], time[-1], tuple(time[1:-1]), state[0], state[-1],
-                     tuple(state[1:-1]), u.act[0], u.act[-1], tuple(u.act[1:-1]))
+                     tuple(state[1:-1]), u.act[0], u.act[-1], tuple(u.act[1:-1]),
+                     forward, backward)
 
 
 def evaluate(tables: CostTables, choice: list[int], setting: Setting | None = None) -> Prediction:

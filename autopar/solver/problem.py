@@ -212,3 +212,34 @@ def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) 
         allowed = {R} | ({seq.outputs[0]} if seq is not None and seq.outputs else set())
         kept = [s for s in d.candidates if s.outputs and s.outputs[0] in allowed]
         d.candidates = kept or d.candidates[:1]
+
+
+def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:
+    """Drop tp candidates that split the batch, for microbatches tp does not divide: the
+    dims the dp axis marks as batch and, on values the batch marking could not follow (a mask
+    built by indexing with ``arange(batch)``), any dim of the traced batch size."""
+    for d in problem.decisions:
+        if d.kind == "param":
+            continue
+        node = d.nodes[0]
+        in_shapes = []
+        for a in tensor_inputs(node):
+            producer, index = value_of(a)
+            shapes = producer.meta[META_KEY].shapes if META_KEY in producer.meta else ()
+            in_shapes.append(shapes[index] if index < len(shapes) else ())
+        slots = [(d.batch.outputs, d.facts.shapes, "outputs"), (d.batch.inputs, in_shapes, "inputs")]
+
+        def clashes(s: Strategy, slots: list = slots) -> bool:
+            for marks, shapes, side in slots:
+                for p, mark, shape in zip(getattr(s, side), marks, shapes):
+                    if not isinstance(p, Shard):
+                        continue
+                    if isinstance(mark, Shard) and mark.dim == p.dim:
+                        return True
+                    if not isinstance(mark, Shard) and len(shape) > p.dim and (
+                            shape[p.dim] == batch_size):
+                        return True
+            return False
+
+        kept = [s for s in d.candidates if not clashes(s)]
+        d.candidates = kept or d.candidates[:1]

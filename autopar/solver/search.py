@@ -16,15 +16,16 @@ from dataclasses import dataclass, replace
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.cost_models.comm import axis_link
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
+from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Problem, build_problem, forbid_sharding_like
+from autopar.solver.problem import Problem, build_problem, forbid_splitting_batch
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
 from autopar.units import format_bytes
 
@@ -113,27 +114,35 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
         )
     candidates: list[Candidate] = []
     best: tuple | None = None  # (step, pp, tp, zero, candidate, problem, tables, batch)
-    problems: dict[tuple[int, int], tuple] = {}
+    problems: dict[tuple[int, int, bool], tuple] = {}
     for pp, dp, tp in shapes:
         if global_batch % dp:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
                                         f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
             continue
         local = global_batch // dp
-        if (dp, tp) not in problems:
-            batch = batch_strategies(gm, dp, traced)
-            problem = build_problem(gm, tp, batch)
-            if not options.tp_splits_batch and tp > 1:
-                forbid_sharding_like(problem, propagate_input_dim(gm, tp, traced, dim=0))
-            problems[(dp, tp)] = (problem, batch)
-        problem, batch = problems[(dp, tp)]
+
+        def problem_for(microbatch: int, dp: int = dp, tp: int = tp) -> tuple[Problem, dict]:
+            """The tp decisions for one microbatch size: splitting the batch over tp needs
+            a microbatch that tp divides (problems are shared by the sizes that allow it)."""
+            splits_batch = options.tp_splits_batch and microbatch % tp == 0
+            key = (dp, tp, splits_batch)
+            if key not in problems:
+                batch = batch_strategies(gm, dp, traced)
+                problem = build_problem(gm, tp, batch)
+                if not splits_batch and tp > 1:
+                    forbid_splitting_batch(problem, traced)
+                problems[key] = (problem, batch)
+            return problems[key]
+
+        problem = problem_for(local)[0]
         for zero in options.zero_stages:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len):
                 best = _search_microbatches(
-                    problem, cluster, options, candidates, best, facts, traced, local,
-                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), batch, n_layers,
+                    problem_for, cluster, options, candidates, best, facts, traced, local,
+                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), n_layers,
                 )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
@@ -181,8 +190,8 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
     return out
 
 
-def _search_microbatches(problem, cluster, options, candidates, best, facts, traced, local,
-                         base: Setting, batch, n_layers):
+def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
+                         base: Setting, n_layers):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
@@ -202,6 +211,9 @@ def _search_microbatches(problem, cluster, options, candidates, best, facts, tra
         if not variants:
             candidates.append(Candidate(setting, "SKIPPED(no pipeline schedule fits)"))
             continue
+        problem, batch = problem_for(mb)
+        if hint is not None and hint[0] is not problem:
+            hint = None  # candidate indices of another problem
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         memory_floor, time_floor = lower_bounds(tables)
         if memory_floor / pp > tables.capacity:
@@ -211,18 +223,19 @@ def _search_microbatches(problem, cluster, options, candidates, best, facts, tra
             candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
             break
         flight = min(m, pp)  # 1F1B's first stage
-        result = solve(tables, options.time_limit_s, hint, state_scale=1 / pp,
+        result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
                        activation_scale=flight / pp)
         if result.choice is None:
             candidates.append(Candidate(setting, result.status, wall_s=result.wall_s))
             continue
-        hint = result.choice
+        hint = (problem, result.choice)
         units = unit_costs(tables, result.choice)
+        load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None)
         fastest = None
         for schedule, virtual in variants:
             variant = replace(setting, schedule=schedule, virtual=virtual)
             if pp > 1:
-                cut = balance(stage_load(units), pp, schedule, virtual, m, tables.capacity)
+                cut = balance(load, pp, schedule, virtual, m, tables.capacity)
                 variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
             cand = Candidate(variant, result.status, choice=result.choice,
                              wall_s=result.wall_s)

@@ -62,6 +62,19 @@ class StageLoad:
     pre_act: float
     post_act: float
     layer_act: tuple[float, ...]
+    # seconds to send activations on after layer i (paid by the sender) and gradients back
+    # before layer i + 1 (paid by the chunk starting there); empty: free
+    send_forward: tuple[float, ...] = ()
+    send_backward: tuple[float, ...] = ()
+
+    def p2p(self, start: int, end: int, first: bool, last: bool) -> float:
+        """Point-to-point time of a chunk of layers ``start .. end - 1``."""
+        t = 0.0
+        if not last and self.send_forward:
+            t += self.send_forward[end - 1]
+        if not first and self.send_backward:
+            t += self.send_backward[start - 1]
+        return t
 
 
 def _prefix(values: tuple[float, ...]) -> list[float]:
@@ -93,7 +106,7 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     def fits(k: int, start: int, end: int, bound: float) -> bool:
         first, last = k == 0, k == chunks - 1
         t = times[end] - times[start] + (load.pre_time if first else 0.0) + (
-            load.post_time if last else 0.0)
+            load.post_time if last else 0.0) + load.p2p(start, end, first, last)
         if t > bound:
             return False
         if not one_per_rank:
@@ -125,7 +138,8 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
             start = lo
         return tuple(counts)
 
-    total = times[-1] + load.pre_time + load.post_time
+    total = times[-1] + load.pre_time + load.post_time + sum(load.send_forward) + sum(
+        load.send_backward)
     if greedy(total * (1 + 1e-9)) is None:
         return None  # memory alone rules out every cut
     lo, hi = 0.0, total * (1 + 1e-9)
@@ -135,7 +149,42 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
             lo = mid
         else:
             hi = mid
-    return greedy(hi)
+    counts = greedy(hi)
+    if one_per_rank or counts is None:
+        return counts
+
+    # With several chunks per rank, a rank's time is the sum of its chunks': move single
+    # layers across chunk boundaries while that lowers the slowest rank (then the spread).
+    def rank_times(counts: tuple[int, ...]) -> list[float]:
+        out, start = [0.0] * pp, 0
+        for k, count in enumerate(counts):
+            first, last = k == 0, k == chunks - 1
+            out[rank_of_chunk(k, pp, schedule)] += (
+                times[start + count] - times[start] + (load.pre_time if first else 0.0)
+                + (load.post_time if last else 0.0)
+                + load.p2p(start, start + count, first, last))
+            start += count
+        return out
+
+    def score(counts: tuple[int, ...]) -> tuple[float, float]:
+        ranks = rank_times(counts)
+        return max(ranks), sum(t * t for t in ranks)
+
+    best = score(counts)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(chunks - 1):
+            for step in (1, -1):  # one layer from chunk k+1 to k, or back
+                moved = list(counts)
+                moved[k] += step
+                moved[k + 1] -= step
+                if min(moved[k], moved[k + 1]) < 1:
+                    continue
+                trial = score(tuple(moved))
+                if trial < best:
+                    counts, best, improved = tuple(moved), trial, True
+    return counts
 
 
 def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:

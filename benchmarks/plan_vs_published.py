@@ -1,0 +1,96 @@
+"""autopar's own plans vs Megatron-LM's hand-tuned ones (Narayanan et al., SC'21, Table 1).
+
+For every row of ../shared/anchors/megatron_sc21_table1.csv the same model (GPT, sequence
+2048, vocabulary 51200, explicit softmax attention with 0.1 dropout as Megatron ran it), GPU
+count (A100-80GB, 8 per node), global batch and precision (fp16, Adam) are given to two
+predictions by the same cost model:
+
+- *published*: Megatron's configuration pinned (its TP/PP/DP, microbatch, interleaving, full
+  recomputation, no ZeRO) — what ``benchmarks/fidelity_published.py`` checks against the
+  measured figures;
+- *autopar*: what ``autopar.plan`` chooses with nothing pinned but the batch, in two search
+  spaces — Megatron's own (ZeRO-0: every rank keeps whole optimizer states, so large models
+  need pipeline stages) and the full one (ZeRO-3 allowed).
+
+Both are **modelled** step times; the ratio published/autopar > 1 means autopar's plan is
+predicted faster. Throughput is in model FLOPs (recomputation not counted) so plans that
+recompute less are not penalized.
+
+    python benchmarks/plan_vs_published.py              # all rows, both search spaces
+    python benchmarks/plan_vs_published.py --rows 3 --spaces megatron
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+
+from fidelity_published import ANCHOR, predict, row_cluster, trace_row
+
+import autopar
+
+SPACES = {"megatron": (0,), "full": (0, 3)}
+
+
+def plan_row(row: dict, gm, zero_stages: tuple[int, ...]) -> tuple[autopar.Plan, float]:
+    """autopar's plan for the row (only the global batch, precision and optimizer given)."""
+    started = time.perf_counter()
+    plan = autopar.plan(gm, row_cluster(row), global_batch=int(row["global_batch"]),
+                        precision="fp16", optimizer="adam", zero_stages=zero_stages)
+    return plan, time.perf_counter() - started
+
+
+def describe(plan: autopar.Plan) -> str:
+    mesh = plan.mesh
+    text = f"tp{mesh['tp']} pp{mesh.get('pp', 1)} dp{mesh['dp']} z{plan.training['zero_stage']}"
+    text += f" mb{plan.batch['microbatch']} {plan.training['recompute'][:3]}"
+    if plan.pipeline:
+        pipe = plan.pipeline
+        text += f" {pipe['schedule']}" + (f"v{pipe['virtual_stages']}"
+                                          if pipe["virtual_stages"] > 1 else "")
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=None)
+    ap.add_argument("--spaces", default="megatron,full")
+    args = ap.parse_args()
+    spaces = args.spaces.split(",")
+    rows = list(csv.DictReader(ANCHOR.open()))[: args.rows]
+    print("Megatron-LM SC'21 Table 1, A100-80GB, fp16: step time (modelled) of the published "
+          "configuration vs autopar's plan; ratio = published / autopar (> 1: autopar faster)")
+    header = f"{'params':>8} {'published config':<22} {'step s':>7} {'TFLOP/s':>7}"
+    for space in spaces:
+        header += f" | {space + ' space: autopar plan':<40} {'step s':>7} {'TFLOP/s':>7} " \
+                  f"{'ratio':>6} {'plan s':>6}"
+    print(header)
+    ratios: dict[str, list[float]] = {s: [] for s in spaces}
+    for row in rows:
+        gm = trace_row(row)
+        _, _, published = predict(row, gm)
+        # model FLOPs per second per GPU = published["model_tflops"] x published step / step
+        flops = published["model_tflops"] * published["step_s"]
+        per_virtual = row["layers_per_virtual_stage"].strip()
+        v = int(row["layers"]) // int(row["pp"]) // int(per_virtual) if per_virtual else 1
+        config = (f"tp{row['tp']} pp{row['pp']} dp{int(row['gpus']) // int(row['tp']) // int(row['pp'])}"
+                  f" mb{row['micro_batch']}" + (f" v{v}" if v > 1 else ""))
+        line = (f"{row['params_b']:>7}B {config:<22} {published['step_s']:>7.2f} "
+                f"{published['model_tflops']:>7.1f}")
+        for space in spaces:
+            plan, plan_s = plan_row(row, gm, SPACES[space])
+            step = plan.predicted["step_time_s"]
+            ratio = published["step_s"] / step
+            ratios[space].append(ratio)
+            line += (f" | {describe(plan):<40} {step:>7.2f} {flops / step:>7.1f} "
+                     f"{ratio:>6.2f} {plan_s:>6.1f}")
+        print(line, flush=True)
+    for space, values in ratios.items():
+        worst = min(values)
+        print(f"{space} space: autopar's plan predicted at least as fast on "
+              f"{sum(r >= 1 for r in values)}/{len(values)} rows; lowest ratio {worst:.2f}")
+
+
+if __name__ == "__main__":
+    main()

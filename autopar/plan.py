@@ -77,6 +77,8 @@ class Plan:
     # chunks [{chunk, rank, layers: [first, last]}], stages [{rank, layers, times, memory}]
     pipeline: dict[str, Any] = field(default_factory=dict)
     unruled_ops: dict[str, int] = field(default_factory=dict)
+    # attention sites: [{node, pattern, layer, what, fused, reason}] (fuse-attention pass)
+    attention: list[dict[str, Any]] = field(default_factory=list)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

@@ -40,6 +40,7 @@ def plan(
     zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE,
     recompute: tuple[str, ...] = ("none", "selective", "full"),
     tp_splits_batch: bool = True,
+    fuse_attention: bool = True,
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     model_name: str | None = None,
@@ -78,6 +79,7 @@ def plan(
         zero_stages=tuple(zero_stages),
         recompute=tuple(recompute),
         tp_splits_batch=tp_splits_batch,
+        fuse_attention=fuse_attention,
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
     )

@@ -44,11 +44,11 @@ def plan_row(row: dict, gm, zero_stages: tuple[int, ...]) -> tuple[autopar.Plan,
 def describe(plan: autopar.Plan) -> str:
     mesh = plan.mesh
     text = f"tp{mesh['tp']} pp{mesh.get('pp', 1)} dp{mesh['dp']} z{plan.training['zero_stage']}"
-    text += f" mb{plan.batch['microbatch']} {plan.training['recompute'][:3]}"
+    text += f" mb{plan.batch['microbatch']} rc:{plan.training['recompute']}"
     if plan.pipeline:
         pipe = plan.pipeline
-        text += f" {pipe['schedule']}" + (f"v{pipe['virtual_stages']}"
-                                          if pipe["virtual_stages"] > 1 else "")
+        text += f" {pipe['schedule']}" + (f" v{pipe['virtual_stages']}"
+                                          if pipe["schedule"] == "interleaved" else "")
     return text
 
 

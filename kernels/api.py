@@ -68,6 +68,8 @@ def spec_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     if not errors:
         if k.shape != v.shape:
             errors.append(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if q.shape[2] == 0 or k.shape[2] == 0:
+            errors.append(f"q_len and k_len must be positive, got {q.shape[2]} and {k.shape[2]}")
         if q.shape[0] != k.shape[0]:
             errors.append(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
         if q.shape[3] != k.shape[3]:

@@ -414,6 +414,22 @@ def _flags(spec: AttentionSpec, interpret: bool) -> dict[str, Any]:
     }
 
 
+def _condition(text: str, flags: dict[str, Any]) -> bool:
+    """A directive's condition: flags joined by ``or``/``and``, ``not FLAG``, ``FLAG > N``
+    (a closed little language, so the template needs no ``eval``)."""
+    def term(t: str) -> bool:
+        words = t.split()
+        if len(words) == 1:
+            return bool(flags[words[0]])
+        if len(words) == 2 and words[0] == "not":
+            return not flags[words[1]]
+        if len(words) == 3 and words[1] == ">":
+            return flags[words[0]] > int(words[2])
+        raise ValueError(f"template condition not understood: {t!r}")
+
+    return any(all(term(t) for t in alt.split(" and ")) for alt in text.split(" or "))
+
+
 def render(template: str, flags: dict[str, Any]) -> str:
     """Resolve `#if`/`#elif`/`#else`/`#endif` lines and `{{NAME}}` substitutions."""
     out: list[str] = []
@@ -428,13 +444,13 @@ def render(template: str, flags: dict[str, Any]) -> str:
             continue
         word, cond = m.group(1), m.group(2).strip()
         if word == "if":
-            taken = emitting and bool(eval(cond, {"__builtins__": {}}, flags))  # noqa: S307
+            taken = emitting and _condition(cond, flags)
             stack.append((taken, taken, emitting))
         elif not stack:
             raise ValueError(f"template line {lineno}: #{word} without #if")
         elif word == "elif":
             _, done, parent = stack[-1]
-            taken = parent and not done and bool(eval(cond, {"__builtins__": {}}, flags))  # noqa: S307
+            taken = parent and not done and _condition(cond, flags)
             stack[-1] = (taken, done or taken, parent)
         elif word == "else":
             _, done, parent = stack[-1]

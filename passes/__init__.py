@@ -1,6 +1,7 @@
 """Plan-driven graph rewrites, one pass per file, run by a PassManager."""
 
 from autopar.passes.checkpoint_layers import CheckpointLayers
+from autopar.passes.fuse_attention import FuseAttention
 from autopar.passes.infra import (
     GraphPass,
     PassContext,
@@ -25,13 +26,15 @@ def sharding_passes() -> list[GraphPass]:
 
 def program_passes(plan: Plan) -> list[GraphPass]:
     """Every pass that turns a graph traced on one microbatch into this rank's program for
-    ``plan``, in order: tensor parallelism; layer modules when FSDP2 gathers them, when
+    ``plan``, in order: tensor parallelism; fused attention kernels; layer modules when FSDP2 gathers them, when
     checkpointing reruns them, or when pipeline stages are cut between them; the
     checkpointing; the pipeline split."""
     zero = plan.training.get("zero_stage", 0)
     recompute = plan.training.get("recompute", "none")
     pipelined = plan.mesh.get("pp", 1) > 1
     passes = sharding_passes()
+    if any(entry.get("fused") for entry in plan.attention):
+        passes.append(FuseAttention())
     if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none" or pipelined:
         passes.append(OutlineLayers())
     if recompute != "none":
@@ -43,6 +46,7 @@ def program_passes(plan: Plan) -> list[GraphPass]:
 
 __all__ = [
     "CheckpointLayers",
+    "FuseAttention",
     "GraphPass",
     "InsertCollectives",
     "LocalizeShapes",

@@ -51,6 +51,9 @@ def test_emit_prints_the_rank_program(capsys) -> None:
     assert "rank 3 of 4" in text and "{'dp': 1, 'tp': 1}" in text
     assert "def forward" in text
     assert "redistribute" in text or "grad_all_reduce" in text
+    # attention runs as the generated fused kernel, one call per layer
+    assert text.count("autopar_kernels_api_attention(") == 2
+    assert "# pass fuse-attention: 2 change(s)" in text
 
 
 def test_emit_with_a_saved_plan(tmp_path, capsys) -> None:

@@ -40,6 +40,7 @@ class PlanOptions:
       "fp16" mean mixed precision with fp32 master weights).
     - ``zero_stages``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
     - ``recompute``: activation recomputation modes the solver may pick per plan.
+    - ``fuse_attention``: run every attention site the kernels support as one fused call.
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
@@ -60,6 +61,8 @@ class PlanOptions:
     # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
     # splits work within each sequence only, as Megatron's does.
     tp_splits_batch: bool = True
+    # Replace attention sites with the generated fused kernels (autopar.kernels.attention).
+    fuse_attention: bool = True
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
 

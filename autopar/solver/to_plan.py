@@ -7,7 +7,8 @@ from collections import Counter
 import torch.fx as fx
 
 from autopar.cluster import Cluster
-from autopar.graph_facts import graph_facts
+from autopar.graph_facts import META_KEY, graph_facts
+from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.costs import Setting
@@ -112,7 +113,25 @@ def make_plan(
         },
         layers=_layer_summary(result),
         unruled_ops=dict(sorted(unruled.items())),
+        attention=attention_entries(gm, options),
     )
+
+
+def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:
+    """The model's attention sites, and whether the program fuses each (and why not)."""
+    entries = []
+    for site in find_attention_sites(gm):
+        facts = site.output.meta.get(META_KEY)
+        fused = options.fuse_attention and site.fusable
+        entries.append({
+            "node": site.name,
+            "pattern": site.pattern,
+            "layer": facts.layer if facts is not None else None,
+            "what": site.describe(),
+            "fused": fused,
+            "reason": "" if fused else (site.reason or "fusion turned off (fuse_attention=False)"),
+        })
+    return entries
 
 
 def pipeline_entry(setting: Setting, prediction: Prediction) -> dict:

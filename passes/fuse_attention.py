@@ -1,0 +1,73 @@
+"""Replace each attention site the plan marks fused with one call of the generated kernel.
+
+The plan lists the attention sites of the model (``plan.attention``, found by
+:mod:`autopar.passes.attention_sites` when planning) and which are fused. This pass finds
+them again in the rank's graph — after tensor parallelism, so shapes are local (heads split
+over tp) — and rewrites each into ``autopar.kernels.attention(q, k, v, causal=..., scale=...,
+bias=..., dropout_p=...)``, which runs the generated Triton kernels on CUDA (or in Triton's
+interpreter) and PyTorch SDPA elsewhere. The printed per-rank program shows these calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from autopar.kernels import attention as fused_attention
+from autopar.passes.attention_sites import AttentionSite, find_attention_sites
+from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+
+aten = torch.ops.aten
+
+
+def _rewrite(gm: fx.GraphModule, site: AttentionSite) -> None:
+    graph = gm.graph
+    kwargs = {"causal": site.causal, "scale": site.scale, "bias": site.bias,
+              "dropout_p": site.dropout_p}
+    with graph.inserting_before(site.output):
+        call = graph.call_function(fused_attention, (site.q, site.k, site.v), kwargs)
+    call.meta = dict(site.output.meta)
+    site.output.replace_all_uses_with(call)
+    _erase_dead(graph, [*site.nodes, *(n for n in (site.output.args[1:3]) if isinstance(n, fx.Node))])
+
+
+def _erase_dead(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erase ``nodes`` and what only they used (HF's repeat_kv), once nothing reads them;
+    export's metadata assertions on them go too."""
+    pending = list(dict.fromkeys(nodes))
+    while pending:
+        node = pending.pop()
+        if node.graph is not graph or node.op != "call_function":
+            continue
+        for user in list(node.users):
+            if user.target is aten._assert_tensor_metadata.default:
+                graph.erase_node(user)
+        if node.users:
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        pending.extend(n for n in inputs if n.op == "call_function")
+
+
+@register_pass
+class FuseAttention(GraphPass):
+    name = "fuse-attention"
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        planned = {entry["node"] for entry in ctx.plan.attention if entry.get("fused")}
+        if not planned:
+            return PassResult(gm, modified=False)
+        changes = []
+        found = set()
+        for site in find_attention_sites(gm):
+            if site.name not in planned:
+                continue
+            found.add(site.name)
+            if not site.fusable:
+                changes.append(f"kept {site.name}: {site.reason}")
+                continue
+            _rewrite(gm, site)
+            changes.append(f"fused {site.name} ({site.describe()})")
+        changes += [f"kept {name}: not found in this rank's graph" for name in sorted(planned - found)]
+        return PassResult(gm, modified=any(c.startswith("fused") for c in changes),
+                          changes=changes)

@@ -1,0 +1,135 @@
+"""The fuse-attention pass: every attention site of nanoGPT, HF GPT-2 (eager) and HF Llama
+(SDPA) becomes one kernel call, and the fused model trains like the unfused one — with the
+generated Triton kernels (run by Triton's interpreter) and through the SDPA fallback."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import autopar
+from autopar.passes import FuseAttention, PassContext, PassManager, program_passes
+from autopar.passes.attention_sites import find_attention_sites
+from autopar.runtime.parallel_module import find_loss
+
+
+def _gpt(attention: str):
+    from autopar.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32,
+                          attention=attention))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, ((idx, idx.roll(1, 1)), {})
+
+
+def _hf(name: str):
+    pytest.importorskip("transformers")
+    from autopar.models.hf import build_gpt2, build_llama
+
+    if name == "gpt2":
+        model = build_gpt2(layers=2, hidden=32, heads=4, vocab=64, seq=16)
+    else:
+        model = build_llama(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64, seq=16)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, ((), {"input_ids": ids, "labels": ids.clone(), "use_cache": False})
+
+
+MODELS = {
+    "nanogpt-sdpa": lambda: _gpt("sdpa"),
+    "nanogpt-math": lambda: _gpt("math"),
+    "hf-gpt2-eager": lambda: _hf("gpt2"),
+    "hf-llama-sdpa": lambda: _hf("llama"),
+}
+PATTERN = {"nanogpt-sdpa": "sdpa", "nanogpt-math": "eager", "hf-gpt2-eager": "eager",
+           "hf-llama-sdpa": "sdpa"}
+
+
+def _loss_and_grads(module: nn.Module, inputs) -> tuple[float, dict[str, torch.Tensor]]:
+    args, kwargs = inputs
+    loss = find_loss(module(*args, **kwargs))
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
+
+
+def _fused_program(model: nn.Module, inputs):
+    plan = autopar.plan(model, "1xcpu", inputs, recompute=("none",))
+    gm = autopar.trace(model, inputs)
+    program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, {"tp": 0}))
+    return plan, program, results
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "sdpa"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_fused_model_matches_unfused(name: str, backend: str, monkeypatch) -> None:
+    if backend == "interpreter":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if backend == "interpreter" else "0")
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    reference = copy.deepcopy(model)
+    plan, program, results = _fused_program(model, inputs)
+
+    # Every site was found when planning, recorded fused, and rewritten into a kernel call.
+    assert len(plan.attention) == 2, plan.attention
+    assert all(e["fused"] and e["pattern"] == PATTERN[name] for e in plan.attention)
+    fused = [r for r in results if r.pass_name == "fuse-attention"][0]
+    assert sum(c.startswith("fused") for c in fused.changes) == 2, fused.changes
+    calls = [n for n in program.graph.nodes if n.target is autopar.kernels.attention]
+    assert len(calls) == 2
+    assert "autopar_kernels_api_attention(" in program.code or any(
+        "autopar_kernels_api_attention(" in m.code for m in program.modules()
+        if isinstance(m, torch.fx.GraphModule))
+    assert not any("softmax" in str(n.target) or "scaled_dot_product" in str(n.target)
+                   for m in program.modules() if isinstance(m, torch.fx.GraphModule)
+                   for n in m.graph.nodes)
+
+    ref_loss, ref_grads = _loss_and_grads(reference, inputs)
+    loss, grads = _loss_and_grads(program, inputs)
+    assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+    assert grads.keys() == ref_grads.keys() and grads  # the program keeps the model's names
+    for fqn, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[fqn], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, f=fqn: f"{f}: {m}")
+
+
+def test_kernel_calls_in_the_sites_own_layers() -> None:
+    """nanoGPT's math attention keeps a causal buffer: the site becomes causal=True with no
+    mask (the kernel skips blocks above the diagonal)."""
+    model, inputs = _gpt("math")
+    gm = autopar.trace(model, inputs)
+    sites = find_attention_sites(gm)
+    assert [s.fusable for s in sites] == [True, True]
+    assert all(s.causal and s.bias is None and s.scale == pytest.approx(32 ** -0.5 * 2)
+               for s in sites)
+
+
+class _ReturnsProbabilities(nn.Module):
+    """Attention whose probabilities are also returned (HF's output_attentions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        probs = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+        return (probs @ v).sum() + probs.sum()
+
+
+def test_site_whose_probabilities_are_used_elsewhere_is_kept_with_the_reason() -> None:
+    model = _ReturnsProbabilities()
+    plan = autopar.plan(model, "1xcpu", torch.randn(2, 5, 8))
+    assert len(plan.attention) == 1
+    entry = plan.attention[0]
+    assert not entry["fused"] and "used elsewhere" in entry["reason"]
+
+
+def test_fusion_can_be_turned_off() -> None:
+    model, inputs = _gpt("sdpa")
+    plan = autopar.plan(model, "1xcpu", inputs, fuse_attention=False)
+    assert plan.attention and not any(e["fused"] for e in plan.attention)
+    assert all("turned off" in e["reason"] for e in plan.attention)
+    assert not any(isinstance(p, FuseAttention) for p in program_passes(plan))

@@ -63,6 +63,7 @@ def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, f
         tp=tp, pp=pp, dp=dp, sp=False, microbatch=micro, global_batch=global_batch,
         recompute="full", precision="fp16", zero=0, optimizer="adam",
         schedule="interleaved" if virtual > 1 else "1f1b", virtual=virtual,
+        fuse_attention=False,  # Megatron-LM's 2021 attention: op by op
     )
     est = estimate_graph(gm, cluster, config)
     facts = graph_facts(gm)

@@ -12,7 +12,8 @@ predictions by the same cost model:
   spaces — Megatron's own (ZeRO-0: every rank keeps whole optimizer states, so large models
   need pipeline stages) and the full one (ZeRO-3 allowed).
 
-Both are **modelled** step times; the ratio published/autopar > 1 means autopar's plan is
+autopar's attention fusion is turned off here, so both run the same attention ops and the
+comparison is of placement alone. Both are **modelled** step times; the ratio published/autopar > 1 means autopar's plan is
 predicted faster. Throughput is in model FLOPs (recomputation not counted) so plans that
 recompute less are not penalized.
 
@@ -37,7 +38,8 @@ def plan_row(row: dict, gm, zero_stages: tuple[int, ...]) -> tuple[autopar.Plan,
     """autopar's plan for the row (only the global batch, precision and optimizer given)."""
     started = time.perf_counter()
     plan = autopar.plan(gm, row_cluster(row), global_batch=int(row["global_batch"]),
-                        precision="fp16", optimizer="adam", zero_stages=zero_stages)
+                        precision="fp16", optimizer="adam", zero_stages=zero_stages,
+                        fuse_attention=False)  # the same attention ops as Megatron's
     return plan, time.perf_counter() - started
 
 

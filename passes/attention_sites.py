@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 
 from autopar.kernels.spec import MAX_HEAD_DIM
+from autopar.placements import Replicate, Shard
 
 aten = torch.ops.aten
 
@@ -302,3 +303,13 @@ def _unsupported(site: AttentionSite) -> str:
         except RuntimeError:
             return f"the mask {b} does not broadcast to (batch, heads, q_len, k_len)"
     return ""
+
+
+def kernel_compatible(strategy) -> bool:
+    """Can a fused site run under this tp strategy of one of its nodes? The kernel computes
+    whole rows of attention per (batch, head): q, k, v and the output may be split over batch
+    (dim 0) or heads (dim 1) only — a split head dim would leave partial scores, a split
+    sequence would need a query offset."""
+    return all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in (0, 1))
+               for p in (*strategy.inputs, *strategy.outputs))
+

@@ -14,7 +14,11 @@ import torch
 import torch.fx as fx
 
 from autopar.kernels import attention as fused_attention
-from autopar.passes.attention_sites import AttentionSite, find_attention_sites
+from autopar.passes.attention_sites import (
+    AttentionSite,
+    find_attention_sites,
+    kernel_compatible,
+)
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 aten = torch.ops.aten
@@ -65,6 +69,12 @@ class FuseAttention(GraphPass):
             found.add(site.name)
             if not site.fusable:
                 changes.append(f"kept {site.name}: {site.reason}")
+                continue
+            split = [n.name for n in site.nodes if (s := ctx.plan.strategy(n.name, "tp"))
+                     is not None and not kernel_compatible(s)]
+            if split:
+                changes.append(f"kept {site.name}: the plan splits {', '.join(split)} other "
+                               "than over batch or heads")
                 continue
             _rewrite(gm, site)
             changes.append(f"fused {site.name} ({site.describe()})")

@@ -18,7 +18,7 @@ def test_plan_prints_summary_and_writes_json(tmp_path, capsys) -> None:
     assert main(["plan", SMALL, "--cluster", "2xcpu", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     for words in ("mesh", "memory per device (modelled)", "step (modelled)", "solver",
-                  "tokens/s", "headroom"):
+                  "tokens/s", "headroom", "attention 2 of 2 sites fused"):
         assert words in text
     plan = Plan.load(out)
     assert plan.mesh == {"dp": 2, "tp": 1}

@@ -45,10 +45,10 @@ def gm():
     return trace(model, spec.example_inputs(B, S))
 
 
-def layer_bytes(gm, t: int, sp: bool, recompute: str) -> float:
+def layer_bytes(gm, t: int, sp: bool, recompute: str, fuse: bool = False) -> float:
     cluster = load_cluster(f"{t}xA100-80GB")
     config = PinnedConfig(tp=t, dp=1, sp=sp, microbatch=B, global_batch=B, recompute=recompute,
-                          precision="fp16", layout="megatron")
+                          precision="fp16", layout="megatron", fuse_attention=fuse)
     est = estimate_graph(gm, cluster, config)
     values = est.prediction.layer_activations
     assert len(values) == 2 and abs(values[0] - values[1]) < 1e-6
@@ -86,3 +86,13 @@ def test_selective_recompute(gm, t: int) -> None:
 def test_full_recompute_keeps_the_layer_input(gm, t: int) -> None:
     """Full recomputation keeps only each layer's input, 2sbh (whole, without SP)."""
     assert layer_bytes(gm, t, sp=False, recompute="full") == pytest.approx(2 * SBH, rel=TOL)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_fused_attention_keeps_what_selective_recomputation_keeps(gm, t: int) -> None:
+    """The fused kernel never writes scores, probabilities or the dropout mask (5as²b bytes
+    per layer): fused attention keeps exactly what selective recomputation keeps."""
+    fused = layer_bytes(gm, t, False, "none", fuse=True)
+    unfused = layer_bytes(gm, t, False, "none")
+    assert fused == pytest.approx(layer_bytes(gm, t, False, "selective"), rel=1e-9)
+    assert unfused - fused == pytest.approx(5 * A * S * S * B / t, rel=0.01)

@@ -161,6 +161,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         global_batch=traced.batch, recompute=args.recompute,
         precision=args.dtype or default_precision(cluster), zero=args.zero,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
+        fuse_attention=args.fuse_attention,
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

@@ -47,6 +47,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     p.add_argument("--zero", default="0,3", help="ZeRO stages the solver may use (default 0,3)")
     p.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT seconds per mesh")
+    p.add_argument("--no-fuse-attention", dest="fuse_attention", action="store_false",
+                   help="keep attention as traced (default: generated fused kernels)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zero-bubble"),
                    default="1f1b")
     p.add_argument("--virtual-stages", type=int, default=1, help="interleaving degree v")
+    p.add_argument("--no-fuse-attention", dest="fuse_attention", action="store_false",
+                   help="model eager attention op by op (default: as the fused kernel)")
     p.add_argument("--json", metavar="FILE", help="also write the estimate as JSON")
 
     p = sub.add_parser("calibrate", help="measure this machine and write a cluster profile")

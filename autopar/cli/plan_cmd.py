@@ -27,6 +27,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         precision=args.precision,
         zero_stages=zero_stages(args.zero),
         time_limit_s=args.time_limit,
+        fuse_attention=args.fuse_attention,
         model_name=traced.spec.name,
     )
     return result, traced

@@ -49,6 +49,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
+    lines += format_attention(plan.attention)
     if plan.unruled_ops:
         ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
         lines.append(f"replicated (no sharding rule): {ops}")
@@ -112,4 +113,20 @@ def format_pipeline(pipe: dict) -> list[str]:
             f"{format_seconds(stage['time_per_microbatch_s']):>9} {stage['in_flight']:>9} "
             f"{format_bytes(stage['memory_bytes']):>10}"
         )
+    return lines
+
+
+def format_attention(sites: list[dict]) -> list[str]:
+    """One line for the attention sites (fused by the generated kernels or not, and why)."""
+    if not sites:
+        return []
+    fused = [s for s in sites if s["fused"]]
+    kinds = sorted({s["what"] for s in fused})
+    line = f"attention {len(fused)} of {len(sites)} sites fused"
+    if kinds:
+        line += f" into generated kernels ({'; '.join(kinds)})"
+    lines = [line]
+    for s in sites:
+        if not s["fused"]:
+            lines.append(f"  kept {s['node']} (layer {s['layer']}): {s['reason']}")
     return lines

@@ -168,9 +168,14 @@ class CostTables:
             return False
         return list(facts.shapes[output]).count(s) >= 2
 
+    def fused_quadratic(self, d: Decision, output: int = 0) -> bool:
+        """A sequence-squared tensor inside fused attention: the kernel never writes it, and
+        its backward recomputes it (FlashAttention), as selective recomputation would."""
+        return d.name in self.problem.fused_attention and self.quadratic(d.facts, output)
+
     def recomputed(self, d: Decision) -> bool:
         """Does ``d`` run again in backward instead of keeping what it saves?"""
-        if self.in_recomputed_layer(d):
+        if self.in_recomputed_layer(d) or self.fused_quadratic(d):
             return True
         return self.setting.recompute == "selective" and self.quadratic(d.facts)
 
@@ -180,6 +185,8 @@ class CostTables:
             return False
         producer = self.problem.decisions[key[0]]
         if self.setting.recompute == "selective" and self.quadratic(producer.facts, key[1]):
+            return False
+        if self.fused_quadratic(producer, key[1]):
             return False
         consumer = self.problem.decisions[use.consumer]
         if self.in_recomputed_layer(consumer):

@@ -21,6 +21,7 @@ from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, evaluate
+from autopar.solver.fusion import Fusion
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import (
     Problem,
@@ -51,6 +52,9 @@ class PinnedConfig:
     # (norms, dropouts, residual adds) stays whole on every device, or sequence-split with
     # sp — Megatron-LM's layout, which Korthikanti et al.'s formulas describe.
     layout: str = "auto"
+    # Model eager attention as the fused kernel the program runs (no sequence-squared
+    # tensors kept); False models it op by op, as Megatron-LM ran it in 2021.
+    fuse_attention: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual"):
@@ -129,6 +133,8 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
                           zero_stages=(config.zero,), recompute=(config.recompute,))
     problem = build_problem(gm, config.tp, batch_strategies(gm, config.dp, traced))
+    if config.fuse_attention:
+        Fusion.of(gm).apply(problem)
     if config.tp > 1:
         # Tensor parallelism splits the work within each sequence; splitting the batch is
         # data parallelism's job. Without --sp it does not split the sequence either

@@ -70,6 +70,9 @@ class Problem:
     decisions: list[Decision]
     values: dict[ValueKey, ValueInfo]
     decision_of: dict[str, int]  # node name -> decision index
+    # nodes inside attention the program fuses into one kernel (eager chains): their
+    # sequence-squared tensors are recomputed inside the kernel's backward, never kept
+    fused_attention: frozenset[str] = frozenset()
 
     def value_key(self, node: fx.Node) -> ValueKey:
         producer, index = value_of(node)
@@ -242,4 +245,14 @@ def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:
             return False
 
         kept = [s for s in d.candidates if not clashes(s)]
+        d.candidates = kept or d.candidates[:1]
+
+
+def restrict_to(problem: Problem, names: frozenset[str], allowed) -> None:
+    """Keep only the tp candidates ``allowed(strategy)`` accepts for the decisions of
+    ``names`` (replicated strategies always stay)."""
+    for d in problem.decisions:
+        if d.name not in names:
+            continue
+        kept = [s for s in d.candidates if allowed(s)]
         d.candidates = kept or d.candidates[:1]

@@ -24,6 +24,7 @@ from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
+from autopar.solver.fusion import Fusion
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Problem, build_problem, forbid_splitting_batch
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
@@ -115,6 +116,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
     candidates: list[Candidate] = []
     best: tuple | None = None  # (step, pp, tp, zero, candidate, problem, tables, batch)
     problems: dict[tuple[int, int, bool], tuple] = {}
+    fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     for pp, dp, tp in shapes:
         if global_batch % dp:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
@@ -129,7 +131,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
             key = (dp, tp, splits_batch)
             if key not in problems:
                 batch = batch_strategies(gm, dp, traced)
-                problem = build_problem(gm, tp, batch)
+                problem = fusion.apply(build_problem(gm, tp, batch))
                 if not splits_batch and tp > 1:
                     forbid_splitting_batch(problem, traced)
                 problems[key] = (problem, batch)
@@ -337,6 +339,8 @@ def lowest_memory(
         zero = max(options.zero_stages) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
         problem = build_problem(gm, tp, batch_strategies(gm, dp, traced))
+        if options.fuse_attention:
+            Fusion.of(gm).apply(problem)
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [
             min(range(len(d.candidates)),

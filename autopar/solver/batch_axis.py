@@ -22,14 +22,15 @@ from autopar.values import is_decision, tensor_inputs, value_of
 R = Replicate()
 
 
-def batch_strategies(gm: fx.GraphModule, dp: int, batch_size: int | None) -> dict[str, Strategy]:
+def batch_strategies(gm: fx.GraphModule, batch_size: int | None) -> dict[str, Strategy]:
     """Node name -> strategy on the dp axis, for every decision node.
 
-    The batch dimension is marked even when ``dp`` is 1: microbatches cut it too (a
-    pipeline with no data parallelism still runs one microbatch at a time), so it is
-    propagated as if split into single sequences."""
-    split = batch_size if batch_size and batch_size > 1 else dp
-    return propagate_input_dim(gm, max(split, dp), batch_size, dim=0)
+    It marks where the batch dimension is, propagated as if the traced batch were split
+    into single sequences — the same for every data-parallel degree (microbatches cut the
+    batch too, so it is marked even without data parallelism). A graph traced on one
+    sequence has no batch dimension to find: everything is replicated."""
+    split = batch_size if batch_size and batch_size > 1 else 1
+    return propagate_input_dim(gm, split, batch_size, dim=0)
 
 
 def propagate_input_dim(

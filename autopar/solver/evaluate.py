@@ -212,18 +212,20 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
     """Bytes each cut between units would send forward (activations, once per value however
     many later units read it) and backward (their gradients)."""
     problem = tables.problem
-    last_reader: dict[tuple, int] = {}
-    for node in problem.gm.graph.nodes:
-        if node.name not in problem.decision_of:
-            continue
-        k = u.unit_of[node.name]
-        for a in tensor_inputs(node):
-            producer, index = value_of(a)
-            if producer.op == "get_attr" or producer.name not in problem.decision_of:
+    if "last_reader" not in problem.cache:  # which unit reads each value last
+        last_reader: dict[tuple, int] = {}
+        for node in problem.gm.graph.nodes:
+            if node.name not in problem.decision_of:
                 continue
-            key = (problem.decision_of[producer.name], index, producer.name)
-            last_reader[key] = max(last_reader.get(key, -1), k)
-    for (decision, index, name), reader in last_reader.items():
+            k = u.unit_of[node.name]
+            for a in tensor_inputs(node):
+                producer, index = value_of(a)
+                if producer.op == "get_attr" or producer.name not in problem.decision_of:
+                    continue
+                key = (problem.decision_of[producer.name], index, producer.name)
+                last_reader[key] = max(last_reader.get(key, -1), k)
+        problem.cache["last_reader"] = last_reader
+    for (decision, index, name), reader in problem.cache["last_reader"].items():
         start = u.unit_of[name]
         if reader <= start:
             continue

@@ -132,7 +132,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     )
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
                           zero_stages=(config.zero,), recompute=(config.recompute,))
-    problem = build_problem(gm, config.tp, batch_strategies(gm, config.dp, traced))
+    problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)
     if config.tp > 1:

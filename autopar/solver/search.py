@@ -22,7 +22,7 @@ from autopar.errors import NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.costs import CostTables, Setting
-from autopar.solver.cpsat import solve
+from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.fusion import Fusion
 from autopar.solver.options import PlanOptions
@@ -115,8 +115,10 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
         )
     candidates: list[Candidate] = []
     best: tuple | None = None  # (step, pp, tp, zero, candidate, problem, tables, batch)
-    problems: dict[tuple[int, int, bool], tuple] = {}
+    problems: dict[tuple[int, bool], tuple] = {}
+    layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
+    batch = batch_strategies(gm, traced)
     for pp, dp, tp in shapes:
         if global_batch % dp:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
@@ -124,13 +126,12 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
             continue
         local = global_batch // dp
 
-        def problem_for(microbatch: int, dp: int = dp, tp: int = tp) -> tuple[Problem, dict]:
+        def problem_for(microbatch: int, tp: int = tp) -> tuple[Problem, dict]:
             """The tp decisions for one microbatch size: splitting the batch over tp needs
             a microbatch that tp divides (problems are shared by the sizes that allow it)."""
             splits_batch = options.tp_splits_batch and microbatch % tp == 0
-            key = (dp, tp, splits_batch)
+            key = (tp, splits_batch)  # shared by every dp and pp
             if key not in problems:
-                batch = batch_strategies(gm, dp, traced)
                 problem = fusion.apply(build_problem(gm, tp, batch))
                 if not splits_batch and tp > 1:
                     forbid_splitting_batch(problem, traced)
@@ -144,7 +145,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
             for recompute in _recompute_modes(options, problem, facts.seq_len):
                 best = _search_microbatches(
                     problem_for, cluster, options, candidates, best, facts, traced, local,
-                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), n_layers,
+                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), n_layers, layouts,
                 )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
@@ -193,7 +194,7 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 
 
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
-                         base: Setting, n_layers):
+                         base: Setting, n_layers, layouts: dict):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
@@ -217,40 +218,31 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         if hint is not None and hint[0] is not problem:
             hint = None  # candidate indices of another problem
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-        memory_floor, time_floor = lower_bounds(tables)
-        if memory_floor / pp > tables.capacity:
+        flight = min(m, pp)  # 1F1B's first stage
+        memory_floor, time_floor = lower_bounds(tables, 1 / pp, flight / pp)
+        if memory_floor > tables.capacity:
             candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
             continue
         if best is not None and time_floor / pp >= best[0]:
             candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
             break
-        flight = min(m, pp)  # 1F1B's first stage
-        result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
-                       activation_scale=flight / pp)
-        if result.choice is None:
-            candidates.append(Candidate(setting, result.status, wall_s=result.wall_s))
-            continue
-        hint = (problem, result.choice)
-        units = unit_costs(tables, result.choice)
-        load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None)
-        fastest = None
-        for schedule, virtual in variants:
-            variant = replace(setting, schedule=schedule, virtual=virtual)
-            if pp > 1:
-                cut = balance(load, pp, schedule, virtual, m, tables.capacity)
-                variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
-            cand = Candidate(variant, result.status, choice=result.choice,
-                             wall_s=result.wall_s)
-            candidates.append(cand)
-            cand.prediction = assemble(tables, units, variant)
-            if cand.prediction.peak_memory_bytes > tables.capacity:
-                cand.status = "REJECTED(evaluated memory above capacity)"
+        # The tp layout solved for the same problem, recomputation, microbatch and ZeRO
+        # stage on another (pp, dp) mesh is tried first: it rarely changes with them (they
+        # scale memory and data-parallel traffic), and evaluating it is far cheaper than a
+        # solve. Only when it does not fit is the layout solved for this mesh.
+        reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.dp > 1)
+        fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants, cluster,
+                                    candidates, best, problem, batch, reused=True)
+        if fastest is None:
+            result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
+                           activation_scale=flight / pp)
+            if result.choice is None:
+                candidates.append(Candidate(setting, result.status, wall_s=result.wall_s))
                 continue
-            step = cand.prediction.step_time_s
-            fastest = step if fastest is None else min(fastest, step)
-            key = (step, pp, base.tp, base.zero)
-            if best is None or key < best[:4]:
-                best = (*key, cand, problem, tables, batch)
+            hint = (problem, result.choice)
+            layouts[reuse_key] = result
+            fastest, best = _try_layout(result, tables, setting, variants, cluster, candidates,
+                                        best, problem, batch)
         if fastest is None:
             continue
         # Larger microbatches amortize per-microbatch costs, but near the memory limit they
@@ -262,15 +254,69 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
     return best
 
 
-def lower_bounds(tables: CostTables) -> tuple[float, float]:
-    """Memory and step-time floors: each decision at its cheapest, no communication."""
-    memory = 0.0
-    compute = 0.0
-    for d in tables.problem.decisions:
-        memory += min(tables.states(d, s).total * d.count + tables.activation_memory(d, s)
-                      for s in d.candidates)
-        compute += min(sum(tables.compute(d, s)) for s in d.candidates)
-    return memory, compute * tables.setting.microbatches
+def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
+                cluster: Cluster, candidates: list, best, problem, batch, reused: bool = False):
+    """Evaluate one solved layout under every pipeline variant of ``setting``, each with its
+    balanced cut; (fastest step that fits or None, best so far)."""
+    if result is None or result.choice is None:
+        return None, best
+    pp, m = setting.pp, setting.microbatches
+    units = unit_costs(tables, result.choice)
+    load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None)
+    status = f"{result.status}(layout reused)" if reused else result.status
+    wall = 0.0 if reused else result.wall_s
+    fastest = None
+    for schedule, virtual in variants:
+        variant = replace(setting, schedule=schedule, virtual=virtual)
+        if pp > 1:
+            cut = balance(load, pp, schedule, virtual, m, tables.capacity)
+            variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
+        cand = Candidate(variant, status, choice=result.choice, wall_s=wall)
+        prediction = assemble(tables, units, variant)
+        if prediction.peak_memory_bytes > tables.capacity:
+            if not reused:  # a reused layout that does not fit is simply solved anew
+                cand.prediction = prediction
+                cand.status = "REJECTED(evaluated memory above capacity)"
+                candidates.append(cand)
+            continue
+        cand.prediction = prediction
+        candidates.append(cand)
+        step = prediction.step_time_s
+        fastest = step if fastest is None else min(fastest, step)
+        key = (step, pp, setting.tp, setting.zero)
+        if best is None or key < best[:4]:
+            best = (*key, cand, problem, tables, batch)
+    return fastest, best
+
+
+def lower_bounds(tables: CostTables, state_scale: float = 1.0,
+                 activation_scale: float = 1.0) -> tuple[float, float]:
+    """Memory and step-time floors of what the CP-SAT model counts (scaled the same way):
+    each decision at its cheapest, each kept value in its smallest placement, no
+    communication. A setting whose memory floor is over capacity needs no solve."""
+    problem, setting = tables.problem, tables.setting
+    # Activations and compute depend on the microbatch and recomputation only (states are
+    # on parameters, activations on ops): computed once per pair.
+    key = ("floors", setting.microbatch, setting.recompute, tables.options.precision)
+    if key not in problem.cache:
+        activations = compute = 0.0
+        for d in problem.decisions:
+            if d.kind != "param":
+                activations += min(tables.activation_memory(d, s) for s in d.candidates)
+                compute += min(sum(tables.compute(d, s)) for s in d.candidates)
+        for value, info in problem.values.items():
+            placements = {s.inputs[use.slot] for use in info.uses
+                          if use.consumer >= 0 and tables.keeps(use, value)
+                          for s in problem.decisions[use.consumer].candidates}
+            if placements:
+                activations += (min(tables.saved_bytes(value, q) for q in placements)
+                                * tables.value_count(value))
+        problem.cache[key] = (activations, compute)
+    activations, compute = problem.cache[key]
+    states = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
+                 for d in problem.decisions if d.kind == "param")
+    return (states * state_scale + activations * activation_scale,
+            compute * setting.microbatches)
 
 
 def no_plan_error(
@@ -338,7 +384,7 @@ def lowest_memory(
             continue
         zero = max(options.zero_stages) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
-        problem = build_problem(gm, tp, batch_strategies(gm, dp, traced))
+        problem = build_problem(gm, tp, batch_strategies(gm, traced))
         if options.fuse_attention:
             Fusion.of(gm).apply(problem)
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)

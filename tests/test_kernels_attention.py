@@ -6,14 +6,10 @@ fp32 must match the fp64 reference within 1e-4; fp16/bf16 must be within twice t
 the same math done eagerly by PyTorch in that dtype (FlashAttention's criterion).
 """
 
-import os
+import pytest
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from autopar.kernels import (  # noqa: E402
+from autopar.kernels import (
     attention,
     backend_for,
     dropout_keep_mask,
@@ -22,6 +18,13 @@ from autopar.kernels import (  # noqa: E402
 )
 
 pytest.importorskip("triton")
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """Triton's interpreter for these tests only (the kernels read the variable when they are
+    built and launched, so it must not leak into other tests or the processes they start)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 FP32_TOL = 1e-4
 

@@ -56,6 +56,8 @@ def layer_bytes(gm, t: int, sp: bool, recompute: str, fuse: bool = False) -> flo
 
 
 def test_anchor_lists_the_four_configurations() -> None:
+    if not ANCHOR.exists():
+        pytest.skip(f"anchor table not found at {ANCHOR} (it lives next to the repository)")
     rows = {r["configuration"] for r in csv.DictReader(ANCHOR.open())}
     assert {"no parallelism", "tensor parallel (baseline)", "tensor + sequence parallel",
             "tensor parallel + selective recompute", "full activation recomputation"} <= rows

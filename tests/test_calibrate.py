@@ -200,7 +200,9 @@ def test_quick_matmul_calibration_is_sane_and_reproduces_itself(tmp_path):
     effs = [e for _, e in curve]
     assert flops == sorted(set(flops)) and len(curve) >= 6
     assert all(0 < e <= 1 for e in effs)
-    assert effs[-1] > effs[0] and max(effs) == pytest.approx(1.0, abs=0.05)
+    # the largest matmul is not slower per FLOP than the smallest (timing noise on a busy
+    # machine allowed: both are often near the peak on a CPU)
+    assert effs[-1] > 0.9 * effs[0] and max(effs) == pytest.approx(1.0, abs=0.05)
     # monotone-ish: no size is much slower per FLOP than a smaller one
     assert all(later > 0.4 * max(effs[:i]) for i, later in enumerate(effs) if i)
     # the convention: flops / (peak * efficiency) + floor gives back each measured time

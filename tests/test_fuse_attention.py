@@ -133,3 +133,24 @@ def test_fusion_can_be_turned_off() -> None:
     assert plan.attention and not any(e["fused"] for e in plan.attention)
     assert all("turned off" in e["reason"] for e in plan.attention)
     assert not any(isinstance(p, FuseAttention) for p in program_passes(plan))
+
+
+def test_fused_eager_attention_is_modelled_like_sdpa() -> None:
+    """Planned with fusion, nanoGPT's explicit (math) attention is predicted like its SDPA
+    twin — the same kernel runs — while unfused it keeps and moves the s x s tensors
+    (modelled, GPT-2-small layers at sequence 2048 on A100s)."""
+    from autopar.cli.load import trace_model
+
+    def predicted(attention: str, fuse: bool) -> tuple[float, float]:
+        traced = trace_model(f"gpt:layers=2,hidden=768,heads=12,vocab=50304,seq=2048,batch=16"
+                             f"{attention}", None, None)
+        plan = autopar.plan(traced.gm, "8xA100-80GB", global_batch=16, precision="bf16",
+                            fuse_attention=fuse, dp=8, recompute=("none",))
+        return plan.predicted["step_time_s"], plan.predicted["peak_memory_bytes"]
+
+    sdpa_time, sdpa_memory = predicted("", True)
+    fused_time, fused_memory = predicted(",math_attention=1", True)
+    eager_time, eager_memory = predicted(",math_attention=1", False)
+    assert fused_time == pytest.approx(sdpa_time, rel=0.05)
+    assert fused_memory == pytest.approx(sdpa_memory, rel=0.01)
+    assert eager_time > 1.2 * fused_time and eager_memory > 1.2 * fused_memory

@@ -210,6 +210,8 @@ class CostTables:
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         flops = facts.fwd_flops * scale
+        if d.name in self.problem.fused_attention:
+            return self._fused_times(d, flops, moved, shape)
         attention = "scaled_dot_product" in facts.target
         eff = ATTENTION_EFFICIENCY if attention else 1.0
         fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
@@ -228,6 +230,27 @@ class CostTables:
                 0.0, moved, device, dtype)
         if facts.requires_grad:  # the gradients it writes, one per input it reads
             bwd += allocation_time(facts.bytes_read * scale * (self.element_bytes / 4), device)
+        return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
+
+    def _fused_times(self, d: Decision, flops: float, moved: float,
+                     shape: tuple[int, int, int] | None) -> tuple[float, float, float]:
+        """An op inside fused eager attention: its elementwise steps (scale, mask, softmax,
+        dropout) run in the kernel's registers, free; its two matmuls run at fused
+        attention's efficiency and move only the operands that are not sequence-squared
+        (the smaller side of each). The scores are recomputed in backward, as FlashAttention
+        does (``recomputed``)."""
+        facts = d.facts
+        if not facts.fwd_flops:
+            return 0.0, 0.0, 0.0
+        device, dtype = self.cluster.device, self.options.precision
+        moved = min(facts.bytes_read, facts.bytes_written) / (facts.bytes_read + facts.bytes_written
+                                                              or 1) * moved
+        fwd = forward_time(flops, moved, device, dtype, shape=shape,
+                           efficiency_scale=ATTENTION_EFFICIENCY)
+        bwd = 0.0
+        if facts.requires_grad:
+            bwd = forward_time(flops * facts.bwd_flops / facts.fwd_flops, 2 * moved, device,
+                               dtype, shape=shape, efficiency_scale=ATTENTION_EFFICIENCY)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:

@@ -21,7 +21,6 @@ dropout) or why it cannot be fused.
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
@@ -156,6 +155,12 @@ def _unrepeated(node: fx.Node) -> fx.Node:
     return unsqueeze.args[0]
 
 
+def _masks_out(value: object) -> bool:
+    """A fill that removes a key from the softmax: -inf, or the dtype's lowest value (what
+    many models use so a fully masked row stays finite)."""
+    return isinstance(value, (int, float)) and value <= -1e30
+
+
 _SCORE_OPS = (aten.mul.Tensor, aten.div.Tensor, aten.matmul.default, aten.bmm.default)
 
 
@@ -183,7 +188,7 @@ def _eager_site(softmax: fx.Node) -> AttentionSite | None:
         if not _is(scores, *_SCORE_OPS) and _is(bias, *_SCORE_OPS):
             scores, bias = bias, scores
         x = scores
-    elif _is(x, aten.masked_fill.Scalar) and _arg(x, 2, "value") == -math.inf:
+    elif _is(x, aten.masked_fill.Scalar) and _masks_out(_arg(x, 2, "value")):
         fill_where = x.args[1]
         nodes.append(x)
         if _is(fill_where, aten.bitwise_not.default) and len(_users(fill_where)) == 1:

@@ -154,3 +154,25 @@ def test_fused_eager_attention_is_modelled_like_sdpa() -> None:
     assert fused_time == pytest.approx(sdpa_time, rel=0.05)
     assert fused_memory == pytest.approx(sdpa_memory, rel=0.01)
     assert eager_time > 1.2 * fused_time and eager_memory > 1.2 * fused_memory
+
+
+class _FinfoMinMask(nn.Module):
+    """Eager attention masking with the dtype's lowest value instead of -inf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x, keep):
+        q, k, v = self.proj(x).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-2, -1)) / 2.0
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        return (torch.softmax(scores, dim=-1) @ v).sum()
+
+
+def test_mask_filled_with_the_lowest_value_is_attention() -> None:
+    keep = torch.ones(5, 5, dtype=torch.bool).tril()
+    gm = autopar.trace(_FinfoMinMask(), (torch.randn(2, 5, 8), keep))
+    (site,) = find_attention_sites(gm)
+    assert site.fusable and site.pattern == "eager" and site.scale == 0.5
+    assert site.bias is not None and site.bias.op == "placeholder"  # the keep-mask input

@@ -135,7 +135,20 @@ class CostTables:
         outs = d.batch.outputs
         if output < len(outs) and batch_scaled(outs[output]):
             return self.setting.microbatch / self.traced_batch
+        if self._unmarked_batch(d, output):
+            return self.setting.microbatch / self.traced_batch
         return 1.0
+
+    def _unmarked_batch(self, d: Decision, output: int) -> bool:
+        """A helper tensor the batch marking could not follow (a mask indexed with
+        ``arange(batch)``) that still has the traced batch as a dim: it shrinks with the
+        microbatch too. Only tensors outside autograd qualify (activations are marked), and
+        only when the batch size cannot be confused with the sequence length."""
+        n = self.traced_batch
+        if n <= 1 or n == self.seq_len or d.kind != "op" or d.facts.requires_grad:
+            return False
+        shapes = d.facts.shapes
+        return output < len(shapes) and n in shapes[output]
 
     def _bytes(self, facts: NodeFacts, output: int) -> float:
         shape, dtype = facts.shapes[output], facts.dtypes[output]

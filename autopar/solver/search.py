@@ -154,13 +154,15 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
 
 
 def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None) -> list[str]:
-    """The allowed recomputation modes, without "selective" when nothing is quadratic in
-    the sequence (flash-style attention already recomputes its scores)."""
+    """The allowed recomputation modes, without "selective" when no activation autograd
+    keeps is quadratic in the sequence (flash-style or fused attention already recomputes
+    its scores; a causal mask is not an activation): it would plan the same as "none"."""
     modes = list(options.recompute)
     if "selective" in modes and seq_len:
         quadratic = any(list(s).count(seq_len) >= 2 for d in problem.decisions
+                        if d.facts.requires_grad and d.name not in problem.fused_attention
                         for s in d.facts.shapes)
-        if not quadratic:
+        if not quadratic and len(modes) > 1:
             modes.remove("selective")
     return modes
 

@@ -1,14 +1,17 @@
 """Train a small nanoGPT on two CPU processes, parallelized by autopar.
 
     torchrun --nproc-per-node 2 examples/nanogpt.py
+    torchrun --nproc-per-node 2 examples/nanogpt.py --pp 2 --schedule 1f1b --microbatches 4
 
 The model is an ordinary single-device GPT. ``autopar.parallelize`` traces it, solves a
 placement plan for the cluster ("2xcpu": two CPU ranks talking over gloo), and returns this
 rank's part of the model; the training loop below is the one you would write for one
 device. The data is this file's own text, one byte per token, so the loss visibly falls.
-Pass ``dp=2`` or ``tp=2`` to force a layout instead of letting the solver choose.
+Pass ``--dp 2``, ``--tp 2`` or ``--pp 2`` (with a ``--schedule`` and ``--microbatches``) to
+pin a layout instead of letting the solver choose; the loop does not change.
 """
 
+import argparse
 import os
 from pathlib import Path
 
@@ -30,13 +33,19 @@ def get_batch(data: torch.Tensor, block_size: int, gen: torch.Generator):
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    for degree in ("dp", "tp", "pp", "microbatches"):
+        ap.add_argument(f"--{degree}", type=int, default=None)
+    ap.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved or zb_v")
+    pinned = {k: v for k, v in vars(ap.parse_args()).items() if v is not None}
     torch.manual_seed(0)
     config = GPTConfig(block_size=64, vocab_size=256, n_layer=4, n_head=4, n_embd=128)
     model = GPT(config)
     data = torch.tensor(list(Path(__file__).read_bytes()), dtype=torch.long)
     gen = torch.Generator().manual_seed(0)
 
-    module = autopar.parallelize(model, "2xcpu", get_batch(data, config.block_size, gen))
+    module = autopar.parallelize(model, "2xcpu", get_batch(data, config.block_size, gen),
+                                 **pinned)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     rank = int(os.environ.get("RANK", "0"))
 
@@ -45,7 +54,7 @@ def main() -> None:
               f"predicted step {module.plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled)")
     for step in range(STEPS):
         args, kwargs = module.shard_batch(*get_batch(data, config.block_size, gen))
-        loss = module.train_step(*args, **kwargs)  # forward + backward; loss averaged over dp
+        loss = module.train_step(*args, **kwargs)  # forward + backward over the microbatches
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0 and step % 10 == 0:

@@ -80,6 +80,22 @@ def _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope):
     visible = visible & (dist <= {{WINDOW_LEFT}})
 #endif
     return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _key_range(pid_m, q_len, k_len, q_offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the key blocks some query of query block ``pid_m`` can see."""
+#if HAS_LEFT
+    lo = tl.maximum(pid_m * BLOCK_M + q_offset - {{WINDOW_LEFT}}, 0) // BLOCK_N * BLOCK_N
+#else
+    lo = 0
+#endif
+#if CAUSAL or HAS_RIGHT
+    hi = tl.minimum(tl.minimum(pid_m * BLOCK_M + BLOCK_M, q_len) + q_offset{{PLUS_RIGHT}}, k_len)
+#else
+    hi = k_len
+#endif
+    return lo, hi
 #if DROPOUT
 
 
@@ -127,11 +143,7 @@ def _attn_fwd(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, {{BLOCK_D}})
-#if PAD_D
-    d_ok = offs_d < {{HEAD_DIM}}
-#else
-    d_ok = offs_d < {{BLOCK_D}}
-#endif
+    d_ok = offs_d < {{HEAD_DIM}}  # all true unless the head dim was padded to BLOCK_D
     q_ok = (offs_m < q_len)[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                 mask=q_ok, other=0.0)
@@ -150,17 +162,7 @@ def _attn_fwd(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.full((BLOCK_M,), 0.0, dtype=tl.float32)
     acc = tl.full((BLOCK_M, {{BLOCK_D}}), 0.0, dtype=tl.float32)
-    # key blocks some query of this block can see
-#if HAS_LEFT
-    lo = tl.maximum(pid_m * BLOCK_M + q_offset - {{WINDOW_LEFT}}, 0) // BLOCK_N * BLOCK_N
-#else
-    lo = 0
-#endif
-#if CAUSAL or HAS_RIGHT
-    hi = tl.minimum(tl.minimum(pid_m * BLOCK_M + BLOCK_M, q_len) + q_offset{{PLUS_RIGHT}}, k_len)
-#else
-    hi = k_len
-#endif
+    lo, hi = _key_range(pid_m, q_len, k_len, q_offset, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_j
         kv_ok = (offs_n < k_len)[:, None] & d_ok[None, :]
@@ -219,11 +221,7 @@ def _attn_bwd_dkdv(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_i = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, {{BLOCK_D}})
-#if PAD_D
-    d_ok = offs_d < {{HEAD_DIM}}
-#else
-    d_ok = offs_d < {{BLOCK_D}}
-#endif
+    d_ok = offs_d < {{HEAD_DIM}}  # all true unless the head dim was padded to BLOCK_D
     kv_ok = (offs_n < k_len)[:, None] & d_ok[None, :]
     k = tl.load(K + b * skb + kh * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
                 mask=kv_ok, other=0.0)
@@ -314,11 +312,7 @@ def _attn_bwd_dq(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, {{BLOCK_D}})
-#if PAD_D
-    d_ok = offs_d < {{HEAD_DIM}}
-#else
-    d_ok = offs_d < {{BLOCK_D}}
-#endif
+    d_ok = offs_d < {{HEAD_DIM}}  # all true unless the head dim was padded to BLOCK_D
     m_ok = offs_m < q_len
     q_ok = m_ok[:, None] & d_ok[None, :]
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
@@ -342,16 +336,7 @@ def _attn_bwd_dq(
     slope = 0.0
 #endif
     dq = tl.full((BLOCK_M, {{BLOCK_D}}), 0.0, dtype=tl.float32)
-#if HAS_LEFT
-    lo = tl.maximum(pid_m * BLOCK_M + q_offset - {{WINDOW_LEFT}}, 0) // BLOCK_N * BLOCK_N
-#else
-    lo = 0
-#endif
-#if CAUSAL or HAS_RIGHT
-    hi = tl.minimum(tl.minimum(pid_m * BLOCK_M + BLOCK_M, q_len) + q_offset{{PLUS_RIGHT}}, k_len)
-#else
-    hi = k_len
-#endif
+    lo, hi = _key_range(pid_m, q_len, k_len, q_offset, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_j
         kv_ok = (offs_n < k_len)[:, None] & d_ok[None, :]
@@ -396,7 +381,6 @@ def _flags(spec: AttentionSpec, interpret: bool) -> dict[str, Any]:
         "SCALE": repr(spec.scale),
         "HEAD_DIM": spec.head_dim,
         "BLOCK_D": spec.block_d,
-        "PAD_D": spec.block_d != spec.head_dim,
         "GROUP": spec.group_size,
         "CAUSAL": spec.causal,
         "HAS_LEFT": spec.window_left >= 0,

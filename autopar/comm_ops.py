@@ -81,6 +81,18 @@ def _all_to_all(x: torch.Tensor, src: Shard, dst: Shard, group, n: int) -> torch
     return torch.cat([piece.view(shape) for piece in recv.chunk(n)], src.dim)
 
 
+def all_reduce_in_place(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """Sum each tensor over ``group``, in place, with one collective for all of them."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     out = x.contiguous().clone()
     dist.all_reduce(out, group=group)
@@ -217,13 +229,7 @@ class deferred_weight_grads:
             if param.grad is not None:
                 by_axis.setdefault(axis, []).append(param.grad)
         for axis, grads in by_axis.items():
-            group, _, _ = _group(axis)
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=group)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            all_reduce_in_place(grads, _group(axis)[0])
         return False
 
 

@@ -27,6 +27,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.tensor import DTensor
 
+from autopar.comm_ops import all_reduce_in_place
 from autopar.errors import RuntimeSetupError
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
@@ -161,14 +162,7 @@ class PipelineRunner:
         for named, group in self._tied:
             params = [self._stage_modules[c].get_parameter(name) for c, name in named]
             # FSDP2 keeps gradients as DTensors; both holders shard them alike over dp
-            grads = [_local(p.grad) for p in params if p.grad is not None]
-            if grads:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=group)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            all_reduce_in_place([_local(p.grad) for p in params if p.grad is not None], group)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

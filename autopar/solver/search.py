@@ -381,14 +381,17 @@ def lowest_memory(
     global_batch = options.global_batch or traced
     low = None
     recompute = "full" if "full" in options.recompute else options.recompute[0]
+    batch = batch_strategies(gm, traced)
+    fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
+    problems: dict[int, Problem] = {}  # per tp: the same for every dp and pp
     for pp, dp, tp in mesh_shapes(cluster, options, n_layers_of(gm)):
         if global_batch % dp or global_batch // dp < pp:
             continue
         zero = max(options.zero_stages) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
-        problem = build_problem(gm, tp, batch_strategies(gm, traced))
-        if options.fuse_attention:
-            Fusion.of(gm).apply(problem)
+        if tp not in problems:
+            problems[tp] = fusion.apply(build_problem(gm, tp, batch))
+        problem = problems[tp]
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [
             min(range(len(d.candidates)),

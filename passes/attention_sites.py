@@ -238,7 +238,7 @@ def _eager_site(softmax: fx.Node) -> AttentionSite | None:
         site.reason = "masked_fill's mask is not a negated keep-mask"
     else:
         site.bias = bias
-    site.causal, site.bias = _causal_constant(gm_of(softmax), site.bias)
+    site.causal, site.bias = _causal_constant(softmax.graph.owning_module, site.bias)
     inner = [n for n in site.nodes if n is not site.output]
     shared = [n.name for n in inner if any(u not in site.nodes for u in _users(n))]
     if shared and not site.reason:
@@ -249,10 +249,6 @@ def _eager_site(softmax: fx.Node) -> AttentionSite | None:
 def _with(nodes: list, node: fx.Node) -> fx.Node:
     nodes.append(node)
     return node
-
-
-def gm_of(node: fx.Node) -> fx.GraphModule | None:
-    return node.graph.owning_module
 
 
 def _causal_constant(gm: fx.GraphModule | None, mask: fx.Node | None) -> tuple[bool, fx.Node | None]:

@@ -32,7 +32,7 @@ def _rewrite(gm: fx.GraphModule, site: AttentionSite) -> None:
         call = graph.call_function(fused_attention, (site.q, site.k, site.v), kwargs)
     call.meta = dict(site.output.meta)
     site.output.replace_all_uses_with(call)
-    _erase_dead(graph, [*site.nodes, *(n for n in (site.output.args[1:3]) if isinstance(n, fx.Node))])
+    _erase_dead(graph, site.nodes)
 
 
 def _erase_dead(graph: fx.Graph, nodes: list[fx.Node]) -> None:

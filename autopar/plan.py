@@ -21,7 +21,7 @@ from autopar.errors import PlanError
 from autopar.placements import Placement, parse_placement
 from autopar.strategies.rule import Strategy
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MESH_AXES = ("pp", "dp", "cp", "tp")  # outer to inner; tp innermost (fastest links)
 
 _REQUIRED = {
@@ -67,7 +67,7 @@ class Plan:
     cluster: dict[str, Any]  # the resolved cluster, plus "devices"
     mesh: dict[str, int]  # axis -> size, outer to inner
     batch: dict[str, int]  # global, microbatch, microbatches, seq, traced
-    training: dict[str, Any]  # precision, optimizer, zero_stage
+    training: dict[str, Any]  # precision, optimizer, zero, recompute
     strategies: dict[str, dict[str, Any]]  # node name -> axis -> {"in": [...], "out": [...]}
     params: dict[str, dict[str, str]]  # parameter FQN -> axis -> stored placement
     predicted: dict[str, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,9 @@ import torch.fx as fx
 from torch import nn
 
 from autopar.cluster import Cluster, load_cluster
+from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY
+from autopar.knobs import check_keywords, zero_stages
 from autopar.plan import Plan
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
 from autopar.solver.search import search
@@ -34,16 +37,17 @@ def plan(
     microbatch: int | None = None,
     microbatches: int | None = None,
     schedule: str | None = None,
-    virtual: int | None = None,
+    virtual_stages: int | None = None,
     precision: str | None = None,
     optimizer: str = "adamw",
-    zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE,
-    recompute: tuple[str, ...] = ("none", "selective", "full"),
+    zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
+    recompute: str | tuple[str, ...] = ("none", "selective", "full"),
     tp_splits_batch: bool = True,
     fuse_attention: bool = True,
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     model_name: str | None = None,
+    **old_spellings: Any,
 ) -> Plan:
     """Plan ``model`` for ``cluster`` without starting any process.
 
@@ -51,8 +55,9 @@ def plan(
     GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
     ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``,
     ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
-    "interleaved", "zb_v") and ``virtual`` (chunks per pipeline rank) pin what they name;
-    the solver chooses the rest.
+    "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
+    ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
+    the rest. Keyword names are those of :mod:`autopar.knobs`.
 
     >>> import torch, autopar
     >>> from autopar.models import GPT, GPTConfig
@@ -61,6 +66,15 @@ def plan(
     >>> autopar.plan(gpt, "2xcpu", (idx, idx), dp=2).mesh
     {'dp': 2, 'tp': 1}
     """
+    if old_spellings:
+        given = locals()
+        for key, value in check_keywords(old_spellings, PLAN_KEYWORDS, "autopar.plan").items():
+            if given[key] != _DEFAULTS[key]:
+                raise AutoparError(f"autopar.plan() got {key}= under two names",
+                                   where=f"autopar.plan({key}=...)", fix=f"pass only {key}=")
+            given[key] = value
+        virtual_stages, precision, zero = (given["virtual_stages"], given["precision"],
+                                           given["zero"])
     cluster = load_cluster(cluster)
     gm = model if isinstance(model, fx.GraphModule) and META_KEY in model.meta else None
     if gm is None:
@@ -73,11 +87,11 @@ def plan(
         microbatch=microbatch,
         microbatches=microbatches,
         schedule=schedule,
-        virtual=virtual,
+        virtual_stages=virtual_stages,
         precision=precision or default_precision(cluster),
         optimizer=optimizer,
-        zero_stages=tuple(zero_stages),
-        recompute=tuple(recompute),
+        zero=zero_stages(zero),
+        recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
         tp_splits_batch=tp_splits_batch,
         fuse_attention=fuse_attention,
         memory_fraction=memory_fraction,
@@ -86,3 +100,9 @@ def plan(
     result = search(gm, cluster, options)
     name = model_name or type(model).__name__
     return make_plan(gm, result, cluster, options, name)
+
+
+PLAN_KEYWORDS = tuple(name for name, p in inspect.signature(plan).parameters.items()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY)
+"""The keywords ``autopar.plan`` takes (``parallelize`` passes them through)."""
+_DEFAULTS = {name: p.default for name, p in inspect.signature(plan).parameters.items()}

@@ -41,7 +41,7 @@ def main() -> None:
         mesh = "x".join(f"{a}{n}" for a, n in plan.mesh.items())
         print(f"{model:<12} {cluster:<17} {traced.trace_s:>8.1f} {plan_s:>7.1f} "
               f"{plan.solver['nodes']:>6} {plan.solver['decisions']:>9}  {mesh:<14} "
-              f"{plan.training['zero_stage']:>4} {plan.predicted['step_time_s']:>8.2f} "
+              f"{plan.training['zero']:>4} {plan.predicted['step_time_s']:>8.2f} "
               f"{plan.predicted['mfu']:>6.1%}", flush=True)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     print(f"\npeak memory of this process: {peak_gb:.2f} GB (measured)")

@@ -38,14 +38,14 @@ def plan_row(row: dict, gm, zero_stages: tuple[int, ...]) -> tuple[autopar.Plan,
     """autopar's plan for the row (only the global batch, precision and optimizer given)."""
     started = time.perf_counter()
     plan = autopar.plan(gm, row_cluster(row), global_batch=int(row["global_batch"]),
-                        precision="fp16", optimizer="adam", zero_stages=zero_stages,
+                        precision="fp16", optimizer="adam", zero=zero_stages,
                         fuse_attention=False)  # the same attention ops as Megatron's
     return plan, time.perf_counter() - started
 
 
 def describe(plan: autopar.Plan) -> str:
     mesh = plan.mesh
-    text = f"tp{mesh['tp']} pp{mesh.get('pp', 1)} dp{mesh['dp']} z{plan.training['zero_stage']}"
+    text = f"tp{mesh['tp']} pp{mesh.get('pp', 1)} dp{mesh['dp']} z{plan.training['zero']}"
     text += f" mb{plan.batch['microbatch']} rc:{plan.training['recompute']}"
     if plan.pipeline:
         pipe = plan.pipeline

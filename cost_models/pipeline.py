@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
 _ALIASES = {
     "interleaved_1f1b": "interleaved",
-    "zero_bubble": "zb_h1",
     "zb1p": "zb_h1",
     "zb2p": "zb_h2",
     "zbv": "zb_v",
@@ -55,10 +54,10 @@ attention (no s^2 term); we round up to 1 unless the caller knows better."""
 
 
 def schedule_name(schedule: str) -> str:
-    """Canonical name of ``schedule`` (accepts ``interleaved_1f1b``, ``zero-bubble`` for
-    ZB-H1, ``zb-v`` ...).
+    """Canonical name of ``schedule`` (accepts ``interleaved_1f1b``, ``zb1p`` for ZB-H1,
+    ``zb-v`` ...).
 
-    >>> schedule_name("zero-bubble"), schedule_name("Interleaved-1F1B")
+    >>> schedule_name("zb1p"), schedule_name("Interleaved-1F1B")
     ('zb_h1', 'interleaved')
     """
     key = schedule.strip().lower().replace("-", "_")

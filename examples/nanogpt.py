@@ -50,7 +50,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
 
     if rank == 0:
-        print(f"plan: mesh {module.plan.mesh}, ZeRO-{module.plan.training['zero_stage']}, "
+        print(f"plan: mesh {module.plan.mesh}, ZeRO-{module.plan.training['zero']}, "
               f"predicted step {module.plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled)")
     for step in range(STEPS):
         args, kwargs = module.shard_batch(*get_batch(data, config.block_size, gen))

@@ -29,7 +29,7 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     ``plan``, in order: tensor parallelism; fused attention kernels; layer modules when FSDP2 gathers them, when
     checkpointing reruns them, or when pipeline stages are cut between them; the
     checkpointing; the pipeline split."""
-    zero = plan.training.get("zero_stage", 0)
+    zero = plan.training.get("zero", 0)
     recompute = plan.training.get("recompute", "none")
     pipelined = plan.mesh.get("pp", 1) > 1
     passes = sharding_passes()

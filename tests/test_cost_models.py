@@ -308,7 +308,7 @@ def test_bubble_fractions() -> None:
     assert bubble_fraction("1f1b", 8, 32) == pytest.approx(7 / 32)
     assert bubble_fraction("interleaved", 8, 32, v=4) == pytest.approx(7 / 128)
     assert bubble_fraction("zb_h1", 8, 32) == pytest.approx(7 / 96)  # a third of 1F1B's
-    assert bubble_fraction("zero-bubble", 8, 32) == bubble_fraction("zb_h1", 8, 32)
+    assert bubble_fraction("zb1p", 8, 32) == bubble_fraction("zb_h1", 8, 32)
     assert bubble_fraction("zb_h2", 8, 32) == 0.0
     assert bubble_fraction("zb_v", 8, 16) == 0.0  # m >= 2p
     assert 0 < bubble_fraction("zb_v", 8, 8) < bubble_fraction("zb_h1", 8, 8)

@@ -54,7 +54,7 @@ def run_emit(args: argparse.Namespace) -> int:
           f"{args.rank} of {plan.world_size}, mesh {mesh}, coordinates {coords}")
     print(f"# model {plan.model['name']} (fingerprint {plan.model['fingerprint']}); "
           f"microbatch {plan.batch['microbatch']} x {plan.batch['microbatches']} per rank; "
-          f"ZeRO-{plan.training['zero_stage']}; recompute {plan.training['recompute']}")
+          f"ZeRO-{plan.training['zero']}; recompute {plan.training['recompute']}")
     for result in results:
         print(f"# pass {result.pass_name}: {len(result.changes)} change(s)")
     print(rank_code(program, plan, coords))

@@ -43,7 +43,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         "decisions",
         f"batch     {b['global']} sequences x {b['seq']} tokens; microbatch {b['microbatch']} x "
         f"{b['microbatches']} per data-parallel rank",
-        f"mesh      {mesh}   (tp innermost, inside a node)   ZeRO-{t['zero_stage']}, "
+        f"mesh      {mesh}   (tp innermost, inside a node)   ZeRO-{t['zero']}, "
         f"{t['precision']}, {t['optimizer']}",
         f"solver    {plan.solver['status']} in {plan.solver['wall_s']:.2f} s (measured), "
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "

@@ -43,6 +43,6 @@ def wrap_data_parallel(
         return module
     raise RuntimeSetupError(
         f"ZeRO stage {zero_stage} is modelled but not executable yet",
-        where="plan.training.zero_stage",
-        fix="re-plan with zero_stages=(0, 3)",
+        where="plan.training.zero",
+        fix="re-plan with zero=(0, 3)",
     )

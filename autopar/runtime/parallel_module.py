@@ -110,7 +110,7 @@ class ParallelModule(nn.Module):
         # (Pipeline stages use FSDP2 for data parallelism, so they sum them in backward.)
         if self._pipeline is not None:
             return self._mean_over_dp(self._pipeline.step(self._named_inputs(args, kwargs)))
-        defer = self.plan.training.get("zero_stage", 0) == 0
+        defer = self.plan.training.get("zero", 0) == 0
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)
         total = torch.zeros((), device=self.mesh_context.device)

@@ -17,8 +17,10 @@ from torch import nn
 from autopar.cluster import Cluster, load_cluster
 from autopar.errors import RuntimeSetupError
 from autopar.graph_facts import graph_facts
+from autopar.knobs import check_keywords
 from autopar.passes import PassContext, PassManager, program_passes
 from autopar.plan import Plan
+from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.mesh import build_mesh, ensure_process_group
@@ -45,8 +47,11 @@ def parallelize(
     ``example_inputs`` is one *global* batch (every rank passes the same); the plan splits
     it. ``dp``/``tp``/``pp`` pin mesh degrees; ``plan`` (a Plan or a JSON file) skips
     planning. Other keywords go to :func:`autopar.plan` (``precision``, ``microbatch``,
-    ``microbatches``, ``schedule``, ``virtual``, ...).
+    ``microbatches``, ``schedule``, ``virtual_stages``, ``zero``, ...).
     """
+    plan_options = check_keywords(
+        plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
+        "autopar.parallelize")
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
     gm = trace(model, example_inputs)
@@ -57,7 +62,7 @@ def parallelize(
         plan = Plan.load(plan)
     plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
     ctx = build_mesh(plan, cluster.backend)
-    zero = plan.training.get("zero_stage", 0)
+    zero = plan.training.get("zero", 0)
     local = _microbatch_graph(model, example_inputs, plan, gm)
     program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords))
     if plan.mesh.get("pp", 1) > 1:

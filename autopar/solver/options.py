@@ -6,24 +6,9 @@ from dataclasses import dataclass
 
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
-from autopar.solver.stages import RUNNABLE_SCHEDULES
+from autopar.knobs import schedule_name, zero_stages
 
 ZERO_STAGES_RUNNABLE = (0, 3)
-_SCHEDULE_ALIASES = {"zero-bubble": "zb_v", "zero_bubble": "zb_v", "zbv": "zb_v",
-                     "zb-v": "zb_v", "interleaved-1f1b": "interleaved",
-                     "interleaved_1f1b": "interleaved"}
-
-
-def runnable_schedule(name: str) -> str:
-    """The canonical name of a pipeline schedule autopar can run, or a clear error."""
-    key = _SCHEDULE_ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in RUNNABLE_SCHEDULES:
-        raise AutoparError(
-            f"unknown pipeline schedule {name!r}",
-            where="schedule",
-            fix=f"use one of {', '.join(RUNNABLE_SCHEDULES)} (zero-bubble means zb_v)",
-        )
-    return key
 
 
 @dataclass(frozen=True)
@@ -33,12 +18,12 @@ class PlanOptions:
     - ``global_batch``: sequences per optimizer step (default: the traced batch).
     - ``dp``/``tp``/``pp``: pin mesh degrees. ``microbatch``: pin the per-device microbatch
       size, or ``microbatches`` their number per step.
-    - ``schedule``/``virtual``: pin the pipeline schedule ("gpipe", "1f1b", "interleaved",
-      "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining`` runs) and the
-      chunks per pipeline rank (interleaved only).
+    - ``schedule``/``virtual_stages``: pin the pipeline schedule ("gpipe", "1f1b",
+      "interleaved", "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining``
+      runs) and the chunks per pipeline rank (interleaved only).
     - ``precision``: compute/storage precision of weights and activations ("bf16" and
       "fp16" mean mixed precision with fp32 master weights).
-    - ``zero_stages``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
+    - ``zero``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
     - ``recompute``: activation recomputation modes the solver may pick per plan.
     - ``fuse_attention``: run every attention site the kernels support as one fused call.
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
@@ -50,13 +35,13 @@ class PlanOptions:
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
-    schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v (alias zero-bubble)
-    virtual: int | None = None  # chunks per pipeline rank (interleaved schedules)
+    schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v
+    virtual_stages: int | None = None  # chunks per pipeline rank (interleaved schedules)
     microbatch: int | None = None
     microbatches: int | None = None  # microbatches per step (the alternative to microbatch)
     precision: str = "fp32"
     optimizer: str = "adamw"
-    zero_stages: tuple[int, ...] = ZERO_STAGES_RUNNABLE
+    zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
     # splits work within each sequence only, as Megatron's does.
@@ -67,22 +52,25 @@ class PlanOptions:
     time_limit_s: float = 20.0
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "dp", "tp", "pp", "virtual", "microbatch", "microbatches"):
+        for name in ("global_batch", "dp", "tp", "pp", "virtual_stages", "microbatch",
+                     "microbatches"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
                 raise AutoparError(
                     f"{name} must be a positive integer, got {value!r}",
                     where=f"PlanOptions.{name}",
                     fix=f"pass {name}=None to let the solver choose, or a positive int",
                 )
         if self.schedule is not None:
-            object.__setattr__(self, "schedule", runnable_schedule(self.schedule))
-        if self.virtual is not None and self.virtual > 1 and self.schedule not in (
+            object.__setattr__(self, "schedule", schedule_name(self.schedule))
+        if self.virtual_stages is not None and self.virtual_stages > 1 and self.schedule not in (
                 None, "interleaved"):
             raise AutoparError(
-                f"virtual={self.virtual} needs the interleaved schedule, not {self.schedule!r}",
-                where="PlanOptions.virtual",
-                fix="pass schedule='interleaved', or virtual=1",
+                f"virtual_stages={self.virtual_stages} needs the interleaved schedule, not "
+                f"{self.schedule!r}",
+                where="PlanOptions.virtual_stages",
+                fix="pass schedule='interleaved', or virtual_stages=1",
             )
         if self.microbatch is not None and self.microbatches is not None:
             raise AutoparError(
@@ -102,13 +90,7 @@ class PlanOptions:
                 where="PlanOptions.optimizer",
                 fix=f"use one of {', '.join(OPTIMIZERS)}",
             )
-        bad = [z for z in self.zero_stages if z not in (0, 1, 2, 3)]
-        if bad or not self.zero_stages:
-            raise AutoparError(
-                f"zero_stages must be a non-empty subset of 0-3, got {self.zero_stages}",
-                where="PlanOptions.zero_stages",
-                fix="e.g. zero_stages=(0, 3)",
-            )
+        object.__setattr__(self, "zero", zero_stages(self.zero, where="PlanOptions.zero"))
         modes = ("none", "selective", "full")
         if not self.recompute or any(m not in modes for m in self.recompute):
             raise AutoparError(

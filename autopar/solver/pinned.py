@@ -17,6 +17,7 @@ import torch.fx as fx
 from autopar.cluster import Cluster
 from autopar.errors import AutoparError
 from autopar.graph_facts import graph_facts
+from autopar.knobs import schedule_name
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
 from autopar.solver.cpsat import solve
@@ -29,8 +30,6 @@ from autopar.solver.problem import (
     forbid_sharding_like,
     keep_residual_stream_whole,
 )
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,7 @@ class PinnedConfig:
         if self.recompute not in RECOMPUTE_MODES:
             raise AutoparError(f"unknown recompute mode {self.recompute!r}", where="--recompute",
                                fix=f"use one of {', '.join(RECOMPUTE_MODES)}")
-        if self.schedule not in SCHEDULES:
-            raise AutoparError(f"unknown schedule {self.schedule!r}", where="--schedule",
-                               fix=f"use one of {', '.join(SCHEDULES)}")
+        object.__setattr__(self, "schedule", schedule_name(self.schedule, where="--schedule"))
         if self.zero not in (0, 1, 2, 3):
             raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero}", where="--zero",
                                fix="pass --zero 0, 1, 2 or 3")
@@ -131,7 +128,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         schedule=config.schedule, virtual=config.virtual,
     )
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
-                          zero_stages=(config.zero,), recompute=(config.recompute,))
+                          zero=(config.zero,), recompute=(config.recompute,))
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)

@@ -139,7 +139,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions) -> Search
             return problems[key]
 
         problem = problem_for(local)[0]
-        for zero in options.zero_stages:
+        for zero in options.zero:
             if dp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len):
@@ -184,13 +184,13 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
     for schedule in [options.schedule] if options.schedule else list(RUNNABLE_SCHEDULES):
         if schedule == "interleaved":
             # torch's interleaved schedule runs microbatches in rounds of pp
-            vs = [options.virtual] if options.virtual else range(2, 9)
+            vs = [options.virtual_stages] if options.virtual_stages else range(2, 9)
             out += [(schedule, v) for v in vs
                     if v > 1 and n_layers >= pp * v and m % pp == 0]
         elif schedule == "zb_v":
             if n_layers >= 2 * pp:
                 out.append((schedule, 2))
-        elif options.virtual in (None, 1):
+        elif options.virtual_stages in (None, 1):
             out.append((schedule, 1))
     return out
 
@@ -346,7 +346,7 @@ def no_plan_error(
         f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",
         where=f"cluster {cluster.name}",
         fix="use more or larger devices"
-        + ("" if 3 in options.zero_stages else ", allow ZeRO-3 (zero_stages=(0, 3))")
+        + ("" if 3 in options.zero else ", allow ZeRO-3 (zero=(0, 3))")
         + ", or a smaller batch or sequence"
         + _unruled_hint(gm),
     )
@@ -387,7 +387,7 @@ def lowest_memory(
     for pp, dp, tp in mesh_shapes(cluster, options, n_layers_of(gm)):
         if global_batch % dp or global_batch // dp < pp:
             continue
-        zero = max(options.zero_stages) if dp > 1 else 0
+        zero = max(options.zero) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
         if tp not in problems:
             problems[tp] = fusion.apply(build_problem(gm, tp, batch))

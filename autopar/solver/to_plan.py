@@ -97,7 +97,7 @@ def make_plan(
         training={
             "precision": options.precision,
             "optimizer": options.optimizer,
-            "zero_stage": setting.zero,
+            "zero": setting.zero,
             "recompute": setting.recompute,
         },
         pipeline=pipeline_entry(setting, prediction),

@@ -49,7 +49,7 @@ def main() -> None:
     idx = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
     tgt = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
-                             zero_stages=(0,), recompute=(args.recompute,),
+                             zero=(0,), recompute=(args.recompute,),
                              microbatch=args.batch // args.dp, tp_splits_batch=False)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
     a, k = pm.shard_batch(idx, tgt)

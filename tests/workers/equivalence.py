@@ -92,7 +92,7 @@ def main() -> int:
         cluster.update(nodes=1, devices_per_node=world)
     zero = tuple(int(z) for z in args.zero.split(","))
     pm = autopar.parallelize(model, cluster, (a, k), dp=args.dp, tp=args.tp, pp=args.pp,
-                             zero_stages=zero, microbatch=args.microbatch,
+                             zero=zero, microbatch=args.microbatch,
                              microbatches=args.microbatches, schedule=args.schedule,
                              recompute=tuple(args.recompute.split(",")))
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-2)
@@ -130,7 +130,7 @@ def main() -> int:
     losses_ok = all(abs(x - y) <= args.rtol * abs(y) + 1e-7 for x, y in zip(losses, ref_losses))
     ok = losses_ok and max_err == 0.0 and checked > 0
     rank = dist.get_rank() if dist.is_initialized() else 0
-    record = {"rank": rank, "mesh": pm.plan.mesh, "zero": pm.plan.training["zero_stage"],
+    record = {"rank": rank, "mesh": pm.plan.mesh, "zero": pm.plan.training["zero"],
               "microbatches": pm.plan.batch["microbatches"],
               "recompute": pm.plan.training["recompute"],
               "schedule": pm.plan.pipeline.get("schedule"), "losses": losses,

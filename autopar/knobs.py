@@ -1,0 +1,98 @@
+"""One name per knob: the words ``autopar.plan``, ``parallelize``, the CLI and the plan JSON share.
+
+| knob | Python keyword | command line | plan JSON |
+| --- | --- | --- | --- |
+| precision | ``precision`` | ``--precision`` | ``training.precision`` |
+| ZeRO stage(s) | ``zero`` | ``--zero`` | ``training.zero`` |
+| pipeline schedule | ``schedule`` | ``--schedule`` | ``pipeline.schedule`` |
+| chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
+| sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |
+
+Schedule names are those ``torch.distributed.pipelining`` runs: ``gpipe``, ``1f1b``,
+``interleaved`` (interleaved 1F1B) and ``zb_v`` (the zero-bubble V schedule).
+
+Old spellings (``zero_stages``, ``virtual``, ``dtype``, ``zero-bubble``) are still accepted,
+with a ``DeprecationWarning`` that names the new one.
+
+>>> schedule_name("gpipe"), schedule_name("1F1B")
+('gpipe', '1f1b')
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from autopar.errors import AutoparError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_v")
+"""Pipeline schedules autopar plans and runs (ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)."""
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+DEPRECATED_SCHEDULES = {
+    "zero-bubble": "zb_v", "zero_bubble": "zb_v", "zbv": "zb_v", "zb-v": "zb_v",
+    "interleaved-1f1b": "interleaved", "interleaved_1f1b": "interleaved",
+}
+
+DEPRECATED_KEYWORDS = {"zero_stages": "zero", "virtual": "virtual_stages", "dtype": "precision"}
+"""Old Python keyword -> its one name now."""
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn once per call site that ``old`` is now spelled ``new``."""
+    warnings.warn(f"autopar: {old!r} is deprecated; use {new!r} (same meaning)",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
+def schedule_name(name: str, where: str = "schedule") -> str:
+    """The one name of a pipeline schedule, or an error listing them."""
+    if not isinstance(name, str):
+        raise AutoparError(f"schedule must be a name, got {name!r}", where=where,
+                           fix=f"use one of {', '.join(SCHEDULES)}")
+    key = name.strip().lower()
+    if key in DEPRECATED_SCHEDULES:
+        deprecated(name, DEPRECATED_SCHEDULES[key], stacklevel=4)
+        key = DEPRECATED_SCHEDULES[key]
+    if key not in SCHEDULES:
+        raise AutoparError(f"unknown pipeline schedule {name!r}", where=where,
+                           fix=f"use one of {', '.join(SCHEDULES)}")
+    return key
+
+
+def zero_stages(value: Any, where: str = "zero") -> tuple[int, ...]:
+    """``zero=3`` pins a stage; ``zero=(0, 3)`` lets the solver choose among them."""
+    stages = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        stages = tuple(stages)
+    except TypeError:
+        stages = ()
+    if (not stages or any(not isinstance(z, int) or isinstance(z, bool) or z not in (0, 1, 2, 3)
+                          for z in stages)):
+        raise AutoparError(f"zero must be a ZeRO stage 0-3 or a non-empty tuple of them, got "
+                           f"{value!r}", where=where, fix="e.g. zero=3, or zero=(0, 3)")
+    return tuple(dict.fromkeys(stages))
+
+
+def check_keywords(given: dict[str, Any], valid: Iterable[str], function: str) -> dict[str, Any]:
+    """``given`` with deprecated keywords renamed (warning once each); an error naming
+    ``function`` and listing the valid keywords for any other unknown one."""
+    valid = list(valid)
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        new = DEPRECATED_KEYWORDS.get(key)
+        if new is not None and new in valid:
+            if new in given:
+                raise AutoparError(f"{function}() got both {key!r} and {new!r}",
+                                   where=f"{function}({key}=...)", fix=f"pass only {new}=")
+            deprecated(key, new, stacklevel=4)
+            out[new] = value
+        elif key in valid:
+            out[key] = value
+        else:
+            raise AutoparError(
+                f"{function}() got an unknown keyword {key!r}", where=f"{function}({key}=...)",
+                fix=f"valid keywords: {', '.join(valid)}")
+    return out

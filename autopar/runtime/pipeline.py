@@ -149,10 +149,14 @@ class PipelineRunner:
             if p.grad is not None:
                 p.grad.div_(self.microbatches)
         self._sum_tied_grads()
+        # Every rank must broadcast the same dtype, and only the last knows the loss's: use
+        # the default dtype, as train_step does without pipelines (a bf16 loss broadcast into
+        # a float32 buffer arrives as garbage).
+        dtype = torch.get_default_dtype()
         if losses:
-            loss = torch.stack([x.detach().reshape(()) for x in losses]).mean()
+            loss = torch.stack([x.detach().reshape(()).to(dtype) for x in losses]).mean()
         else:
-            loss = torch.zeros((), device=self.ctx.device)
+            loss = torch.zeros((), dtype=dtype, device=self.ctx.device)
         group = self.ctx.group("pp")
         if group is not None:  # the last stage's loss, everywhere
             dist.broadcast(loss, src=dist.get_global_rank(group, self.last_rank), group=group)

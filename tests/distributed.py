@@ -1,0 +1,46 @@
+"""Launch the multi-process test workers with torchrun, on free ports, and read their results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = str(ROOT / "tests" / "clusters" / "cpu-fast-links.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cases(nproc: int, out: Path, cases: list[dict], *, prefix: list[str] | None = None,
+              timeout: int = 900) -> list[list[dict]]:
+    """Run ``cases`` (tests/workers/equivalence.py) in one torchrun launch of ``nproc``
+    processes; each rank's records, by rank. ``prefix`` wraps the launch (``taskset``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [*(prefix or []), sys.executable, "-m", "torch.distributed.run",
+           f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
+           str(ROOT / "tests" / "workers" / "equivalence.py")]
+    for case in cases:
+        cmd += ["--case", json.dumps(case)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AUTOPAR_TEST_OUT=str(out))
+    env.pop("TRITON_INTERPRET", None)  # attention runs as it would in a user's CPU job
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    complete = len(results) == nproc and all(len(r) == len(cases) for r in results)
+    assert proc.returncode == 0 and complete, (
+        f"workers failed (exit {proc.returncode}):\n"
+        + "\n".join(json.dumps(r) for rank in results for r in rank if not r.get("ok"))
+        + f"\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return results
+
+
+def taskset() -> str | None:
+    return shutil.which("taskset")

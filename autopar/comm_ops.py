@@ -27,6 +27,11 @@ _GROUPS: dict[str, dist.ProcessGroup] = {}
 DATA_AXES = ("dp",)
 
 
+# torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single; the GPU
+# machines may carry an older torch that only has the old name.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def bind_axis_groups(groups: Mapping[str, dist.ProcessGroup]) -> None:
     """Tell the collectives which process group each mesh axis name means."""
     _GROUPS.clear()
@@ -59,7 +64,7 @@ def _gather(x: torch.Tensor, p: Shard, group: dist.ProcessGroup, n: int) -> torc
     if p.dim == 0 and p.groups == 1:
         # Straight into one buffer: no per-rank parts to concatenate (half the peak memory).
         out = x.new_empty((x.shape[0] * n, *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x, group=group)
+        _all_gather_single(out, x, group=group)
         return out
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x, group=group)

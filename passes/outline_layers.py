@@ -10,8 +10,6 @@ moves each layer's weights into its part and installs the part at the layer's or
 
 from __future__ import annotations
 
-import copy
-
 import torch.fx as fx
 from torch import nn
 from torch.fx.passes.split_module import split_module
@@ -86,7 +84,7 @@ class OutlineLayers(GraphPass):
             return PassResult(gm, modified=False)
         new = split_module(gm, gm, lambda n: part.get(n, PRE), keep_original_order=True,
                            keep_original_node_name=True)
-        new.graph._codegen = copy.deepcopy(gm.graph._codegen)
+        new.graph._codegen = gm.graph._codegen  # immutable pytree specs: share, never deepcopy
         for attr in ("_in_spec", "_out_spec"):
             if hasattr(gm, attr):
                 setattr(new, attr, getattr(gm, attr))

@@ -627,8 +627,9 @@ _BIG_TRACE = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_llama3_70b_traces_fast_on_meta() -> None:
-    """Run in a fresh process, so the peak RSS is this trace's and no earlier test's."""
+def test_llama3_70b_traces_on_meta_without_memory() -> None:
+    """Run in a fresh process, so the peak RSS is this trace's and no earlier test's. (How
+    long it takes is measured by benchmarks/plan_time.py, never bounded in a test.)"""
     pytest.importorskip("transformers")
     proc = subprocess.run(
         [sys.executable, "-c", _BIG_TRACE], capture_output=True, text=True, timeout=300
@@ -641,7 +642,6 @@ def test_llama3_70b_traces_fast_on_meta() -> None:
         f"peak RSS growth {growth_gib * 1024:.0f} MiB, {r['nodes']} nodes, "
         f"{r['params'] / 1e9:.3f}B params"
     )
-    assert r["trace_s"] < 30
     assert growth_gib < 2
     assert r["nodes"] >= 5000
     assert r["params"] == pytest.approx(70.55e9, rel=1e-3)

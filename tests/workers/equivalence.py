@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
+from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
+raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
 MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol")
 

@@ -174,6 +174,20 @@ class Plan:
                 fix="re-plan for this model, or load the model the plan was made for",
             )
 
+    def check_batch(self, batch: int | None, seq: int | None) -> None:
+        """Fail clearly when the example inputs are not the batch the plan was made for: each
+        rank's program is traced on the plan's microbatch of them, and the plan's split of
+        the batch (dp x microbatch x microbatches) holds for that size only."""
+        given = (batch or 1, seq or 1)
+        planned = (self.batch["traced"], self.batch["seq"])
+        if given != planned:
+            raise PlanError(
+                f"the plan was made for example batches of {planned[0]} sequence(s) of "
+                f"{planned[1]} token(s), but these example inputs have {given[0]} of {given[1]}",
+                where="batch.traced" if given[0] != planned[0] else "batch.seq",
+                fix="pass example inputs of the plan's size, or re-plan for these",
+            )
+
     def check_cluster(self, cluster: Cluster) -> None:
         """Fail clearly when this plan was made for another cluster.
 

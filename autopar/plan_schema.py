@@ -37,6 +37,7 @@ from autopar.cluster import load_cluster
 from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError, PlanError
 from autopar.knobs import PRECISIONS, SCHEDULES
+from autopar.local_ops import LOCAL_IMPLS
 from autopar.placements import parse_placement
 from autopar.solver.costs import RECOMPUTE_MODES
 from autopar.solver.options import ZERO_STAGES_RUNNABLE
@@ -166,11 +167,11 @@ def obj(required: dict[str, Check], optional: dict[str, Check] | None = None,
 
     def check(value: Any, where: str) -> None:
         if not isinstance(value, dict):
-            _fail(where or "the plan", "a JSON object", value)
+            _fail(where, "a JSON object", value)
         for key, rule in required.items():
             if key not in value:
-                raise PlanError(f"the plan lacks field {_at(where, key)!r}", where=_at(where, key),
-                                fix=REPLAN)
+                at = _at(where, key)
+                raise PlanError(f"the plan lacks field {at!r}", where=at, fix=REPLAN)
             rule(value[key], _at(where, key))
         for key, item in value.items():
             if key in required:
@@ -237,7 +238,8 @@ COUNT = integer(1)
 SIZE = integer(0)
 SECONDS = number()
 MEMORY = obj({"total": SIZE}, extra=SIZE)
-STRATEGY = obj({"in": list_of(placement), "out": list_of(placement)}, {"impl": text()})
+STRATEGY = obj({"in": list_of(placement), "out": list_of(placement)},
+               {"impl": one_of(tuple(LOCAL_IMPLS))})
 
 PIPELINE = obj({
     "label": text(),

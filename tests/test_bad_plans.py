@@ -110,6 +110,7 @@ EDITS: list[tuple[str, str, str, Any, str | None]] = [
     ("shard-of-negative-dim", "dp", "strategies.{node}.tp.out[0]", "S(-1)", None),
     ("strategy-inputs-as-text", "dp", "strategies.{node}.tp.in", "R", None),
     ("strategy-missing-tp", "dp", "strategies.{node}.tp", DROP, None),
+    ("strategy-unknown-impl", "dp", "strategies.{node}.tp.impl", "os.system", None),
     ("strategy-unknown-axis", "dp", "strategies.{node}.pp", {"in": [], "out": ["R"]}, None),
     ("param-placement-number", "dp", "params.{param}.tp", 3, None),
     ("param-placement-zero-groups", "dp", "params.{param}.tp", "S(0)g0", None),

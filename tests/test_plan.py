@@ -165,7 +165,8 @@ def test_plan_for_another_cluster_is_refused(tiny_gpt_plan: Plan, other: str) ->
     assert e.value.where == "cluster" and "re-plan" in e.value.fix
 
 
-def test_parallelize_refuses_a_plan_for_another_cluster(tmp_path) -> None:
+def test_parallelize_refuses_a_plan_made_for_something_else(tmp_path) -> None:
+    """Another cluster, a hand-edited file, another example batch size."""
     if dist.is_initialized() or "RANK" in os.environ:
         pytest.skip("needs a single process without a process group")
     torch.manual_seed(0)
@@ -181,6 +182,10 @@ def test_parallelize_refuses_a_plan_for_another_cluster(tmp_path) -> None:
     with pytest.raises(PlanError) as e:
         autopar.parallelize(model, "cpu", (idx, idx), plan=str(path))
     assert e.value.where == "batch.microbatch"
+    bigger = torch.randint(0, 64, (8, 16))
+    with pytest.raises(PlanError, match="batches of 4 sequence.*have 8 of 16") as e:
+        autopar.parallelize(model, "cpu", (bigger, bigger), plan=plan)
+    assert e.value.where == "batch.traced"
 
 
 def test_parallelize_refuses_a_cluster_of_another_size_at_start_up() -> None:
@@ -212,7 +217,8 @@ def test_planning_error_on_rank_0_is_raised_on_every_rank(tmp_path) -> None:
     in the broadcast forever (the workers' process group times out after a minute)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
            f"--master-port={free_port()}", str(ROOT / "tests" / "workers" / "plan_error.py")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AUTOPAR_TEST_OUT=str(tmp_path))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               AUTOPAR_TEST_OUT=str(tmp_path))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)
                if (tmp_path / f"rank{r}.json").exists()]

@@ -67,7 +67,9 @@ def parallelize(
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
-    plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
+    facts = graph_facts(gm)
+    plan.check_model(facts.fingerprint, type(model).__name__)
+    plan.check_batch(facts.batch_size, facts.seq_len)
     ctx = build_mesh(plan, cluster.backend)
     zero = plan.training.get("zero", 0)
     local = _microbatch_graph(model, example_inputs, plan, gm)

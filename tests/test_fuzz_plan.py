@@ -168,18 +168,23 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz") / "plan.json"
 
 
+@pytest.fixture(scope="module")
+def texts(bases: list[dict]) -> list[bytes]:
+    return [json.dumps(base).encode() for base in bases]
+
+
 @FUZZ
 @given(data=st.data())
-def test_arbitrary_bytes_as_a_file(bases: list[dict], plan_file: Path,
+def test_arbitrary_bytes_as_a_file(texts: list[bytes], plan_file: Path,
                                    data: st.DataObject) -> None:
     """Random bytes, or a real plan's JSON text with bytes overwritten."""
     if data.draw(st.booleans()):
         raw = data.draw(st.binary(max_size=200))
     else:
-        raw = bytearray(json.dumps(data.draw(st.sampled_from(bases))).encode())
+        edited = bytearray(data.draw(st.sampled_from(texts)))
         for _ in range(data.draw(st.integers(1, 4))):
-            at = data.draw(st.integers(0, len(raw) - 1))
-            raw[at:at + 1] = data.draw(st.binary(min_size=0, max_size=3))
-        raw = bytes(raw)
+            at = data.draw(st.integers(0, len(edited) - 1))
+            edited[at:at + 1] = data.draw(st.binary(max_size=3))
+        raw = bytes(edited)
     plan_file.write_bytes(raw)
     _load(Plan.load, plan_file)

@@ -41,28 +41,34 @@ def _same(given: Any, planned: Any) -> bool:
     return given == planned
 
 
-# Planning flag -> (its dest, what the plan chose, whether the flag's value agrees with it).
-# A flag left at its default is not checked; one that agrees with the plan changes nothing.
+def _never(given: Any, planned: Any) -> bool:
+    return False
+
+
+# Flag dest -> (flag, what the plan chose, whether the flag's value agrees with it). A flag
+# at its default is not checked; one that agrees with the plan changes nothing. A planning
+# flag missing here (added later) is refused whenever it is given.
 _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bool]]] = {
-    "--batch": ("batch", lambda p: p.batch["global"], _same),
-    "--seq": ("seq", lambda p: p.batch["seq"], _same),
-    "--dp": ("dp", lambda p: p.mesh.get("dp", 1), _same),
-    "--tp": ("tp", lambda p: p.mesh.get("tp", 1), _same),
-    "--pp": ("pp", lambda p: p.mesh.get("pp", 1), _same),
-    "--microbatch": ("microbatch", lambda p: p.batch["microbatch"], _same),
-    "--microbatches": ("microbatches", lambda p: p.batch["microbatches"], _same),
-    "--schedule": ("schedule", lambda p: p.pipeline.get("schedule", "none (no pipeline)"),
-                   lambda v, s: schedule_name(v, "--schedule") == s),
-    "--virtual-stages": ("virtual_stages", lambda p: p.pipeline.get("virtual_stages", 1), _same),
-    "--precision": ("precision", lambda p: p.training["precision"], _same),
-    "--zero": ("zero", lambda p: p.training["zero"], lambda v, z: z in zero_stages(v)),
-    "--recompute": ("recompute", lambda p: p.training["recompute"],
-                    lambda v, r: r in recompute_modes(v)),
-    "--no-fuse-attention": ("fuse_attention",
-                            lambda p: f"{sum(e['fused'] for e in p.attention)} fused attention "
-                            "site(s)", lambda v, fused: fused.startswith("0 ")),
-    "--time-limit": ("time_limit", lambda p: "no solving", lambda v, _: False),
+    "batch": ("--batch", lambda p: p.batch["global"], _same),
+    "seq": ("--seq", lambda p: p.batch["seq"], _same),
+    "dp": ("--dp", lambda p: p.mesh.get("dp", 1), _same),
+    "tp": ("--tp", lambda p: p.mesh.get("tp", 1), _same),
+    "pp": ("--pp", lambda p: p.mesh.get("pp", 1), _same),
+    "microbatch": ("--microbatch", lambda p: p.batch["microbatch"], _same),
+    "microbatches": ("--microbatches", lambda p: p.batch["microbatches"], _same),
+    "schedule": ("--schedule", lambda p: p.pipeline.get("schedule", "none (no pipeline)"),
+                 lambda v, s: schedule_name(v, "--schedule") == s),
+    "virtual_stages": ("--virtual-stages", lambda p: p.pipeline.get("virtual_stages", 1), _same),
+    "precision": ("--precision", lambda p: p.training["precision"], _same),
+    "zero": ("--zero", lambda p: p.training["zero"], lambda v, z: z in zero_stages(v)),
+    "recompute": ("--recompute", lambda p: p.training["recompute"],
+                  lambda v, r: r in recompute_modes(v)),
+    "fuse_attention": ("--no-fuse-attention",
+                       lambda p: f"{sum(e['fused'] for e in p.attention)} attention site(s) fused",
+                       lambda v, fused: fused.startswith("0 ")),
+    "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
 }
+_EMIT_OWN = ("command", "model", "cluster", "plan", "rank")  # not planning choices
 
 
 def check_flags_against_plan(args: argparse.Namespace, plan: Plan) -> None:
@@ -72,10 +78,14 @@ def check_flags_against_plan(args: argparse.Namespace, plan: Plan) -> None:
     plan.check_cluster(load_cluster(args.cluster))
     from autopar.cli.main import build_parser
 
-    defaults = build_parser().parse_args(["emit", args.model, "--cluster", args.cluster])
-    for flag, (dest, chosen, agrees) in _PLAN_FLAGS.items():
-        value = getattr(args, dest)
-        if value == getattr(defaults, dest) or agrees(value, chosen(plan)):
+    defaults = vars(build_parser().parse_args(["emit", args.model, "--cluster", args.cluster]))
+    for dest, default in defaults.items():
+        value = getattr(args, dest, default)
+        if dest in _EMIT_OWN or value == default:
+            continue
+        flag, chosen, agrees = _PLAN_FLAGS.get(
+            dest, (f"--{dest.replace('_', '-')}", lambda p: "not a plan field", _never))
+        if agrees(value, chosen(plan)):
             continue
         shown = "" if isinstance(value, bool) else f" {value}"
         raise AutoparError(

@@ -166,7 +166,8 @@ def test_plan_for_another_cluster_is_refused(tiny_gpt_plan: Plan, other: str) ->
 
 
 def test_parallelize_refuses_a_plan_made_for_something_else(tmp_path) -> None:
-    """Another cluster, a hand-edited file, another example batch size."""
+    """Another cluster, a hand-edited file, planning keywords beside a plan, another example
+    batch size."""
     if dist.is_initialized() or "RANK" in os.environ:
         pytest.skip("needs a single process without a process group")
     torch.manual_seed(0)
@@ -182,6 +183,9 @@ def test_parallelize_refuses_a_plan_made_for_something_else(tmp_path) -> None:
     with pytest.raises(PlanError) as e:
         autopar.parallelize(model, "cpu", (idx, idx), plan=str(path))
     assert e.value.where == "batch.microbatch"
+    with pytest.raises(AutoparError, match=r"planning keywords \(tp, zero\)") as e:
+        autopar.parallelize(model, "cpu", (idx, idx), plan=plan, tp=1, zero=0)
+    assert e.value.where == "autopar.parallelize(tp=...)"
     bigger = torch.randint(0, 64, (8, 16))
     with pytest.raises(PlanError, match="batches of 4 sequence.*have 8 of 16") as e:
         autopar.parallelize(model, "cpu", (bigger, bigger), plan=plan)

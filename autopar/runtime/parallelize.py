@@ -60,6 +60,14 @@ def parallelize(
     ensure_process_group(cluster.backend)
     check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
     if plan is not None:
+        pinned = {**{k: v for k, v in (("dp", dp), ("tp", tp), ("pp", pp)) if v is not None},
+                  **plan_options}
+        if pinned:  # silently ignored otherwise: the plan fixes every choice
+            raise AutoparError(
+                f"autopar.parallelize() got a plan and planning keywords ({', '.join(pinned)})",
+                where=f"autopar.parallelize({next(iter(pinned))}=...)",
+                fix="drop them (the plan fixes every choice), or re-plan with them and pass "
+                "that plan")
         # A Plan object is checked like a file: it may have been edited since it was made.
         plan = Plan.from_dict(plan.to_dict()) if isinstance(plan, Plan) else Plan.load(plan)
         plan.check_cluster(cluster)

@@ -1,8 +1,10 @@
 """The plan: every decision, as versioned JSON keyed by stable fx node names.
 
-A plan is data. Loading one parses JSON and checks it; it never runs code. It round-trips
+A plan is data. Loading one parses JSON and checks every field against the schema
+(:mod:`autopar.plan_schema`); it never runs code. It round-trips
 exactly (``Plan.from_json(p.to_json()) == p``). A plan records the fingerprint of the model
-it was made for; applying it to another model fails with both fingerprints in the message.
+it was made for, and the cluster; applying it to another model or cluster fails with both
+named in the message.
 
 Fields other tools read (keep them stable): ``schema_version``; ``mesh`` (axis -> size,
 outer to inner); ``predicted.step_time_s``, ``predicted.peak_memory_bytes``,
@@ -15,27 +17,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autopar.errors import PlanError
 from autopar.placements import Placement, parse_placement
+from autopar.plan_schema import MESH_AXES, SCHEMA_VERSION, validate
 from autopar.strategies.rule import Strategy
 
-SCHEMA_VERSION = 2
-MESH_AXES = ("pp", "dp", "cp", "tp")  # outer to inner; tp innermost (fastest links)
+if TYPE_CHECKING:
+    from autopar.cluster import Cluster
 
-_REQUIRED = {
-    "schema_version": int,
-    "model": dict,
-    "cluster": dict,
-    "mesh": dict,
-    "batch": dict,
-    "training": dict,
-    "strategies": dict,
-    "params": dict,
-    "predicted": dict,
-    "solver": dict,
-}
+__all__ = ["MESH_AXES", "SCHEMA_VERSION", "Plan", "strategy_from_json", "strategy_to_json"]
+MAX_PLAN_BYTES = 256 << 20  # autopar's plans are a few MB even for 70B models
+_FIX_FILE = "pass a plan file written by autopar plan MODEL --cluster ... --json FILE"
 
 
 def strategy_to_json(s: Strategy) -> dict[str, Any]:
@@ -110,68 +104,64 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "plan") -> Plan:
-        if not isinstance(data, dict):
-            raise PlanError(f"{source} is not a JSON object", where=source, fix="pass a plan file")
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise PlanError(
-                f"{source} has schema version {version!r}; this autopar reads version "
-                f"{SCHEMA_VERSION}",
-                where="schema_version",
-                fix="re-plan with this autopar (autopar plan ... --json FILE)",
-            )
-        for key, kind in _REQUIRED.items():
-            if not isinstance(data.get(key), kind):
-                raise PlanError(
-                    f"{source} lacks field {key!r} (or it is not a {kind.__name__})",
-                    where=key,
-                    fix="re-plan with autopar plan ... --json FILE",
-                )
-        for axis, size in data["mesh"].items():
-            if axis not in MESH_AXES or not isinstance(size, int) or size < 1:
-                raise PlanError(
-                    f"bad mesh entry {axis}={size!r} in {source}",
-                    where=f"mesh.{axis}",
-                    fix=f"axes are {', '.join(MESH_AXES)} with positive integer sizes",
-                )
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise PlanError(
-                f"{source} has unknown fields {unknown}",
-                where=unknown[0],
-                fix="plans are written by autopar; do not add fields by hand",
-            )
-        plan = cls(**data)
-        for name, axes in plan.strategies.items():
-            for axis, entry in axes.items():
-                strategy_from_json(entry, where=f"strategies.{name}.{axis}")
-        for fqn, axes in plan.params.items():
-            for axis, text in axes.items():
-                try:
-                    parse_placement(text)
-                except PlanError as e:
-                    raise PlanError(e.what, where=f"params.{fqn}.{axis}", fix=e.fix) from None
-        return plan
+        """The plan ``data`` holds, after :func:`autopar.plan_schema.validate` checked every
+        field and the rules between them (``where`` names the field)."""
+        validate(data, source)
+        return cls(**data)
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
+        if not isinstance(text, str):
+            raise PlanError(f"{source} is not text", where=source,
+                            fix="pass the plan's JSON text (Plan.load reads a file)")
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as e:
             raise PlanError(
                 f"{source} is not valid JSON: {e.msg}",
                 where=f"{source}:{e.lineno}:{e.colno}",
-                fix="pass a plan written by autopar plan --json",
+                fix=_FIX_FILE,
             ) from None
+        except PlanError as e:  # a key given twice
+            raise PlanError(f"{source}: {e.what}", where=e.where, fix=e.fix) from None
+        except (ValueError, RecursionError) as e:  # a 5,000-digit number; deep nesting
+            raise PlanError(f"{source} cannot be read as a plan: {str(e)[:200]}",
+                            where=source, fix=_FIX_FILE
+                            ) from None
         return cls.from_dict(data, source)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        """Read a plan file: JSON text, never unpickled or executed."""
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise PlanError(f"plan file {path} not found", where=str(path), fix="check the path")
-        return cls.from_json(path.read_text(), source=str(path))
+        if not path.is_file():
+            raise PlanError(f"plan {path} is not a file", where=str(path), fix=_FIX_FILE)
+        try:
+            if path.stat().st_size > MAX_PLAN_BYTES:
+                raise PlanError(f"plan file {path} is larger than {MAX_PLAN_BYTES >> 20} MiB",
+                                where=str(path), fix=_FIX_FILE)
+            raw = path.read_bytes()
+        except OSError as e:
+            raise PlanError(f"cannot read plan file {path}: {e.strerror or e}", where=str(path),
+                            fix="check the path and its permissions") from None
+        return cls.from_bytes(raw, source=str(path))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str = "plan") -> Plan:
+        """A plan from a file's bytes: UTF-8 JSON text (a binary file or a pickle is an
+        error saying so; nothing is ever unpickled)."""
+        if not raw.strip():
+            raise PlanError(f"plan file {source} is empty", where=source, fix=_FIX_FILE)
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            kind = "a Python pickle" if raw[:1] == b"\x80" else "binary data"
+            raise PlanError(f"plan file {source} is not UTF-8 text (it looks like {kind}, "
+                            f"byte {e.start}); plans are JSON and are never unpickled",
+                            where=source, fix=_FIX_FILE) from None
+        return cls.from_json(text, source=source)
 
     def check_model(self, fingerprint: str, model_name: str = "this model") -> None:
         """Fail clearly when this plan was made for another model."""
@@ -183,3 +173,56 @@ class Plan:
                 where="model.fingerprint",
                 fix="re-plan for this model, or load the model the plan was made for",
             )
+
+    def check_batch(self, batch: int | None, seq: int | None) -> None:
+        """Fail clearly when the example inputs are not the batch the plan was made for: each
+        rank's program is traced on the plan's microbatch of them, and the plan's split of
+        the batch (dp x microbatch x microbatches) holds for that size only."""
+        given = (batch or 1, seq or 1)
+        planned = (self.batch["traced"], self.batch["seq"])
+        if given != planned:
+            raise PlanError(
+                f"the plan was made for example batches of {planned[0]} sequence(s) of "
+                f"{planned[1]} token(s), but these example inputs have {given[0]} of {given[1]}",
+                where="batch.traced" if given[0] != planned[0] else "batch.seq",
+                fix="pass example inputs of the plan's size, or re-plan for these",
+            )
+
+    def check_cluster(self, cluster: Cluster) -> None:
+        """Fail clearly when this plan was made for another cluster.
+
+        The same cluster means the same device kind (``device.name``: the preset, or a
+        calibrated profile's name), node count, devices per node and backend: what the mesh,
+        the memory fit and the process groups depend on. Link speeds and efficiencies may
+        differ (a recalibrated profile of the same machines): they change the predictions,
+        not what runs."""
+        mine, given = _cluster_key(self.cluster), _cluster_key(cluster.to_dict())
+        if mine != given:
+            raise PlanError(
+                f"the plan was made for cluster {self.cluster.get('name')!r} ({_describe(mine)})"
+                f", but is applied to cluster {cluster.name!r} ({_describe(given)})",
+                where="cluster",
+                fix="re-plan for this cluster (autopar plan MODEL --cluster ...), or run on the "
+                "cluster the plan was made for",
+            )
+
+
+def _cluster_key(cluster: dict[str, Any]) -> tuple[str, int, int, str]:
+    return (cluster["device"]["name"], cluster["nodes"], cluster["devices_per_node"],
+            cluster["backend"])
+
+
+def _describe(key: tuple[str, int, int, str]) -> str:
+    device, nodes, per_node, backend = key
+    return f"{nodes} node(s) x {per_node} {device}, {backend}"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (JSON would silently keep the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PlanError(f"the plan gives key {key!r} twice in one object", where=key,
+                            fix="keep one of them; plans are written by autopar plan --json")
+        out[key] = value
+    return out

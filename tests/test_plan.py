@@ -1,17 +1,25 @@
-"""Plans: the solver's choices on known cases, determinism, JSON round trip, plan checks."""
+"""Plans: the solver's choices on known cases, determinism, JSON round trip, the schema, the
+cluster a plan was made for, and planning errors reaching every rank."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import autopar
 from autopar.cli.load import trace_model
-from autopar.errors import PlanError
+from autopar.cluster import load_cluster
+from autopar.errors import AutoparError, NoFeasiblePlanError, PlanError, RuntimeSetupError
 from autopar.models import GPT, GPTConfig
 from autopar.plan import Plan
+from autopar.runtime.parallelize import error_from_json, error_to_json
+from tests.distributed import ROOT, free_port
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +134,98 @@ def test_llama3_70b_needs_tensor_parallelism_inside_nodes() -> None:
     with pytest.raises(autopar.errors.NoFeasiblePlanError, match="fits on no mesh"):
         autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch, tp=1,
                      recompute=("none",))
+
+
+# --- the schema: what the writer writes, the reader accepts ---------------------------------
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb_v"])
+def test_pipeline_plans_of_every_schedule_load_back(schedule: str) -> None:
+    traced = trace_model("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=16,batch=8", None, None)
+    plan = autopar.plan(traced.gm, "4xcpu", global_batch=8, pp=2, microbatches=4,
+                        schedule=schedule, time_limit_s=5)
+    assert plan.pipeline["schedule"] == schedule
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+# --- the cluster a plan was made for --------------------------------------------------------
+
+def test_same_cluster_described_another_way_is_accepted(tiny_gpt_plan: Plan) -> None:
+    """Same device kind, counts and backend; other link speeds (a recalibrated profile)."""
+    data = load_cluster("2xcpu").to_dict()
+    data["name"] = "my two cpus"
+    data["intra_node_link"]["bandwidth_bytes_per_s"] *= 3
+    tiny_gpt_plan.check_cluster(load_cluster(data))
+
+
+@pytest.mark.parametrize("other", ["4xcpu", "2x1xcpu", "2xH100-80GB", "2xA100-80GB"])
+def test_plan_for_another_cluster_is_refused(tiny_gpt_plan: Plan, other: str) -> None:
+    with pytest.raises(PlanError) as e:
+        tiny_gpt_plan.check_cluster(load_cluster(other))
+    assert "'2xcpu'" in e.value.what and f"'{other}'" in e.value.what
+    assert e.value.where == "cluster" and "re-plan" in e.value.fix
+
+
+def test_parallelize_refuses_a_plan_made_for_something_else(tmp_path) -> None:
+    """Another cluster, a hand-edited file, planning keywords beside a plan, another example
+    batch size."""
+    if dist.is_initialized() or "RANK" in os.environ:
+        pytest.skip("needs a single process without a process group")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 64, (4, 16))
+    plan = autopar.plan(model, "cpu", (idx, idx))
+    with pytest.raises(PlanError, match="made for cluster 'cpu'.*'H100-80GB'"):
+        autopar.parallelize(model, "H100-80GB", (idx, idx), plan=plan)
+    edited = plan.to_dict()
+    edited["batch"]["microbatch"] = 3
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(edited))
+    with pytest.raises(PlanError) as e:
+        autopar.parallelize(model, "cpu", (idx, idx), plan=str(path))
+    assert e.value.where == "batch.microbatch"
+    with pytest.raises(AutoparError, match=r"planning keywords \(tp, zero\)") as e:
+        autopar.parallelize(model, "cpu", (idx, idx), plan=plan, tp=1, zero=0)
+    assert e.value.where == "autopar.parallelize(tp=...)"
+    bigger = torch.randint(0, 64, (8, 16))
+    with pytest.raises(PlanError, match="batches of 4 sequence.*have 8 of 16") as e:
+        autopar.parallelize(model, "cpu", (bigger, bigger), plan=plan)
+    assert e.value.where == "batch.traced"
+
+
+def test_parallelize_refuses_a_cluster_of_another_size_at_start_up() -> None:
+    if dist.is_initialized() or "RANK" in os.environ:
+        pytest.skip("needs a single process without a process group")
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 64, (4, 16))
+    with pytest.raises(RuntimeSetupError) as e:
+        autopar.parallelize(model, "2xcpu", (idx, idx))
+    assert "'2xcpu' needs 2 processes but 1 was launched" in e.value.what
+    assert "torchrun --nproc-per-node 2" in e.value.fix
+
+
+# --- planning errors reach every rank -------------------------------------------------------
+
+def test_planning_errors_travel_as_data() -> None:
+    sent = NoFeasiblePlanError("no mesh", where="pp/dp/tp", fix="pin less")
+    back = error_from_json(json.loads(json.dumps(error_to_json(sent))))
+    assert type(back) is NoFeasiblePlanError and str(back) == str(sent)
+    bug = error_from_json(error_to_json(ZeroDivisionError("division by zero")))
+    assert type(bug) is AutoparError and "ZeroDivisionError: division by zero" in bug.what
+    forged = error_from_json({"class": "SystemExit", "what": "x", "where": "", "fix": ""})
+    assert type(forged) is AutoparError  # only autopar's own error classes are raised
+
+
+@pytest.mark.slow
+def test_planning_error_on_rank_0_is_raised_on_every_rank(tmp_path) -> None:
+    """Rank 0 fails to plan (tp=3 on 2 devices); rank 1 must raise the same error, not wait
+    in the broadcast forever (the workers' process group times out after a minute)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           f"--master-port={free_port()}", str(ROOT / "tests" / "workers" / "plan_error.py")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               AUTOPAR_TEST_OUT=str(tmp_path))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)
+               if (tmp_path / f"rank{r}.json").exists()]
+    assert proc.returncode == 0 and len(records) == 2, proc.stderr[-3000:]
+    assert records[0] == records[1], records
+    assert records[0]["class"] == "NoFeasiblePlanError" and "tp=3" in records[0]["what"]

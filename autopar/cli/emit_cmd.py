@@ -7,11 +7,15 @@ without starting any process, so even a 70B model's per-rank program prints in s
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 import autopar
-from autopar.cli.load import trace_model
+from autopar.cli.load import recompute_modes, trace_model, zero_stages
 from autopar.cli.plan_cmd import plan_from_args
+from autopar.cluster import load_cluster
 from autopar.errors import AutoparError
+from autopar.knobs import schedule_name
 from autopar.passes import PassContext, PassManager, program_passes
 from autopar.plan import Plan
 from autopar.runtime.parallel_module import rank_code
@@ -33,9 +37,70 @@ def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
     return dict(reversed(list(coords.items())))
 
 
+def _same(given: Any, planned: Any) -> bool:
+    return given == planned
+
+
+def _never(given: Any, planned: Any) -> bool:
+    return False
+
+
+# Flag dest -> (flag, what the plan chose, whether the flag's value agrees with it). A flag
+# at its default is not checked; one that agrees with the plan changes nothing. A planning
+# flag missing here (added later) is refused whenever it is given.
+_PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bool]]] = {
+    "batch": ("--batch", lambda p: p.batch["global"], _same),
+    "seq": ("--seq", lambda p: p.batch["seq"], _same),
+    "dp": ("--dp", lambda p: p.mesh.get("dp", 1), _same),
+    "tp": ("--tp", lambda p: p.mesh.get("tp", 1), _same),
+    "pp": ("--pp", lambda p: p.mesh.get("pp", 1), _same),
+    "microbatch": ("--microbatch", lambda p: p.batch["microbatch"], _same),
+    "microbatches": ("--microbatches", lambda p: p.batch["microbatches"], _same),
+    "schedule": ("--schedule", lambda p: p.pipeline.get("schedule", "none (no pipeline)"),
+                 lambda v, s: schedule_name(v, "--schedule") == s),
+    "virtual_stages": ("--virtual-stages", lambda p: p.pipeline.get("virtual_stages", 1), _same),
+    "precision": ("--precision", lambda p: p.training["precision"], _same),
+    "zero": ("--zero", lambda p: p.training["zero"], lambda v, z: z in zero_stages(v)),
+    "recompute": ("--recompute", lambda p: p.training["recompute"],
+                  lambda v, r: r in recompute_modes(v)),
+    "fuse_attention": ("--no-fuse-attention",
+                       lambda p: f"{sum(e['fused'] for e in p.attention)} attention site(s) fused",
+                       lambda v, fused: fused.startswith("0 ")),
+    "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
+}
+_EMIT_OWN = ("command", "model", "cluster", "plan", "rank")  # not planning choices
+
+
+def check_flags_against_plan(args: argparse.Namespace, plan: Plan) -> None:
+    """With ``--plan`` the plan fixes every planning choice: a flag that would change one
+    is an error naming it (never silently ignored), and ``--cluster`` must be the cluster
+    the plan was made for (:meth:`Plan.check_cluster`)."""
+    plan.check_cluster(load_cluster(args.cluster))
+    from autopar.cli.main import build_parser
+
+    defaults = vars(build_parser().parse_args(["emit", args.model, "--cluster", args.cluster]))
+    for dest, default in defaults.items():
+        value = getattr(args, dest, default)
+        if dest in _EMIT_OWN or value == default:
+            continue
+        flag, chosen, agrees = _PLAN_FLAGS.get(
+            dest, (f"--{dest.replace('_', '-')}", lambda p: "not a plan field", _never))
+        if agrees(value, chosen(plan)):
+            continue
+        shown = "" if isinstance(value, bool) else f" {value}"
+        raise AutoparError(
+            f"{flag}{shown} disagrees with the plan {args.plan} ({dest}: {chosen(plan)}); "
+            "with --plan, the plan fixes every planning choice",
+            where=flag,
+            fix=f"drop {flag}, or re-plan with it: autopar plan {args.model} --cluster "
+            f"{args.cluster} {flag}{shown} --json FILE",
+        )
+
+
 def run_emit(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.load(args.plan)
+        check_flags_against_plan(args, plan)
         planned = trace_model(args.model, plan.batch["traced"], plan.batch["seq"]).gm
         plan.check_model(planned.meta["autopar"].fingerprint, args.model)
     else:

@@ -45,19 +45,26 @@ def device_for(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
+def check_world_size(needed: int, what: str) -> None:
+    """Refuse a launch whose process count is not the ``needed`` ranks of ``what`` (a plan's
+    mesh, a cluster), before any work: torchrun must start one process per device."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != needed:
+        raise RuntimeSetupError(
+            f"{what} needs {needed} processes but {world} {'was' if world == 1 else 'were'} "
+            "launched",
+            where="world size",
+            fix=f"launch with torchrun --nproc-per-node {needed} (or re-plan for a cluster of "
+            f"{world} device{'s' if world != 1 else ''})",
+        )
+
+
 def build_mesh(plan: Plan, backend: str) -> MeshContext:
     """The plan's device mesh (``dp`` outer, ``tp`` inner), bound for the collectives."""
     ensure_process_group(backend)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world != plan.world_size:
-        mesh_text = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
-        raise RuntimeSetupError(
-            f"the plan needs {plan.world_size} processes ({mesh_text}) but "
-            f"{world} {'was' if world == 1 else 'were'} launched",
-            where="world size",
-            fix=f"launch with torchrun --nproc-per-node {plan.world_size} (or re-plan for "
-            f"{world} device{'s' if world != 1 else ''})",
-        )
+    mesh_text = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
+    check_world_size(plan.world_size, f"the plan ({mesh_text})")
+    world = plan.world_size
     device = device_for(backend)
     if world == 1:
         comm_ops.bind_axis_groups({})

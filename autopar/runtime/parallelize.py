@@ -1,11 +1,14 @@
 """``autopar.parallelize``: plan (or take a plan), rewrite the graph for this rank, wrap it.
 
 Launched by torchrun, every rank traces the same model; rank 0 plans and sends the plan's
-JSON to the others (as bytes: plans are data), so every rank runs the same plan.
+JSON to the others (as bytes: plans are data), so every rank runs the same plan. When
+planning fails on rank 0 it sends the error instead (its class name, what, where and fix,
+as JSON), so every rank raises the same error rather than waiting forever.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +17,9 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
+from autopar import errors
 from autopar.cluster import Cluster, load_cluster
-from autopar.errors import RuntimeSetupError
+from autopar.errors import AutoparError, RuntimeSetupError
 from autopar.graph_facts import graph_facts
 from autopar.knobs import check_keywords
 from autopar.passes import PassContext, PassManager, program_passes
@@ -23,7 +27,7 @@ from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
-from autopar.runtime.mesh import build_mesh, ensure_process_group
+from autopar.runtime.mesh import build_mesh, check_world_size, ensure_process_group
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelineRunner
 from autopar.trace import trace
@@ -54,13 +58,26 @@ def parallelize(
         "autopar.parallelize")
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
+    check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
+    if plan is not None:
+        pinned = {**{k: v for k, v in (("dp", dp), ("tp", tp), ("pp", pp)) if v is not None},
+                  **plan_options}
+        if pinned:  # silently ignored otherwise: the plan fixes every choice
+            raise AutoparError(
+                f"autopar.parallelize() got a plan and planning keywords ({', '.join(pinned)})",
+                where=f"autopar.parallelize({next(iter(pinned))}=...)",
+                fix="drop them (the plan fixes every choice), or re-plan with them and pass "
+                "that plan")
+        # A Plan object is checked like a file: it may have been edited since it was made.
+        plan = Plan.from_dict(plan.to_dict()) if isinstance(plan, Plan) else Plan.load(plan)
+        plan.check_cluster(cluster)
     gm = trace(model, example_inputs)
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
-    elif not isinstance(plan, Plan):
-        plan = Plan.load(plan)
-    plan.check_model(graph_facts(gm).fingerprint, type(model).__name__)
+    facts = graph_facts(gm)
+    plan.check_model(facts.fingerprint, type(model).__name__)
+    plan.check_batch(facts.batch_size, facts.seq_len)
     ctx = build_mesh(plan, cluster.backend)
     zero = plan.training.get("zero", 0)
     local = _microbatch_graph(model, example_inputs, plan, gm)
@@ -95,8 +112,37 @@ def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
 def _plan_on_rank0(gm: fx.GraphModule, cluster: Cluster, **kwargs: Any) -> Plan:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return make_plan(gm, cluster, **kwargs)
-    text = make_plan(gm, cluster, **kwargs).to_json() if dist.get_rank() == 0 else ""
-    return Plan.from_json(_broadcast_text(text), source="plan from rank 0")
+    failure: BaseException | None = None
+    message: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        try:
+            message = {"plan": make_plan(gm, cluster, **kwargs).to_dict()}
+        except BaseException as e:  # every rank must hear of it, or the others wait forever
+            failure, message = e, {"error": error_to_json(e)}
+    message = json.loads(_broadcast_text(json.dumps(message) if dist.get_rank() == 0 else ""))
+    if failure is not None:
+        raise failure
+    if "error" in message:
+        raise error_from_json(message["error"])
+    return Plan.from_dict(message["plan"], source="plan from rank 0")
+
+
+def error_to_json(e: BaseException) -> dict[str, str]:
+    """An error as data another rank can raise again (no pickling)."""
+    if isinstance(e, AutoparError):
+        return {"class": type(e).__name__, "what": e.what, "where": e.where or "",
+                "fix": e.fix or ""}
+    return {"class": "AutoparError", "what": f"planning failed on rank 0: "
+            f"{type(e).__name__}: {e}", "where": "autopar.plan on rank 0",
+            "fix": "see rank 0's traceback"}
+
+
+def error_from_json(data: dict[str, str]) -> AutoparError:
+    """The error rank 0 sent, of the same class when it is one of autopar.errors'."""
+    cls = getattr(errors, data.get("class", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, AutoparError)):
+        cls = AutoparError
+    return cls(data["what"], where=data["where"] or None, fix=data["fix"] or None)
 
 
 def _broadcast_text(text: str) -> str:

@@ -1,0 +1,401 @@
+"""The plan JSON schema: a table of every field and its rule, then the cross-field rules.
+
+Plans are written by ``autopar plan --json`` and read back by ``emit``, ``parallelize`` and
+the runtime; a hand edit must never reach them as a ``KeyError`` or as silently wrong
+training. :func:`validate` checks a parsed plan (plain JSON data, nothing is executed) and
+raises :class:`PlanError` whose ``where`` is the field's path (``batch.microbatch``,
+``pipeline.chunks[2].layers``).
+
+Sections the runtime acts on are closed (an unknown key is an error); the descriptive
+ones that other parts of autopar extend (the modelled memory breakdown, the solver's
+candidate log) accept added keys holding plain numbers or text. The cluster is checked by
+the cluster loader itself, so both read the same rules.
+
+Cross-field rules, under the conventions :mod:`autopar.solver.to_plan` writes:
+
+- the mesh is ``[pp,] dp, tp`` in that order (tp innermost) and its product is
+  ``cluster.devices`` (= nodes x devices per node);
+- ``batch.global = dp x batch.microbatch x batch.microbatches``: ``microbatch`` is the
+  sequences of one microbatch on one data-parallel rank (tensor parallelism may split it
+  further, but never changes the count);
+- with ``pp > 1`` the pipeline section is present: its microbatches are the batch's, at
+  least pp of them (a multiple of pp for ``interleaved``); ``virtual_stages`` is 1 for
+  gpipe/1f1b, 2 for zb_v and at least 2 for interleaved; ``pp x virtual_stages`` chunks cut
+  the layers contiguously from layer 0, each on the rank ``torch.distributed.pipelining``
+  runs it on; one stage entry per pipeline rank. Without pp the section is empty.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import reprlib
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from autopar.cluster import load_cluster
+from autopar.cost_models.memory import OPTIMIZERS
+from autopar.errors import AutoparError, PlanError
+from autopar.knobs import PRECISIONS, SCHEDULES
+from autopar.local_ops import LOCAL_IMPLS
+from autopar.placements import parse_placement
+from autopar.solver.costs import RECOMPUTE_MODES
+from autopar.solver.options import ZERO_STAGES_RUNNABLE
+from autopar.solver.stages import rank_of_chunk
+
+SCHEMA_VERSION = 2
+MESH_AXES = ("pp", "dp", "tp")
+"""Axes the runtime builds, outer to inner (tp innermost: the fastest links)."""
+MAX_INT = 2**53  # JSON numbers beyond this are not exact in most readers
+MAX_DIM = 64  # tensor dimensions a Shard placement may name
+REPLAN = "re-plan with autopar plan MODEL --cluster ... --json FILE rather than editing a plan"
+
+Check = Callable[[Any, str], None]
+"""A rule: raises PlanError naming ``where`` unless the value satisfies it."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return reprlib.repr(value)
+
+
+def _fail(where: str, expected: str, value: Any, fix: str = REPLAN) -> NoReturn:
+    raise PlanError(f"{where} must be {expected}, got {_show(value)}", where=where, fix=fix)
+
+
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+# --- field rules ---------------------------------------------------------------------------
+def _range(kind: str, lo: float, hi: float, limit: float) -> str:
+    if hi < limit:
+        return f"{kind} from {lo:g} to {hi:g}"
+    return {0: f"{kind} >= 0", 1: f"a positive {kind.split()[-1]}"}.get(lo, f"{kind} >= {lo:g}")
+
+
+def integer(lo: int = 0, hi: int = MAX_INT, fix: str = REPLAN) -> Check:
+    def check(value: Any, where: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            expected = _range("an integer", lo, hi, MAX_INT)
+            if isinstance(value, int) and value > hi:
+                expected += f" and at most {hi:,}"
+            _fail(where, expected, value, fix)
+    return check
+
+
+def number(lo: float = 0.0, hi: float = math.inf) -> Check:
+    def check(value: Any, where: str) -> None:
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or not lo <= value <= hi):
+            _fail(where, _range("a finite number", lo, hi, math.inf), value)
+    return check
+
+
+def text(empty: bool = False) -> Check:
+    def check(value: Any, where: str) -> None:
+        if isinstance(value, str) and (empty or value.strip()):
+            try:
+                value.encode("utf-8")  # a lone surrogate ("\ud800") cannot be printed
+                return
+            except UnicodeEncodeError:
+                pass
+        _fail(where, "a string" if empty else "a non-empty string", value)
+    return check
+
+
+def one_of(values: tuple, fix: str = REPLAN) -> Check:
+    def check(value: Any, where: str) -> None:
+        if not any(type(value) is type(v) and value == v for v in values):  # 3.0 is not 3
+            _fail(where, f"one of {', '.join(map(repr, values))}", value, fix)
+    return check
+
+
+def flag(value: Any, where: str) -> None:
+    if not isinstance(value, bool):
+        _fail(where, "true or false", value)
+
+
+def nullable(rule: Check) -> Check:
+    def check(value: Any, where: str) -> None:
+        if value is not None:
+            rule(value, where)
+    return check
+
+
+def plain(value: Any, where: str) -> None:
+    """Text, a flag, null, a finite number, or a list of them (descriptive entries)."""
+    items = value if isinstance(value, list) else [value]
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]" if isinstance(value, list) else where
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            text(empty=True)(item, at)
+        else:
+            number(-math.inf)(item, at)
+
+
+def list_of(rule: Check, length: int | None = None) -> Check:
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            _fail(where, "a list", value)
+        if length is not None and len(value) != length:
+            _fail(where, f"a list of {length} items", value)
+        for i, item in enumerate(value):
+            rule(item, f"{where}[{i}]")
+    return check
+
+
+def map_of(rule: Check) -> Check:
+    """An object from names (node names, parameter FQNs) to ``rule``."""
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        for key, item in value.items():
+            text()(key, f"{where} key")
+            rule(item, _at(where, key))
+    return check
+
+
+def obj(required: dict[str, Check], optional: dict[str, Check] | None = None,
+        extra: Check | None = None) -> Check:
+    """An object with ``required`` keys, maybe ``optional`` ones, and other keys only when
+    ``extra`` says what they hold."""
+    optional = optional or {}
+
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            _fail(where, "a JSON object", value)
+        for key, rule in required.items():
+            if key not in value:
+                at = _at(where, key)
+                raise PlanError(f"the plan lacks field {at!r}", where=at, fix=REPLAN)
+            rule(value[key], _at(where, key))
+        for key, item in value.items():
+            if key in required:
+                continue
+            rule = optional.get(key, extra)
+            if rule is None:
+                known = [*required, *optional]
+                close = difflib.get_close_matches(str(key), known, n=1)
+                raise PlanError(
+                    f"unknown field {_at(where, str(key))!r} in the plan",
+                    where=_at(where, str(key)),
+                    fix=(f"did you mean {close[0]!r}? " if close else "")
+                    + f"fields here: {', '.join(known)}; {REPLAN}")
+            text()(key, f"{where} key")
+            rule(item, _at(where, key))
+    return check
+
+
+def placement(value: Any, where: str) -> None:
+    """A placement in the canonical form ``str(placement)`` writes (R, P, S(0), S(2)g3)."""
+    expected = "a placement: R, P, P(avg), S(dim) or S(dim)gK"
+    if not isinstance(value, str) or len(value) > 32:
+        _fail(where, expected, value)
+    try:
+        parsed = parse_placement(value)
+        ok = str(parsed) == value and getattr(parsed, "dim", 0) < MAX_DIM
+    except (AutoparError, ValueError):
+        ok = False
+    if not ok:
+        _fail(where, expected, value)
+
+
+def empty_or(rule: Check) -> Check:
+    def check(value: Any, where: str) -> None:
+        if value != {}:
+            rule(value, where)
+    return check
+
+
+def anything(value: Any, where: str) -> None:
+    """Checked elsewhere (the cluster's other fields, by the cluster loader)."""
+
+
+CLUSTER = obj({"name": text(empty=True), "nodes": integer(1), "devices_per_node": integer(1),
+               "backend": text(), "device": obj({"name": text()}, extra=anything),
+               "devices": integer(1)}, extra=anything)
+
+
+def cluster_entry(value: Any, where: str) -> None:
+    """The resolved cluster the plan was made for (what ``Cluster.to_dict`` writes, plus
+    ``devices``), checked by the cluster loader itself."""
+    CLUSTER(value, where)
+    if "profile" in value:
+        _fail(f"{where}.profile", "absent (a plan records the resolved cluster)",
+              value["profile"])
+    try:
+        load_cluster({k: v for k, v in value.items() if k != "devices"})
+    except AutoparError as e:
+        raise PlanError(f"in {where}: {e.what}", where=_at(where, e.where or ""), fix=REPLAN
+                        ) from None
+
+
+COUNT = integer(1)
+SIZE = integer(0)
+SECONDS = number()
+MEMORY = obj({"total": SIZE}, extra=SIZE)
+STRATEGY = obj({"in": list_of(placement), "out": list_of(placement)},
+               {"impl": one_of(tuple(LOCAL_IMPLS))})
+
+PIPELINE = obj({
+    "label": text(),
+    "schedule": one_of(SCHEDULES),
+    "virtual_stages": COUNT,
+    "microbatches": COUNT,
+    "bubble_fraction": number(0, 1),
+    "bubble_s": SECONDS,
+    "p2p_s": SECONDS,
+    "chunks": list_of(obj({"chunk": SIZE, "rank": SIZE, "layers": list_of(SIZE, length=2)})),
+    "stages": list_of(obj({
+        "rank": SIZE, "layers": text(empty=True), "forward_s": SECONDS, "backward_s": SECONDS,
+        "tp_comm_s": SECONDS, "p2p_s": SECONDS, "time_per_microbatch_s": SECONDS,
+        "in_flight": number(), "memory_bytes": SIZE, "memory": MEMORY,
+    })),
+})
+
+PLAN = obj(
+    required={
+        "schema_version": one_of((SCHEMA_VERSION,)),
+        "model": obj({"name": text(), "fingerprint": text(), "params": SIZE,
+                      "trainable_params": SIZE}, {"tracer": text()}),
+        "cluster": cluster_entry,
+        "mesh": obj({"dp": COUNT, "tp": COUNT}, {"pp": COUNT}),
+        "batch": obj({"global": COUNT, "microbatch": COUNT, "microbatches": COUNT,
+                      "seq": COUNT, "traced": COUNT}),
+        "training": obj({
+            "precision": one_of(PRECISIONS),
+            "optimizer": one_of(OPTIMIZERS),
+            "zero": one_of(ZERO_STAGES_RUNNABLE, fix="the runtime executes ZeRO stages "
+                           f"{' and '.join(map(str, ZERO_STAGES_RUNNABLE))} (DDP, FSDP2); "
+                           "re-plan with --zero 0,3"),
+            "recompute": one_of(RECOMPUTE_MODES),
+        }),
+        "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY})),
+        "params": map_of(obj({"dp": placement, "tp": placement})),
+        "predicted": obj({
+            "label": text(), "step_time_s": SECONDS, "peak_memory_bytes": SIZE,
+            "tflops_per_device": number(), "tokens_per_s": number(), "mfu": number(),
+            "model_flops_per_step": number(), "memory": MEMORY, "memory_capacity_bytes": COUNT,
+            "compute_s": SECONDS, "tp_comm_s": SECONDS, "dp_comm_s": SECONDS,
+            "dp_exposed_s": SECONDS, "bubble_s": SECONDS, "p2p_s": SECONDS,
+            "optimizer_s": SECONDS,
+        }),
+        "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
+                       "candidates": list_of(map_of(plain))}),
+    },
+    optional={
+        "layers": list_of(obj({"block": text(), "layers": text(),
+                               "strategies": map_of(text())})),
+        "pipeline": empty_or(PIPELINE),
+        "unruled_ops": map_of(COUNT),
+        "attention": list_of(obj({"node": text(), "pattern": text(), "layer": nullable(SIZE),
+                                  "what": text(), "fused": flag, "reason": text(empty=True)})),
+    },
+)
+
+
+# --- cross-field rules ---------------------------------------------------------------------
+def _mesh_rules(plan: dict) -> None:
+    mesh, cluster = plan["mesh"], plan["cluster"]
+    order = [a for a in MESH_AXES if a in mesh]
+    if list(mesh) != order:
+        _fail("mesh", f"ordered {', '.join(order)} (outer to inner)", list(mesh))
+    devices = cluster["nodes"] * cluster["devices_per_node"]
+    if cluster["devices"] != devices:
+        _fail("cluster.devices", f"nodes x devices_per_node = {devices}", cluster["devices"])
+    product = math.prod(mesh.values())
+    if product != devices:
+        text_ = " x ".join(f"{a}={n}" for a, n in mesh.items())
+        raise PlanError(f"the mesh {text_} has {product} ranks, but the plan's cluster "
+                        f"{cluster.get('name')!r} has {devices} devices",
+                        where="mesh", fix=REPLAN)
+
+
+def _batch_rules(plan: dict) -> None:
+    b, dp = plan["batch"], plan["mesh"]["dp"]
+    if b["global"] == dp * b["microbatch"] * b["microbatches"]:
+        return
+    if b["global"] % dp:
+        where = "batch.global"
+    elif (b["global"] // dp) % b["microbatch"]:
+        where = "batch.microbatch"
+    else:
+        where = "batch.microbatches"
+    raise PlanError(
+        f"batch.global {b['global']} is not dp {dp} x batch.microbatch {b['microbatch']} "
+        f"x batch.microbatches {b['microbatches']}", where=where,
+        fix="each data-parallel rank runs global / dp sequences as microbatches of "
+        f"microbatch sequences; {REPLAN}")
+
+
+def _pipeline_rules(plan: dict) -> None:
+    pipe, pp = plan.get("pipeline", {}), plan["mesh"].get("pp", 1)
+    if pp == 1:
+        if pipe:
+            _fail("pipeline", "empty ({}) without a pp axis in the mesh", "a pipeline")
+        return
+    if not pipe:
+        raise PlanError(f"the mesh has pp={pp} but the plan has no pipeline section",
+                        where="pipeline", fix=REPLAN)
+    m, v, schedule = pipe["microbatches"], pipe["virtual_stages"], pipe["schedule"]
+    if m != plan["batch"]["microbatches"]:
+        _fail("pipeline.microbatches", f"batch.microbatches ({plan['batch']['microbatches']})", m)
+    if m < pp or (schedule == "interleaved" and m % pp):
+        what = "a multiple of" if schedule == "interleaved" else "at least"
+        _fail("batch.microbatches", f"{what} pp={pp} (schedule {schedule})", m)
+    allowed = {"gpipe": (1,), "1f1b": (1,), "zb_v": (2,)}.get(schedule)
+    if (v not in allowed) if allowed else v < 2:
+        _fail("pipeline.virtual_stages", f"{allowed[0] if allowed else 'at least 2'} for "
+              f"schedule {schedule}", v)
+    chunks = pipe["chunks"]
+    if len(chunks) != pp * v:
+        _fail("pipeline.chunks", f"{pp * v} chunks (pp {pp} x virtual_stages {v})",
+              f"{len(chunks)} chunks")
+    first = 0
+    for c, chunk in enumerate(chunks):
+        at = f"pipeline.chunks[{c}]"
+        if chunk["chunk"] != c:
+            _fail(f"{at}.chunk", str(c), chunk["chunk"])
+        if chunk["rank"] != rank_of_chunk(c, pp, schedule):
+            _fail(f"{at}.rank", f"{rank_of_chunk(c, pp, schedule)} (where {schedule} runs "
+                  f"chunk {c})", chunk["rank"])
+        lo, hi = chunk["layers"]
+        if lo != first or hi < lo:
+            _fail(f"{at}.layers", f"[{first}, last >= {first}] (chunks cut the layers "
+                  "contiguously, in order)", chunk["layers"])
+        first = hi + 1
+    ranks = [s["rank"] for s in pipe["stages"]]
+    if ranks != list(range(pp)):
+        _fail("pipeline.stages", f"one entry per pipeline rank 0-{pp - 1}, in order", ranks)
+
+
+def _count_rules(plan: dict) -> None:
+    model = plan["model"]
+    if model["trainable_params"] > model["params"]:
+        _fail("model.trainable_params", f"at most model.params ({model['params']})",
+              model["trainable_params"])
+
+
+CROSS_FIELD_RULES = (_mesh_rules, _batch_rules, _pipeline_rules, _count_rules)
+
+
+def validate(data: Any, source: str = "plan") -> None:
+    """Raise PlanError (its message starting with ``source``) unless ``data`` is a plan
+    this autopar writes and runs."""
+    try:
+        if not isinstance(data, dict):
+            _fail("the plan", "a JSON object", data, fix="pass a plan file written by "
+                  "autopar plan --json")
+        version = data.get("schema_version")
+        if type(version) is not int or version != SCHEMA_VERSION:
+            raise PlanError(f"schema version {_show(version)}; this autopar reads version "
+                            f"{SCHEMA_VERSION}", where="schema_version", fix=REPLAN)
+        PLAN(data, "")
+        for rule in CROSS_FIELD_RULES:
+            rule(data)
+    except PlanError as e:
+        raise PlanError(f"{source}: {e.what}", where=e.where, fix=e.fix) from None

@@ -17,6 +17,7 @@ from autopar.graph_facts import META_KEY, NodeFacts, graph_facts
 from autopar.placements import Replicate, Shard
 from autopar.strategies import Strategy, has_rule, strategies_for
 from autopar.strategies.calls import op_call
+from autopar.strategies.mutation import ties
 from autopar.values import is_decision, output_values, tensor_inputs, value_of
 
 R = Replicate()
@@ -55,6 +56,9 @@ class Use:
     count: int
     saves: bool  # the consumer keeps this input for its backward
     same_layer: bool = False  # producer and consumer sit in the same repeated layer
+    # an in-place write shares this edge's storage: the consumer must read the producer's
+    # placement unchanged (see autopar.strategies.mutation)
+    tied: bool = False
 
 
 @dataclass
@@ -114,6 +118,7 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Pr
 
     problem = Problem(gm, tp, decisions, {}, decision_of)
     uses: dict[ValueKey, dict[tuple[int, int], list]] = defaultdict(dict)
+    tied = ties(gm.graph)
     for d in decisions:
         for node in d.nodes:
             saved = set(node.meta[META_KEY].saved_inputs)
@@ -122,16 +127,17 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Pr
                 key = problem.value_key(a)
                 producer_layer = value_of(a)[0].meta[META_KEY].layer
                 same = layer is not None and producer_layer == layer
-                entry = uses[key].setdefault((d.index, slot), [0, False, same])
+                entry = uses[key].setdefault((d.index, slot), [0, False, same, False])
                 entry[0] += 1
                 entry[1] = entry[1] or slot in saved
+                entry[3] = entry[3] or (node, slot) in tied
     for producer, index in output_values(gm.graph):
-        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False])
+        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False, False])
 
     for key in sorted(uses):
         info = ValueInfo(key)
-        for (consumer, slot), (count, saves, same) in sorted(uses[key].items()):
-            info.uses.append(Use(consumer, slot, count, saves, same))
+        for (consumer, slot), (count, saves, same, tie) in sorted(uses[key].items()):
+            info.uses.append(Use(consumer, slot, count, saves, same, tie))
         problem.values[key] = info
 
     for d in decisions:

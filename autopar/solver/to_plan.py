@@ -16,6 +16,8 @@ from autopar.solver.evaluate import Prediction
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
 from autopar.solver.stages import layer_ranges, rank_of_chunk
+from autopar.strategies.mutation import check_tied
+from autopar.values import value_of
 
 
 def make_plan(
@@ -49,6 +51,7 @@ def make_plan(
                     "tp": str(tp_strategy.outputs[0]),
                 }
 
+    _check_in_place_writes(gm, problem, choice)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     seq = facts.seq_len or 1
@@ -115,6 +118,25 @@ def make_plan(
         unruled_ops=dict(sorted(unruled.items())),
         attention=attention_entries(gm, options),
     )
+
+
+def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int]) -> None:
+    """Refuse a layout that would redistribute storage an in-place op writes (the solver
+    never chooses one; this keeps it so)."""
+
+    def chosen(node: fx.Node):
+        d = problem.decision_of.get(node.name)
+        return None if d is None else problem.decisions[d].candidates[choice[d]]
+
+    def have(a: fx.Node):
+        producer, index = value_of(a)
+        return chosen(producer).outputs[index]
+
+    def need(consumer: fx.Node, slot: int):
+        s = chosen(consumer)
+        return None if s is None else s.inputs[slot]
+
+    check_tied(gm.graph, have, need, "tp")
 
 
 def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:

@@ -7,6 +7,7 @@ from collections import Counter
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
@@ -16,7 +17,7 @@ from autopar.solver.evaluate import Prediction
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
 from autopar.solver.stages import layer_ranges, rank_of_chunk
-from autopar.strategies.mutation import check_tied
+from autopar.strategies.mutation import check_tied, describe, layer_writes_outside
 from autopar.values import value_of
 
 
@@ -51,7 +52,7 @@ def make_plan(
                     "tp": str(tp_strategy.outputs[0]),
                 }
 
-    _check_in_place_writes(gm, problem, choice)
+    _check_in_place_writes(gm, problem, choice, setting)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     seq = facts.seq_len or 1
@@ -120,9 +121,21 @@ def make_plan(
     )
 
 
-def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int]) -> None:
+def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
+                           setting: Setting) -> None:
     """Refuse a layout that would redistribute storage an in-place op writes (the solver
-    never chooses one; this keeps it so)."""
+    never chooses one; this keeps it so), and recomputation of a layer that writes
+    storage made outside it (the recomputed forward would write it again)."""
+    crossing = layer_writes_outside(gm.graph) if setting.recompute != "none" else []
+    if crossing:
+        write, base = crossing[0]
+        raise AutoparError(
+            f"{setting.recompute} recomputation would run the in-place write "
+            f"{describe(write)} a second time: it writes {base.name}, made outside its layer, "
+            "so the recomputed layer would read and write what the first pass changed",
+            where=f"training.recompute ({len(crossing)} such write(s))",
+            fix="plan with recompute='none' (--recompute none)",
+        )
 
     def chosen(node: fx.Node):
         d = problem.decision_of.get(node.name)

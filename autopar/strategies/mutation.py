@@ -9,12 +9,13 @@ replicated tensor, a gather of a shard) is new storage: a write into it is lost,
 made before a write misses it. Hence three kinds of *tied* edges, which must carry their
 placement unchanged (producer's output placement == consumer's input placement):
 
-- an edge into a view (or into an in-place op's output) of a written buffer: the view
-  shares the buffer's storage, so its placement is the buffer's, mapped by the view's rule;
 - an edge into the written argument of an in-place op (the in-place rules then give the
   op's output, an alias of that argument, the same placement);
-- an edge from a written buffer (or a view of it) into any reader placed before the
-  buffer's last write: a redistributed copy is made before the first reader that needs it
+- an edge from a written buffer (or a view of it) into a view taken before the buffer's
+  last write: the view shares the buffer's storage, so its placement is the buffer's,
+  mapped by the view's rule;
+- an edge from a written buffer (or a view of it) into any other reader placed before the
+  last write: a redistributed copy is made before the first reader that needs it
   (passes/insert_collectives.py), so only readers after the last write may get one.
 
 The solver honours tied edges (``Use.tied``), the planner checks the chosen plan against
@@ -106,17 +107,26 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     return None
 
 
-def ties(graph: fx.Graph) -> dict[tuple[fx.Node, int], Tie]:
-    """Every tied edge of ``graph``, keyed by (consumer, tensor input slot)."""
+def writes(graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
+    """(in-place op, the tensor whose storage it writes, views looked through), in order."""
+    root = _roots(graph)
+    return [(node, root[tensor_inputs(node)[slot]])
+            for node in graph.nodes for slot in written_slots(node)]
+
+
+def _roots(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     root: dict[fx.Node, fx.Node] = {}
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    last_write: dict[fx.Node, fx.Node] = {}  # root -> its last in-place writer
     for node in graph.nodes:
         source = aliased_input(node)
         root[node] = root.get(source, source) if source is not None else node
-        inputs = tensor_inputs(node)
-        for slot in written_slots(node):
-            last_write[root[inputs[slot]]] = node
+    return root
+
+
+def ties(graph: fx.Graph) -> dict[tuple[fx.Node, int], Tie]:
+    """Every tied edge of ``graph``, keyed by (consumer, tensor input slot)."""
+    root = _roots(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    last_write = {base: write for write, base in writes(graph)}  # base -> its last writer
     out: dict[tuple[fx.Node, int], Tie] = {}
     for node in graph.nodes:
         if node.op == "output":
@@ -124,17 +134,15 @@ def ties(graph: fx.Graph) -> dict[tuple[fx.Node, int], Tie]:
         source = aliased_input(node)
         written = set(written_slots(node))
         for slot, a in enumerate(tensor_inputs(node)):
-            write = last_write.get(root.get(a, a))
+            write = last_write.get(root[a])
             if write is None:
                 continue
             if slot in written:
                 kind = "written"
-            elif a is source:
-                kind = "view"
-            elif order[node] < order[write]:
-                kind = "read before write"
+            elif order[node] > order[write]:
+                continue  # the storage is final: a copy of it is as good
             else:
-                continue
+                kind = "view" if a is source else "read before write"
             out[(node, slot)] = Tie(node, slot, write, kind)
     return out
 
@@ -172,3 +180,20 @@ def check_tied(
             fix="re-plan with this autopar (the solver keeps such edges in place); if the "
             "plan was edited by hand, give both nodes the same placement",
         )
+
+
+def layer_writes_outside(graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
+    """(in-place op, written tensor) where an op in a repeated layer writes storage made
+    outside that layer. Recomputing the layer (activation checkpointing) would write it a
+    second time, after readers saw the first."""
+    out = []
+    for write, base in writes(graph):
+        layer = _layer(write)
+        if layer is not None and _layer(base) != layer:
+            out.append((write, base))
+    return out
+
+
+def _layer(node: fx.Node) -> int | None:
+    facts = node.meta.get(META_KEY)
+    return None if facts is None else facts.layer

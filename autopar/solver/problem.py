@@ -226,34 +226,36 @@ def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) 
 
 
 def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:
-    """Drop tp candidates that split the batch, for microbatches tp does not divide: the
-    dims the dp axis marks as batch and, on values the batch marking could not follow (a mask
-    built by indexing with ``arange(batch)``), any dim of the traced batch size."""
+    """Drop tp candidates that split the batch, for microbatches tp does not divide (or when
+    tp must not split it, as in Megatron): see :func:`splits_batch`."""
     for d in problem.decisions:
         if d.kind == "param":
             continue
-        node = d.nodes[0]
-        in_shapes = []
-        for a in tensor_inputs(node):
-            producer, index = value_of(a)
-            shapes = producer.meta[META_KEY].shapes if META_KEY in producer.meta else ()
-            in_shapes.append(shapes[index] if index < len(shapes) else ())
-        slots = [(d.batch.outputs, d.facts.shapes, "outputs"), (d.batch.inputs, in_shapes, "inputs")]
-
-        def clashes(s: Strategy, slots: list = slots) -> bool:
-            for marks, shapes, side in slots:
-                for p, mark, shape in zip(getattr(s, side), marks, shapes):
-                    if not isinstance(p, Shard):
-                        continue
-                    if isinstance(mark, Shard) and mark.dim == p.dim:
-                        return True
-                    if not isinstance(mark, Shard) and len(shape) > p.dim and (
-                            shape[p.dim] == batch_size):
-                        return True
-            return False
-
-        kept = [s for s in d.candidates if not clashes(s)]
+        kept = [s for s in d.candidates if not splits_batch(d, s, batch_size)]
         d.candidates = kept or d.candidates[:1]
+
+
+def splits_batch(d: Decision, s: Strategy, batch_size: int) -> bool:
+    """Does tp strategy ``s`` of ``d`` split the batch? It shards a dim the dp axis marks as
+    batch or, on values the batch marking could not follow (a mask built by indexing with
+    ``arange(batch)``), any dim of the traced batch size."""
+    if d.kind == "param":
+        return False
+    in_shapes = []
+    for a in tensor_inputs(d.nodes[0]):
+        producer, index = value_of(a)
+        shapes = producer.meta[META_KEY].shapes if META_KEY in producer.meta else ()
+        in_shapes.append(shapes[index] if index < len(shapes) else ())
+    sides = ((s.outputs, d.batch.outputs, d.facts.shapes), (s.inputs, d.batch.inputs, in_shapes))
+    for placements, marks, shapes in sides:
+        for p, mark, shape in zip(placements, marks, shapes):
+            if not isinstance(p, Shard):
+                continue
+            if isinstance(mark, Shard) and mark.dim == p.dim:
+                return True
+            if not isinstance(mark, Shard) and len(shape) > p.dim and shape[p.dim] == batch_size:
+                return True
+    return False
 
 
 def restrict_to(problem: Problem, names: frozenset[str], allowed) -> None:

@@ -14,6 +14,7 @@ from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.costs import Setting
 from autopar.solver.evaluate import Prediction
+from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
 from autopar.solver.stages import layer_ranges, rank_of_chunk
@@ -118,7 +119,14 @@ def make_plan(
         layers=_layer_summary(result),
         unruled_ops=dict(sorted(unruled.items())),
         attention=attention_entries(gm, options),
+        explanation=_explanation(gm, result, cluster, options),
     )
+
+
+def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,
+                 options: PlanOptions) -> dict:
+    tp = explain_tp(gm, result, cluster, options)
+    return {"tp": tp} if tp else {}
 
 
 def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],

@@ -17,6 +17,7 @@ from torch import nn
 
 import autopar
 from autopar.errors import AutoparError
+from autopar.graph_facts import META_KEY
 from autopar.passes import PassContext, PassManager, sharding_passes
 from autopar.placements import Shard
 from autopar.solver import search
@@ -207,3 +208,12 @@ def test_recomputing_a_layer_that_writes_outside_it_is_refused() -> None:
     with pytest.raises(AutoparError, match="recomputation would run the in-place write add_"):
         autopar.plan(gm, "2xcpu", dp=2, recompute="full")
     assert autopar.plan(gm, "2xcpu", dp=2, recompute="none").training["recompute"] == "none"
+
+
+def test_a_buffer_written_with_gradients_requires_grad(head_buffer) -> None:
+    """The buffer is made without autograd history, then written with projections that have
+    one: it and its readers require grad (else the tensor-parallel pass would skip the
+    all-reduce of their gradients, and training would be silently wrong)."""
+    _, _, gm = head_buffer
+    facts = {n.name: n.meta[META_KEY] for n in gm.graph.nodes}
+    assert facts["new_empty"].requires_grad and facts["flatten"].requires_grad

@@ -151,7 +151,8 @@ def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
 
     def have(a: fx.Node):
         producer, index = value_of(a)
-        return chosen(producer).outputs[index]
+        s = chosen(producer)
+        return None if s is None else s.outputs[index]
 
     def need(consumer: fx.Node, slot: int):
         s = chosen(consumer)

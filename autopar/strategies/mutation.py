@@ -109,12 +109,13 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
 
 def writes(graph: fx.Graph) -> list[tuple[fx.Node, fx.Node]]:
     """(in-place op, the tensor whose storage it writes, views looked through), in order."""
-    root = _roots(graph)
+    root = roots(graph)
     return [(node, root[tensor_inputs(node)[slot]])
             for node in graph.nodes for slot in written_slots(node)]
 
 
-def _roots(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+def roots(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+    """Each node's storage root: the tensor its value is a view (or in-place result) of."""
     root: dict[fx.Node, fx.Node] = {}
     for node in graph.nodes:
         source = aliased_input(node)
@@ -124,7 +125,7 @@ def _roots(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
 
 def ties(graph: fx.Graph) -> dict[tuple[fx.Node, int], Tie]:
     """Every tied edge of ``graph``, keyed by (consumer, tensor input slot)."""
-    root = _roots(graph)
+    root = roots(graph)
     order = {n: i for i, n in enumerate(graph.nodes)}
     last_write = {base: write for write, base in writes(graph)}  # base -> its last writer
     out: dict[tuple[fx.Node, int], Tie] = {}
@@ -160,21 +161,22 @@ def describe(node: fx.Node) -> str:
 
 def check_tied(
     graph: fx.Graph,
-    have: Callable[[fx.Node], Placement],
+    have: Callable[[fx.Node], Placement | None],
     need: Callable[[fx.Node, int], Placement | None],
     axis: str,
 ) -> None:
     """Raise if a tied edge would be redistributed on ``axis``: ``have(a)`` is the placement
-    of input value ``a``, ``need(consumer, slot)`` what the consumer's strategy reads."""
+    of input value ``a``, ``need(consumer, slot)`` what the consumer's strategy reads (None:
+    not planned, nothing to check)."""
     for (consumer, slot), tie in ties(graph).items():
         a = tensor_inputs(consumer)[slot]
-        wanted = need(consumer, slot)
-        if wanted is None or wanted == have(a):
+        wanted, got = need(consumer, slot), have(a)
+        if wanted is None or got is None or wanted == got:
             continue
         raise AutoparError(
             f"in-place write {describe(tie.write)} would be lost or read stale on {axis}: "
             f"{describe(consumer)} reads {a.name} ({tie.kind}) as {wanted}, but {a.name} is "
-            f"placed {have(a)}, so it would get a redistributed copy, not the storage "
+            f"placed {got}, so it would get a redistributed copy, not the storage "
             "the write changes",
             where=f"strategies.{consumer.name}.{axis}",
             fix="re-plan with this autopar (the solver keeps such edges in place); if the "

@@ -1,5 +1,5 @@
-"""Encoder-decoders (T5, BART; tiny, eager attention, dropout 0) trained under autopar
-against one device.
+"""Models that write buffers in place, trained under autopar against one device:
+encoder-decoders (T5, BART; tiny, eager attention, dropout 0), and a buffer split by heads.
 
 Both build their decoder inputs by writing the shifted labels into a new buffer in place
 (``_shift_right``, ``shift_tokens_right``), which once trained silently wrong with tp=2.
@@ -55,17 +55,42 @@ def build(name: str):
     return model, {"input_ids": ids, "labels": labels, "use_cache": False}
 
 
+def head_buffer():
+    """tests/test_inplace.py's HeadBuffer (queries assembled in a new buffer), with the
+    solver made to split the buffer by heads: the written buffer really is sharded."""
+    from autopar.placements import Shard
+    from autopar.solver import search
+    from autopar.solver.problem import restrict_to
+    from tests.test_inplace import HeadBuffer
+
+    real = search.build_problem
+
+    def build_problem(gm, tp, batch):
+        problem = real(gm, tp, batch)
+        first = next(n.name for n in gm.graph.nodes if str(n.target) == "aten.slice.Tensor"
+                     and "new_empty" in n.args[0].name)
+        restrict_to(problem, frozenset({first}), lambda s: s.inputs[0] == Shard(2))
+        return problem
+
+    search.build_problem = build_problem
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))  # batch != heads
+    return HeadBuffer(), {"x": x}
+
+
 def run_case(case: dict) -> dict:
     options = {k: v for k, v in case.items() if k != "model"}
-    model, kwargs = build(case["model"])
+    model, kwargs = head_buffer() if case["model"] == "head_buffer" else build(case["model"])
     reference, ref_losses, ref_grads = train_reference(model, (), kwargs, 3)
     world = int(os.environ.get("WORLD_SIZE", 1))
     pm = autopar.parallelize(model, cluster_for(FAST, world), ((), kwargs), **options)
     la, lk = pm.shard_batch(**kwargs)
     losses, grads = train_parallel(pm, la, lk, 3)
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads, rtol=1e-5)
+    buffers = [n for n, st in pm.plan.strategies.items() if n.startswith("new_")]
     return {"case": case, "mesh": pm.plan.mesh, "losses": losses, "reference": ref_losses,
             "sharded": sorted(f for f, ax in pm.plan.params.items() if ax.get("tp", "R") != "R"),
+            "buffers": {n: pm.plan.strategies[n]["tp"]["out"][0] for n in buffers},
             **result.to_dict()}
 
 

@@ -73,6 +73,10 @@ class Plan:
     unruled_ops: dict[str, int] = field(default_factory=dict)
     # attention sites: [{node, pattern, layer, what, fused, reason}] (fuse-attention pass)
     attention: list[dict[str, Any]] = field(default_factory=list)
+    # why the plan is as it is where a user might not expect it: "tp" -> how tensor
+    # parallelism is used (weights/work/batch split) and, for a pinned tp that shards no
+    # weight or splits the batch, the modelled alternatives (autopar.solver.explain_tp)
+    explanation: dict[str, Any] = field(default_factory=dict)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

@@ -42,7 +42,7 @@ def plan(
     optimizer: str = "adamw",
     zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
     recompute: str | tuple[str, ...] = ("none", "selective", "full"),
-    tp_splits_batch: bool = True,
+    tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
@@ -57,7 +57,9 @@ def plan(
     ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
     "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
     ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
-    the rest. Keyword names are those of :mod:`autopar.knobs`.
+    the rest. Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
+    tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
+    plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
 
     >>> import torch, autopar
     >>> from autopar.models import GPT, GPTConfig

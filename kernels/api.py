@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .codegen import interpreting
-from .reference import alibi_bias, visible_mask
+from .reference import alibi_bias, reference_attention, visible_mask
 from .spec import AttentionSpec, dtype_name
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def _log_fallback(q: torch.Tensor) -> None:
 def spec_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
              window: tuple[int, int] | None = None, scale: float | None = None,
              bias: torch.Tensor | None = None, dropout_p: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None,
+             alibi_slopes: torch.Tensor | None = None, softcap: float | None = None,
              bias_grad: bool | None = None) -> AttentionSpec:
     """Check the tensors of an attention call (listing every problem) and build its spec."""
     errors = []
@@ -104,7 +104,7 @@ def spec_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     return AttentionSpec(
         head_dim=q.shape[3], dtype=dtype, causal=causal,
         window=None if window is None else tuple(window), group_size=q.shape[1] // k.shape[1],
-        scale=scale, bias=bias is not None, bias_grad=bias_grad,
+        scale=scale, softcap=softcap, bias=bias is not None, bias_grad=bias_grad,
         alibi=alibi_slopes is not None, dropout_p=dropout_p)
 
 
@@ -112,7 +112,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               window: tuple[int, int] | None = None, scale: float | None = None,
               bias: torch.Tensor | None = None, dropout_p: float = 0.0, return_lse: bool = False,
               seed: int | None = None, alibi_slopes: torch.Tensor | None = None,
-              q_offset: int = 0):
+              q_offset: int = 0, softcap: float | None = None):
     """Fused attention with `scaled_dot_product_attention`'s conventions.
 
     q is (batch, heads, q_len, head_dim); k and v are (batch, kv_heads, k_len, head_dim) with
@@ -121,7 +121,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     queries (query i sits at key position i + q_offset; `k_len - q_len` gives
     FlashAttention's bottom-right alignment). `bias` is additive and broadcasts to
     (batch, heads, q_len, k_len) (a bool mask means "attend where True");
-    `alibi_slopes` (heads,) or (batch, heads) adds -slope * |i + q_offset - j|. Dropout is
+    `alibi_slopes` (heads,) or (batch, heads) adds -slope * |i + q_offset - j|. `softcap`
+    caps the scaled scores to softcap * tanh(scores / softcap) before the bias (Gemma-2). Dropout is
     applied when `dropout_p > 0`, from a Philox stream keyed by `seed` (drawn from torch's
     generator if None). Returns the output, and with `return_lse` also the log-sum-exp
     (batch, heads, q_len) in fp32 (-inf for a query that sees no key), differentiable.
@@ -130,7 +131,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         bias = torch.zeros(bias.shape, dtype=q.dtype, device=bias.device).masked_fill(
             ~bias, float("-inf"))
     spec = spec_for(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                    dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+                    dropout_p=dropout_p, alibi_slopes=alibi_slopes, softcap=softcap)
     if spec.dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     seed = 0 if seed is None else int(seed)
@@ -149,6 +150,8 @@ def _sdpa_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: to
                     bias: torch.Tensor | None, slopes: torch.Tensor | None, seed: int,
                     q_offset: int, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fallback: SDPA with an explicit additive mask; lse by logsumexp when asked."""
+    if spec.softcap is not None:
+        return _math_attention(spec, q, k, v, bias, slopes, seed, q_offset, return_lse)
     b, h, m, _ = q.shape
     n = k.shape[2]
     plain = bias is None and slopes is None and spec.window is None and (
@@ -187,6 +190,23 @@ def _sdpa_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: to
             s = s + mask.float()
         lse = torch.logsumexp(s, dim=-1)
     return out, lse
+
+
+def _math_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    bias: torch.Tensor | None, slopes: torch.Tensor | None, seed: int,
+                    q_offset: int, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fallback for what SDPA cannot do (soft-capping): the math, materialized."""
+    if spec.dropout_p > 0:
+        devices = [q.device] if q.is_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            keep = torch.rand(q.shape[0], q.shape[1], q.shape[2], k.shape[2],
+                              device=q.device) >= spec.dropout_p
+    out, lse = reference_attention(
+        q, k, v, causal=spec.causal, window=spec.window, scale=spec.scale, bias=bias,
+        alibi_slopes=slopes, q_offset=q_offset, softcap=spec.softcap, return_lse=True,
+        keep=keep if spec.dropout_p > 0 else None, dropout_p=spec.dropout_p)
+    return out, (lse if return_lse else None)
 
 
 def merge_partials(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,

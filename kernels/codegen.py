@@ -1,7 +1,7 @@
 """Generate the Triton source of a forward/backward attention kernel trio for one spec.
 
 Why generate text rather than pass flags: every choice of the spec (causal, window, GQA,
-padded head dim, bias, ALiBi, dropout, dtype, scale) is resolved before Triton sees the
+padded head dim, bias, ALiBi, soft-capping, dropout, dtype, scale) is resolved before Triton sees the
 code, so the printed source is exactly what runs: no dead branches, no runtime flags, and
 constants (scale, window, dropout threshold) appear as literals. `kernel_source(spec)` prints
 it; `build_kernels(spec)` executes it once per (spec, mode) and caches the result.
@@ -30,7 +30,7 @@ from typing import Any
 
 from .spec import AttentionSpec
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 """Bumped whenever the template changes the generated code; printed in every header."""
 
 _TEMPLATE = '''\
@@ -57,10 +57,25 @@ def _dot(a, b):
 #endif
 
 
+#if SOFTCAP
+@triton.jit
+def _tanh(x):
+    """tanh from exp (the interpreter has no libdevice), to fp32 rounding."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+#endif
 @triton.jit
 def _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope):
     """Scaled scores of a (query block, key block) tile, -inf where a key is not visible."""
     s = _dot(q, tl.trans(k)) * {{SCALE}}
+#if SOFTCAP
+    # soft-capped: softcap * tanh(s / softcap); its derivative 1 - tanh^2 is returned too
+    t = _tanh(s / {{SOFTCAP}})
+    s = t * {{SOFTCAP}}
+#endif
     visible = (offs_m[:, None] < q_len) & (offs_n[None, :] < k_len)
 #if HAS_BIAS
     s += tl.load(bias_ptrs, mask=visible, other=0.0).to(tl.float32)
@@ -79,7 +94,11 @@ def _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope):
 #if HAS_LEFT
     visible = visible & (dist <= {{WINDOW_LEFT}})
 #endif
+#if SOFTCAP
+    return tl.where(visible, s, float("-inf")), 1.0 - t * t
+#else
     return tl.where(visible, s, float("-inf"))
+#endif
 
 
 @triton.jit
@@ -171,7 +190,7 @@ def _attn_fwd(
 #if HAS_BIAS
         bias_ptrs = bias_base + offs_n[None, :] * sbn
 #endif
-        s = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
+        {{SCORES}} = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
 #if INTERPRET
         # tl.max/tl.sum are @jit functions, which the interpreter cannot call if triton was
         # imported before TRITON_INTERPRET was set; tl.reduce with these combine functions
@@ -266,7 +285,7 @@ def _attn_bwd_dkdv(
 #else
             bias_ptrs = Bias
 #endif
-            s = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
+            {{SCORES}} = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
             p = tl.exp(s - lse[:, None])
             dp = _dot(do, tl.trans(v))
 #if DROPOUT
@@ -281,6 +300,9 @@ def _attn_bwd_dkdv(
 #if BIAS_GRAD
             tl.store(DBias + b * sdbb + h * sdbh + offs_m[:, None] * sdbm + offs_n[None, :] * sdbn,
                      ds, mask=m_ok[:, None] & (offs_n < k_len)[None, :])
+#endif
+#if SOFTCAP
+            ds = ds * dcap  # through the cap: the bias is added after it
 #endif
             dk += _dot(tl.trans(ds.to({{DTYPE}})), q)
     dk = dk * {{SCALE}}
@@ -345,13 +367,16 @@ def _attn_bwd_dq(
 #if HAS_BIAS
         bias_ptrs = bias_base + offs_n[None, :] * sbn
 #endif
-        s = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
+        {{SCORES}} = _scores(q, k, offs_m, offs_n, q_len, k_len, q_offset, bias_ptrs, slope)
         p = tl.exp(s - lse[:, None])
         dp = _dot(do, tl.trans(v))
 #if DROPOUT
         dp = tl.where(_keep(seed_lo, seed_hi, bh, offs_m, offs_n, BLOCK_M, BLOCK_N), dp * {{KEEP_SCALE}}, 0.0)
 #endif
         ds = p * (dp - delta[:, None])
+#if SOFTCAP
+        ds = ds * dcap
+#endif
         dq += _dot(ds.to({{DTYPE}}), k)
     dq = dq * {{SCALE}}
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
@@ -379,6 +404,8 @@ def _flags(spec: AttentionSpec, interpret: bool) -> dict[str, Any]:
         "DTYPE": f"tl.{spec.dtype}",
         "DTYPE_NAME": spec.dtype,
         "SCALE": repr(spec.scale),
+        "SOFTCAP": spec.softcap is not None and repr(spec.softcap),
+        "SCORES": "s, dcap" if spec.softcap is not None else "s",
         "HEAD_DIM": spec.head_dim,
         "BLOCK_D": spec.block_d,
         "GROUP": spec.group_size,

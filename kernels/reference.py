@@ -85,11 +85,13 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         scale: float | None = None, bias: torch.Tensor | None = None,
                         dropout_p: float = 0.0, seed: int | None = None,
                         alibi_slopes: torch.Tensor | None = None, q_offset: int = 0,
+                        softcap: float | None = None, keep: torch.Tensor | None = None,
                         return_lse: bool = False):
     """Attention by the definition, in q's dtype; same conventions as `attention`.
 
     Rows that see no key give output 0 and log-sum-exp -inf (as the kernels do), without
-    NaNs in the gradients.
+    NaNs in the gradients. Dropout keeps where `keep` (b, h, q, k) is True, or by the
+    kernels' Philox mask for `seed`.
     """
     b, h, m, d = q.shape
     kv_heads, n = k.shape[1], k.shape[2]
@@ -100,6 +102,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         k = k.repeat_interleave(h // kv_heads, dim=1)
         v = v.repeat_interleave(h // kv_heads, dim=1)
     s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         if bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill(
@@ -118,9 +122,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     p = expd / total
     lse = torch.where(empty, torch.full_like(total, float("-inf")), row_max + torch.log(total))
     if dropout_p > 0:
-        if seed is None:
-            raise ValueError("reference dropout needs the seed the kernel used")
-        keep = dropout_keep_mask(seed, b, h, m, n, dropout_p).to(q.device)
+        if keep is None and seed is None:
+            raise ValueError("reference dropout needs the seed the kernel used (or `keep`)")
+        if keep is None:
+            keep = dropout_keep_mask(seed, b, h, m, n, dropout_p).to(q.device)
         p = torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
     out = p @ v
     if not return_lse:

@@ -12,6 +12,8 @@ Conventions (torch's `scaled_dot_product_attention` and FlashAttention):
   FlashAttention counts it; -1 (or None) on a side means unbounded. `causal` is right = 0.
 - `group_size`: query heads per key/value head (GQA; MQA is group_size == heads).
 - `scale`: softmax scale, 1/sqrt(head_dim) when None.
+- `softcap`: scaled scores become softcap * tanh(scores / softcap) before the bias is added
+  (Gemma-2; FlashAttention's `softcap`); None: no capping.
 - `bias`: an additive bias tensor is passed; `bias_grad`: the backward returns its gradient.
 - `alibi`: ALiBi slopes are passed (adds -slope * |i - j|).
 - `dropout_p`: attention-probability dropout, kept elements scaled by 1/(1-p).
@@ -61,6 +63,7 @@ class AttentionSpec:
     window: tuple[int, int] | None = None
     group_size: int = 1
     scale: float | None = None
+    softcap: float | None = None
     bias: bool = False
     bias_grad: bool = False
     alibi: bool = False
@@ -107,6 +110,13 @@ class AttentionSpec:
             errors.append(f"scale must be a finite number > 0, got {scale!r}")
         else:
             object.__setattr__(self, "scale", float(scale))
+        cap = self.softcap
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) \
+                    or not math.isfinite(cap) or cap <= 0:
+                errors.append(f"softcap must be a finite number > 0 or None, got {cap!r}")
+            else:
+                object.__setattr__(self, "softcap", float(cap))
         for name in ("bias", "bias_grad", "alibi"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -151,6 +161,8 @@ class AttentionSpec:
         if self.group_size > 1:
             parts.append(f"group_size={self.group_size}")
         parts.append(f"scale={self.scale!r}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap!r}")
         if self.bias:
             parts.append("bias" + (" (with grad)" if self.bias_grad else ""))
         if self.alibi:

@@ -20,6 +20,7 @@ from autopar.graph_facts import META_KEY
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.plan_view import PlanView
 from autopar.placements import Replicate, Shard
+from autopar.strategies.mutation import check_tied
 from autopar.values import tensor_inputs, value_of
 
 R = Replicate()
@@ -31,6 +32,11 @@ def _sharded_compute(view: PlanView, node: fx.Node, axis: str) -> bool:
     if s is None:
         return False
     return not all(isinstance(p, Replicate) for p in (*s.inputs, *s.outputs))
+
+
+def _needs(view: PlanView, node: fx.Node, slot: int, axis: str):
+    s = view.strategy(node, axis)
+    return None if s is None or node.op != "call_function" else s.inputs[slot]
 
 
 def replace_tensor_inputs(node: fx.Node, new_by_slot: dict[int, fx.Node]) -> None:
@@ -57,6 +63,9 @@ class InsertCollectives(GraphPass):
         if not axes:
             return PassResult(gm, modified=False)
         graph = gm.graph
+        for ax in axes:  # a hand-edited plan may redistribute what an in-place op writes
+            check_tied(graph, lambda a, ax=ax: view.placement(a, ax),
+                       lambda c, slot, ax=ax: _needs(view, c, slot, ax), ax)
         # (input node, needed placement per axis) -> consumers as (node, slot, sharded on tp)
         requests: dict[tuple, list[tuple[fx.Node, int, bool]]] = defaultdict(list)
         for node in list(graph.nodes):

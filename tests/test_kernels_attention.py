@@ -92,6 +92,13 @@ FP32_CASES = {
     "dropout_bias_window_64bit_seed": (
         1, 2, 2, 40, 40, 32,
         {"dropout_p": 0.1, "seed": 2**40 + 3, "bias": (1, 2, 40, 40), "window": (10, 3)}),
+    # soft-capping (Gemma-2): caps small enough that tanh bends the scores
+    "softcap": (1, 2, 2, 37, 45, 32, {"softcap": 1.0, "scale": 1.0}),
+    "softcap_bias_grad_causal_gqa": (
+        2, 4, 2, 37, 45, 24, {"softcap": 2.0, "scale": 0.5, "causal": True, "bias": (2, 4, 37, 45)}),
+    "softcap_dropout_window": (
+        1, 2, 1, 40, 40, 32, {"softcap": 1.5, "scale": 0.8, "dropout_p": 0.2, "seed": 5,
+                              "window": (9, 2)}),
 }
 
 
@@ -121,7 +128,7 @@ def test_fp32_matches_fp64_reference(name):
 
 
 LOWP_CASES = ["gqa_causal_d80", "bias_full_grad_causal", "alibi_causal",
-              "dropout_causal_gqa_d80", "window"]
+              "dropout_causal_gqa_d80", "window", "softcap_bias_grad_causal_gqa"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -29,6 +29,7 @@ CASES = {
     "window": {"window": (4, 2)},
     "bias": {"bias": True},
     "alibi_causal": {"alibi": True, "causal": True},
+    "softcap_bias_causal": {"softcap": 1.5, "bias": True, "causal": True},
 }
 
 

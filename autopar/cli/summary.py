@@ -49,13 +49,16 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
+    lines += format_tp(plan.explanation.get("tp", {}))
     lines += format_attention(plan.attention)
     if plan.unruled_ops:
         ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
         lines.append(f"replicated (no sharding rule): {ops}")
     lines += ["", "tensor-parallel strategies (per layer kind)"]
     if not plan.layers:
-        lines.append("  everything replicated on tp (pure data parallelism)")
+        lines.append("  everything replicated on tp" + (
+            " (every tp rank computes the whole model)" if plan.mesh.get("tp", 1) > 1
+            else " (pure data parallelism)"))
     for row in plan.layers:
         lines.append(f"  {row['block']}  layers {row['layers']}")
         for name, strategy in row["strategies"].items():
@@ -113,6 +116,21 @@ def format_pipeline(pipe: dict) -> list[str]:
             f"{format_seconds(stage['time_per_microbatch_s']):>9} {stage['in_flight']:>9} "
             f"{format_bytes(stage['memory_bytes']):>10}"
         )
+    return lines
+
+
+def format_tp(tp: dict) -> list[str]:
+    """How tensor parallelism is used, and (for a pinned tp used unexpectedly) why."""
+    if not tp:
+        return []
+    pinned = "pinned" if tp["pinned"] else "chosen"
+    batch = (f"splits the batch on {tp['batch_split_work']:.0%} of the work"
+             if tp["batch_split_work"] else "does not split the batch")
+    lines = [f"tp        {tp['tp']} ({pinned}): shards {tp['weights_sharded']} of {tp['weights']} "
+             f"weights ({tp['weight_bytes_sharded']:.0%} of their bytes), splits "
+             f"{tp['work_split']:.0%} of the work, {batch}"]
+    if tp.get("why"):
+        lines.append(f"  why     {tp['why']}")
     return lines
 
 

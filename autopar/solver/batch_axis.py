@@ -17,6 +17,7 @@ from autopar.graph_facts import META_KEY
 from autopar.placements import Partial, Placement, Replicate, Shard
 from autopar.strategies import Strategy, strategies_for
 from autopar.strategies.calls import op_call
+from autopar.strategies.factories import makes_constant
 from autopar.values import is_decision, tensor_inputs, value_of
 
 R = Replicate()
@@ -63,6 +64,8 @@ def propagate_input_dim(
         produced = [_placement(chosen, a) for a in inputs]
         sizes = [_nbytes(a) for a in inputs]
         candidates = strategies_for(op_call(node), n)
+        if makes_constant(node.target):  # a constant has no batch dim to follow
+            candidates = [s for s in candidates if all(o == R for o in s.outputs)]
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes)
         )[1]

@@ -87,6 +87,10 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
                 model.Add(sum(joint[(p, q, f)] for q, f in need) == sum(lits))
             for (q, f), lits in need.items():
                 model.Add(sum(joint[(p, q, f)] for p in has) == sum(lits))
+        if use.tied:  # an in-place write shares this storage: no redistributed copy
+            for (p, q, _), y in joint.items():
+                if p != q:
+                    model.Add(y == 0)
         for (p, q, partial), y in joint.items():
             if q != p and tables.redistribution(key, p, q) > 0:
                 if (p, q) not in move:

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autopar.passes.attention_sites import find_attention_sites, kernel_compatible
+from autopar.passes.attention_sites import (
+    find_attention_sites,
+    kernel_compatible,
+    placement_ranks,
+)
 from autopar.solver.problem import Problem, restrict_to
 
 
@@ -24,5 +28,9 @@ class Fusion:
 
     def apply(self, problem: Problem) -> Problem:
         problem.fused_attention = self.eager_nodes
-        restrict_to(problem, self.site_nodes, kernel_compatible)
+        for d in problem.decisions:
+            if d.name in self.site_nodes:
+                ranks = placement_ranks(d.nodes[0])
+                restrict_to(problem, frozenset({d.name}),
+                            lambda s, ranks=ranks: kernel_compatible(s, ranks))
         return problem

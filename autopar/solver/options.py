@@ -44,8 +44,10 @@ class PlanOptions:
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
-    # splits work within each sequence only, as Megatron's does.
-    tp_splits_batch: bool = True
+    # splits work within each sequence only, as Megatron's does. None (the default): off
+    # when tp is pinned (a pinned tp means Megatron's tensor parallelism), on when the
+    # solver chooses tp.
+    tp_splits_batch: bool | None = None
     # Replace attention sites with the generated fused kernels (autopar.kernels.attention).
     fuse_attention: bool = True
     memory_fraction: float = 0.9
@@ -62,6 +64,8 @@ class PlanOptions:
                     where=f"PlanOptions.{name}",
                     fix=f"pass {name}=None to let the solver choose, or a positive int",
                 )
+        if self.tp_splits_batch is None:
+            object.__setattr__(self, "tp_splits_batch", self.tp is None)
         if self.schedule is not None:
             object.__setattr__(self, "schedule", schedule_name(self.schedule))
         if self.virtual_stages is not None and self.virtual_stages > 1 and self.schedule not in (

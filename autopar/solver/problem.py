@@ -17,6 +17,7 @@ from autopar.graph_facts import META_KEY, NodeFacts, graph_facts
 from autopar.placements import Replicate, Shard
 from autopar.strategies import Strategy, has_rule, strategies_for
 from autopar.strategies.calls import op_call
+from autopar.strategies.mutation import ties
 from autopar.values import is_decision, output_values, tensor_inputs, value_of
 
 R = Replicate()
@@ -55,6 +56,9 @@ class Use:
     count: int
     saves: bool  # the consumer keeps this input for its backward
     same_layer: bool = False  # producer and consumer sit in the same repeated layer
+    # an in-place write shares this edge's storage: the consumer must read the producer's
+    # placement unchanged (see autopar.strategies.mutation)
+    tied: bool = False
 
 
 @dataclass
@@ -114,6 +118,7 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Pr
 
     problem = Problem(gm, tp, decisions, {}, decision_of)
     uses: dict[ValueKey, dict[tuple[int, int], list]] = defaultdict(dict)
+    tied = ties(gm.graph)
     for d in decisions:
         for node in d.nodes:
             saved = set(node.meta[META_KEY].saved_inputs)
@@ -122,16 +127,17 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Pr
                 key = problem.value_key(a)
                 producer_layer = value_of(a)[0].meta[META_KEY].layer
                 same = layer is not None and producer_layer == layer
-                entry = uses[key].setdefault((d.index, slot), [0, False, same])
+                entry = uses[key].setdefault((d.index, slot), [0, False, same, False])
                 entry[0] += 1
                 entry[1] = entry[1] or slot in saved
+                entry[3] = entry[3] or (node, slot) in tied
     for producer, index in output_values(gm.graph):
-        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False])
+        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False, False])
 
     for key in sorted(uses):
         info = ValueInfo(key)
-        for (consumer, slot), (count, saves, same) in sorted(uses[key].items()):
-            info.uses.append(Use(consumer, slot, count, saves, same))
+        for (consumer, slot), (count, saves, same, tie) in sorted(uses[key].items()):
+            info.uses.append(Use(consumer, slot, count, saves, same, tie))
         problem.values[key] = info
 
     for d in decisions:
@@ -220,34 +226,36 @@ def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) 
 
 
 def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:
-    """Drop tp candidates that split the batch, for microbatches tp does not divide: the
-    dims the dp axis marks as batch and, on values the batch marking could not follow (a mask
-    built by indexing with ``arange(batch)``), any dim of the traced batch size."""
+    """Drop tp candidates that split the batch, for microbatches tp does not divide (or when
+    tp must not split it, as in Megatron): see :func:`splits_batch`."""
     for d in problem.decisions:
         if d.kind == "param":
             continue
-        node = d.nodes[0]
-        in_shapes = []
-        for a in tensor_inputs(node):
-            producer, index = value_of(a)
-            shapes = producer.meta[META_KEY].shapes if META_KEY in producer.meta else ()
-            in_shapes.append(shapes[index] if index < len(shapes) else ())
-        slots = [(d.batch.outputs, d.facts.shapes, "outputs"), (d.batch.inputs, in_shapes, "inputs")]
-
-        def clashes(s: Strategy, slots: list = slots) -> bool:
-            for marks, shapes, side in slots:
-                for p, mark, shape in zip(getattr(s, side), marks, shapes):
-                    if not isinstance(p, Shard):
-                        continue
-                    if isinstance(mark, Shard) and mark.dim == p.dim:
-                        return True
-                    if not isinstance(mark, Shard) and len(shape) > p.dim and (
-                            shape[p.dim] == batch_size):
-                        return True
-            return False
-
-        kept = [s for s in d.candidates if not clashes(s)]
+        kept = [s for s in d.candidates if not splits_batch(d, s, batch_size)]
         d.candidates = kept or d.candidates[:1]
+
+
+def splits_batch(d: Decision, s: Strategy, batch_size: int) -> bool:
+    """Does tp strategy ``s`` of ``d`` split the batch? It shards a dim the dp axis marks as
+    batch or, on values the batch marking could not follow (a mask built by indexing with
+    ``arange(batch)``), any dim of the traced batch size."""
+    if d.kind == "param":
+        return False
+    in_shapes = []
+    for a in tensor_inputs(d.nodes[0]):
+        producer, index = value_of(a)
+        shapes = producer.meta[META_KEY].shapes if META_KEY in producer.meta else ()
+        in_shapes.append(shapes[index] if index < len(shapes) else ())
+    sides = ((s.outputs, d.batch.outputs, d.facts.shapes), (s.inputs, d.batch.inputs, in_shapes))
+    for placements, marks, shapes in sides:
+        for p, mark, shape in zip(placements, marks, shapes):
+            if not isinstance(p, Shard):
+                continue
+            if isinstance(mark, Shard) and mark.dim == p.dim:
+                return True
+            if not isinstance(mark, Shard) and len(shape) > p.dim and shape[p.dim] == batch_size:
+                return True
+    return False
 
 
 def restrict_to(problem: Problem, names: frozenset[str], allowed) -> None:

@@ -7,15 +7,19 @@ from collections import Counter
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.costs import Setting
 from autopar.solver.evaluate import Prediction
+from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
 from autopar.solver.stages import layer_ranges, rank_of_chunk
+from autopar.strategies.mutation import check_tied, describe, layer_writes_outside
+from autopar.values import value_of
 
 
 def make_plan(
@@ -49,6 +53,7 @@ def make_plan(
                     "tp": str(tp_strategy.outputs[0]),
                 }
 
+    _check_in_place_writes(gm, problem, choice, setting)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     seq = facts.seq_len or 1
@@ -114,7 +119,46 @@ def make_plan(
         layers=_layer_summary(result),
         unruled_ops=dict(sorted(unruled.items())),
         attention=attention_entries(gm, options),
+        explanation=_explanation(gm, result, cluster, options),
     )
+
+
+def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,
+                 options: PlanOptions) -> dict:
+    tp = explain_tp(gm, result, cluster, options)
+    return {"tp": tp} if tp else {}
+
+
+def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
+                           setting: Setting) -> None:
+    """Refuse a layout that would redistribute storage an in-place op writes (the solver
+    never chooses one; this keeps it so), and recomputation of a layer that writes
+    storage made outside it (the recomputed forward would write it again)."""
+    crossing = layer_writes_outside(gm.graph) if setting.recompute != "none" else []
+    if crossing:
+        write, base = crossing[0]
+        raise AutoparError(
+            f"{setting.recompute} recomputation would run the in-place write "
+            f"{describe(write)} a second time: it writes {base.name}, made outside its layer, "
+            "so the recomputed layer would read and write what the first pass changed",
+            where=f"training.recompute ({len(crossing)} such write(s))",
+            fix="plan with recompute='none' (--recompute none)",
+        )
+
+    def chosen(node: fx.Node):
+        d = problem.decision_of.get(node.name)
+        return None if d is None else problem.decisions[d].candidates[choice[d]]
+
+    def have(a: fx.Node):
+        producer, index = value_of(a)
+        s = chosen(producer)
+        return None if s is None else s.outputs[index]
+
+    def need(consumer: fx.Node, slot: int):
+        s = chosen(consumer)
+        return None if s is None else s.inputs[slot]
+
+    check_tied(gm.graph, have, need, "tp")
 
 
 def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:

@@ -2,18 +2,23 @@
 
 Each rule file registers its ops with :func:`autopar.strategies.register_rule` when
 imported; this module only imports them, so the set of built-in rules is listed in one
-place. Ops with a data-dependent output shape (``nonzero``, ``index_put_``, ``histc``, ...)
-deliberately have no rule and run replicated.
+place. Ops with a data-dependent output shape (``nonzero``, ``histc``, ...) deliberately
+have no rule and run replicated.
 """
 
 from autopar.strategies import (  # noqa: F401  (imported for their registrations)
     attention,
     embedding,
     factories,
+    inplace,
     losses,
     matmul,
     norms,
     pointwise,
     reductions,
+    scatter,
     views,
 )
+
+# Last: ``op_`` gets the rule of ``op``, filtered to keep the written tensor's placement.
+IN_PLACE_FORMS = inplace.register_in_place_forms()

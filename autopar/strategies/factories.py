@@ -1,24 +1,56 @@
 """Sharding rules for tensor factories: arange, zeros, ones, full, empty, scalar_tensor, the
 ``new_*`` methods and the ``*_like`` functions.
 
-A factory with a global size argument makes the same whole tensor on every device:
-``Replicate``. The ``new_*`` methods read their input only for dtype and device, so that
-input may have any placement. The ``*_like`` functions take their shape from the input, so
-a sharded input gives the output sharded the same way; a ``Partial`` input still has the
-global shape locally, so the output is then whole (``Replicate``). Uninitialized outputs
-(``empty``) are "replicated" in the sense that no device's values matter.
+A factory of a constant (``zeros``, ``ones``, ``full``, ``empty`` and their ``new_*``
+forms) may come out in any placement: every slice of a constant is that constant, so the
+tensor-parallel pass only makes the size argument local (passes/localize_shapes.py). It
+matters for buffers that are then written in place (``buf = x.new_zeros(...);
+buf[:, 1:] = y``): the buffer must be placed as what is written into it. A partial
+constant needs its terms to add up (or average) to it: zeros in any partial, ``ones`` and
+``full`` as ``P(avg)`` (and ``full(0)`` as a sum). ``arange`` and ``scalar_tensor`` (whose
+values depend on global positions, or which have no dim) and the ``*_strided`` forms
+(global strides) stay whole.
+
+The ``new_*`` methods read their input only for dtype and device, so that input may have
+any placement. The ``*_like`` functions take their shape from the input, so a sharded
+input gives the output sharded the same way; a ``Partial`` input still has the global shape
+locally, so the output is then whole (``Replicate``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from autopar.placements import Partial, Placement, Shard
-from autopar.strategies.pointwise import R, any_placements, group_options
+from autopar.placements import Partial, Placement, Shard, can_shard
+from autopar.strategies.pointwise import PAVG, PSUM, R, any_placements, group_options, is_zero
 from autopar.strategies.registry import register_rule
 from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
 aten = torch.ops.aten
+
+_ZEROS = (aten.zeros.default, aten.new_zeros.default, aten.empty.memory_format,
+          aten.new_empty.default)
+_FILLED = {aten.full.default: 1, aten.new_full.default: 2}  # op -> position of the value
+_CONSTANT = (*_ZEROS, *_FILLED, aten.ones.default, aten.new_ones.default)
+
+
+def makes_constant(target: object) -> bool:
+    """Does ``target`` make a constant tensor (whose placement no data flow implies)?"""
+    return target in _CONSTANT
+
+
+def constant_placements(call: OpCall, axis_size: int) -> list[Placement]:
+    """Every placement the constant ``call`` makes can have (see the module docstring)."""
+    out_meta = call.out[0]
+    if call.target not in _CONSTANT:
+        return [R]
+    out: list[Placement] = [R]
+    out += [Shard(d) for d, size in enumerate(out_meta.shape) if can_shard(size, axis_size)]
+    if out_meta.dtype.is_floating_point:
+        value = call.arg(_FILLED[call.target], "fill_value") if call.target in _FILLED else 1
+        zero = call.target in _ZEROS or is_zero(value)
+        out += [PSUM, PAVG] if zero else [PAVG]
+    return out
 
 
 @register_rule(
@@ -33,8 +65,8 @@ aten = torch.ops.aten
     aten.scalar_tensor.default,
 )
 def factory(call: OpCall, axis_size: int) -> list[Strategy]:
-    """No tensor input: the output is made whole on every device."""
-    return [replicate_all(call)]
+    """No tensor input: a constant in any placement, anything else whole."""
+    return [Strategy((), (p,)) for p in constant_placements(call, axis_size)]
 
 
 @register_rule(
@@ -45,9 +77,10 @@ def factory(call: OpCall, axis_size: int) -> list[Strategy]:
     aten.new_empty_strided.default,
 )
 def new_factory(call: OpCall, axis_size: int) -> list[Strategy]:
-    """``x.new_*(size)``: a whole tensor of the global size, whatever ``x``'s placement."""
+    """``x.new_*(size)``: made from the global size, whatever ``x``'s placement."""
     (x,) = call.tensor_args
-    return [Strategy((p,), (R,)) for p in any_placements(x, axis_size)]
+    outs = constant_placements(call, axis_size)
+    return [Strategy((p,), (q,)) for q in outs for p in any_placements(x, axis_size)]
 
 
 @register_rule(

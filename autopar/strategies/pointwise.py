@@ -211,7 +211,7 @@ def _elementwise(call: OpCall, axis_size: int) -> list[Strategy]:
     return [replicate_all(call), *shard_each_dim(call, axis_size, call.out[0].shape)]
 
 
-def _is_zero(value: object) -> bool:
+def is_zero(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
@@ -296,7 +296,7 @@ def add_sub(call: OpCall, axis_size: int) -> list[Strategy]:
     """
     slots = present_slots(call, ((0, "self"), (1, "other")))
     other = call.arg(1, "other")
-    scalar_ok = isinstance(other, TensorMeta) or _is_zero(other)
+    scalar_ok = isinstance(other, TensorMeta) or is_zero(other)
     linear = [slots] if scalar_ok else []
     return [
         *_elementwise(call, axis_size),
@@ -311,12 +311,9 @@ def mul(call: OpCall, axis_size: int) -> list[Strategy]:
     return [*_elementwise(call, axis_size), *partial_strategies(call, [[s] for s in slots])]
 
 
-@register_rule(aten.div.Tensor, aten.div.Scalar, aten.div_.Tensor, aten.div_.Scalar)
+@register_rule(aten.div.Tensor, aten.div.Scalar)
 def div(call: OpCall, axis_size: int) -> list[Strategy]:
-    """``a / b`` (true division) is linear in the numerator only: ``P / R -> P``.
-
-    ``div_`` is the in-place form; its output is its first input and shares its placement.
-    """
+    """``a / b`` (true division) is linear in the numerator only: ``P / R -> P``."""
     slots = present_slots(call, ((0, "self"),))
     return [*_elementwise(call, axis_size), *partial_strategies(call, [slots])]
 
@@ -371,7 +368,7 @@ def where(call: OpCall, axis_size: int) -> list[Strategy]:
     branches = present_slots(call, ((1, "self"), (2, "other")))
     values = (call.arg(1, "self"), call.arg(2, "other"))
     scalars = [v for v in values if not isinstance(v, TensorMeta)]
-    linear = [branches] if all(_is_zero(v) for v in scalars) else []
+    linear = [branches] if all(is_zero(v) for v in scalars) else []
     return [
         *_elementwise(call, axis_size),
         *partial_strategies(call, linear, nonempty_subsets(branches)),
@@ -387,7 +384,7 @@ def masked_fill(call: OpCall, axis_size: int) -> list[Strategy]:
         linear: list[list[int]] = [slots]
         affine = nonempty_subsets(slots)
     else:
-        linear = [[0]] if _is_zero(value) else []
+        linear = [[0]] if is_zero(value) else []
         affine = [(0,)]
     return [*_elementwise(call, axis_size), *partial_strategies(call, linear, affine)]
 

@@ -60,6 +60,11 @@ def rule_for(target: Any) -> Rule | None:
     return _RULES.get(target)
 
 
+def registered() -> dict[Any, Rule]:
+    """Every registered op and its rule (a copy)."""
+    return dict(_RULES)
+
+
 def has_rule(target: Any) -> bool:
     return target in _RULES
 

@@ -152,3 +152,27 @@ def annotate(gm: fx.GraphModule) -> None:
                     facts.extra_saved_other_bytes = m.extra_saved_other_bytes
         facts.requires_grad = requires_grad.get(node, False)
         node.meta[META_KEY] = facts
+    _grads_through_writes(gm)
+
+
+def _grads_through_writes(gm: fx.GraphModule) -> None:
+    """A buffer written in place with a value that requires grad requires grad from then on,
+    and so do its views and what reads them: mark them (conservatively, also readers before
+    the write), or the tensor-parallel pass would skip their gradients' all-reduce."""
+    from autopar.strategies.mutation import roots, writes
+
+    root = roots(gm.graph)
+    while True:
+        seeds = {base for write, base in writes(gm.graph)
+                 if write.meta[META_KEY].requires_grad and not base.meta[META_KEY].requires_grad}
+        if not seeds:
+            return
+        for node in gm.graph.nodes:
+            facts = node.meta.get(META_KEY)
+            if facts is None or facts.requires_grad:
+                continue
+            inputs = [a.meta[META_KEY].requires_grad for a in tensor_input_nodes(node)
+                      if META_KEY in a.meta]
+            if root.get(node) in seeds or (node.op == "call_function" and _output_requires_grad(
+                    node, inputs)):
+                facts.requires_grad = True

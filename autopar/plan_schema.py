@@ -257,6 +257,18 @@ PIPELINE = obj({
     })),
 })
 
+EXPLANATION = obj({}, {
+    # autopar.solver.explain_tp: how the plan uses tensor parallelism, and why
+    "tp": empty_or(obj({
+        "tp": COUNT, "pinned": flag, "splits_batch_allowed": flag, "weights_sharded": SIZE,
+        "weights": SIZE, "weight_bytes_sharded": number(0, 1), "work_split": number(0, 1),
+        "batch_split_work": number(0, 1), "unexpected": list_of(text()),
+        "why": text(empty=True),
+    }, {"alternatives": list_of(obj(
+        {"what": text(), "step_time_s": nullable(SECONDS)},
+        {"status": text(empty=True), "peak_memory_bytes": SIZE, "mesh": map_of(COUNT)}))})),
+})
+
 PLAN = obj(
     required={
         "schema_version": one_of((SCHEMA_VERSION,)),
@@ -292,6 +304,7 @@ PLAN = obj(
                                "strategies": map_of(text())})),
         "pipeline": empty_or(PIPELINE),
         "unruled_ops": map_of(COUNT),
+        "explanation": EXPLANATION,
         "attention": list_of(obj({"node": text(), "pattern": text(), "layer": nullable(SIZE),
                                   "what": text(), "fused": flag, "reason": text(empty=True)})),
     },

@@ -6,22 +6,23 @@ import json
 
 import pytest
 
+from autopar.cli.estimate_cmd import EXIT_DOES_NOT_FIT
 from autopar.cli.main import main
 
 ARGS = ["llama3-8b", "--cluster", "8xH100-80GB", "--tp", "1", "--pp", "1", "--dp", "8",
-        "--dtype", "bf16", "--global-batch", "8", "--seq", "2048"]
+        "--precision", "bf16", "--global-batch", "8", "--seq", "2048"]
 
 
-def estimate(tmp_path, *extra: str) -> dict:
+def estimate(tmp_path, *extra: str, status: int = 0) -> dict:
     out = tmp_path / "e.json"
-    assert main(["estimate", *ARGS, *extra, "--json", str(out)]) == 0
+    assert main(["estimate", *ARGS, *extra, "--json", str(out)]) == status
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, capsys) -> None:
     """16Ψ accounting: 2 B weights + 2 B gradients + 12 B (fp32 master, momentum, variance)."""
-    e = estimate(tmp_path, "--zero", "0")
+    e = estimate(tmp_path, "--zero", "0", status=EXIT_DOES_NOT_FIT)
     m = e["predicted"]["memory"]
     params = 8.03e9
     assert m["params"] == pytest.approx(2 * params, rel=0.01)

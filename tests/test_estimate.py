@@ -66,3 +66,14 @@ def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:
     # 1F1B-family schedules: the first stage holds the most microbatches in flight.
     assert stages[0]["in_flight"] > stages[1]["in_flight"]
     assert "pipeline stages" in capsys.readouterr().out
+
+
+def test_a_configuration_that_does_not_fit_exits_3_with_its_report(tmp_path, capsys) -> None:
+    cluster = tmp_path / "small.yaml"
+    cluster.write_text("nodes: 1\ndevices_per_node: 2\ndevice: {preset: cpu, memory_gib: 0.0001}\n")
+    out = tmp_path / "e.json"
+    code = main(["estimate", "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,batch=8",
+                 "--cluster", str(cluster), "--json", str(out)])
+    assert code == EXIT_DOES_NOT_FIT == 3
+    assert "does NOT fit" in capsys.readouterr().out
+    assert json.loads(out.read_text())["predicted"]["fits"] is False

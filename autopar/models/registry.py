@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -51,6 +52,12 @@ def resolve_model(text: str) -> ModelSpec:
     path_text, colon, func_name = text.rpartition(":")
     if colon and path_text.endswith(".py"):
         return resolve_factory(path_text, func_name, text)
+    if colon and os.path.isfile(path_text):
+        raise ModelSpecError(
+            f"model file '{path_text}' is not a Python file",
+            where=text,
+            fix="name a .py file and its factory function: path/to/model.py:make_model",
+        )
     if text.endswith(".py"):
         raise ModelSpecError(
             f"model file '{text}' names no factory function",

@@ -138,6 +138,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     facts = graph_facts(gm)
     traced = facts.batch_size or 1
     global_batch = config.global_batch or traced
+    check_tp(gm, cluster, config.tp)
     if config.devices != cluster.world_size:
         raise AutoparError(
             f"tp x pp x dp x cp = {config.tp} x {config.pp} x {config.dp} x {config.cp} = "
@@ -145,7 +146,6 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
             where="--tp/--pp/--dp/--cp",
             fix="make the product of the degrees equal the number of devices (or omit --dp)",
         )
-    check_tp(gm, cluster, config.tp)
     if config.cp > 1:
         raise AutoparError(
             "context parallelism is not modelled yet",

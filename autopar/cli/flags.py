@@ -63,7 +63,7 @@ def positive_seconds(text: str) -> float:
 def output_file(text: str) -> str:
     """A file autopar may write: its folder exists and is writable, and it is no folder.
     Checked before any tracing or solving, so a typo does not cost a solve."""
-    path = Path(text).expanduser()
+    path = Path(os.path.expanduser(text))  # "~nobody" stays as written
     folder = path.parent
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file name, got ''")

@@ -111,7 +111,7 @@ class _Origin:
     base_dir: Path = Path()  # relative paths inside the description (profile:) start here
 
     def where(self, path: str) -> str:
-        return f"{self.prefix}{path}"
+        return f"{self.prefix}{path or '(top level)'}"
 
 
 def load_cluster(spec: Cluster | Mapping[str, Any] | str | os.PathLike[str]) -> Cluster:
@@ -261,7 +261,7 @@ def _section(data: Any, path: str, allowed: tuple[str, ...], origin: _Origin) ->
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise ClusterError(
                 f"{origin.desc}: unknown key '{key}'" + (f" in {path}" if path else ""),
-                where=origin.where(f"{path}.{key}" if path else str(key)),
+                where=origin.where(f"{path}.{key}" if path else str(key) or repr(key)),
                 fix=f"{hint}allowed keys{' in ' + path if path else ''}: {', '.join(allowed)}",
             )
     return data
@@ -425,7 +425,7 @@ def _profile_path(value: Any, origin: _Origin) -> Path:
             where=origin.where("profile"),
             fix="write profile: path/to/profile.json (from `autopar calibrate --out PROFILE`)",
         )
-    path = Path(value).expanduser()
+    path = Path(os.path.expanduser(value))  # "~nobody" stays as written
     return path if path.is_absolute() else origin.base_dir / path
 
 

@@ -83,13 +83,21 @@ _RULES = {
 }
 
 
+def _finite(value: int | float) -> bool:
+    """Finite as a float too: the cost models compute in floats (10**400 overflows them)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _check(kind: str, value: Any, key: str, where: str) -> None:
     """Raise unless ``value`` is of ``kind`` (a key of ``_RULES``); shared by types and loader."""
     integral = kind in ("count", "bytes")
     ok = (
         not isinstance(value, bool)
         and isinstance(value, int if integral else (int, float))
-        and math.isfinite(value)
+        and _finite(value)
     )
     if ok:
         ok = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ RETURNS = ("return (model, example_args, example_kwargs), where model(*example_a
 
 
 def resolve_factory(path_text: str, func_name: str, text: str) -> ModelSpec:
-    path = Path(path_text).expanduser()
+    path = Path(os.path.expanduser(path_text))  # "~nobody" stays as written
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
         raise ModelSpecError(

@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
-import torch
-
-from autopar.cli.load import TracedModel
+from autopar.cli.load import TracedModel, trace_model
 from autopar.cluster import load_cluster
 from autopar.cost_models.memory import lora_params, model_state_bytes
 from autopar.errors import AutoparError
 from autopar.graph_facts import graph_facts
-from autopar.models import resolve_model
 from autopar.planning import default_precision
 from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
 from autopar.solver.stages import layer_ranges
-from autopar.trace import trace
 from autopar.units import format_bytes, format_count, format_seconds
 
 EXIT_DOES_NOT_FIT = 3
@@ -42,21 +37,6 @@ DESCRIPTION = (
 )
 
 
-def trace_for_estimate(model: str, batch: int | None, seq: int | None,
-                       lora_rank: int | None) -> TracedModel:
-    """Trace on meta; with LoRA the base weights are frozen before tracing, so the trace's
-    backward FLOPs and states already leave out their gradients."""
-    spec = resolve_model(model)
-    batch, seq = batch or spec.default_batch, seq or spec.default_seq
-    started = time.perf_counter()
-    with torch.device("meta"):
-        module = spec.build()
-    if lora_rank:
-        module.requires_grad_(False)
-    gm = trace(module, spec.example_inputs(batch, seq, device="meta"))
-    return TracedModel(spec, gm, batch, seq, time.perf_counter() - started)
-
-
 def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:
     """(out, in) of every 2-D weight a LoRA adapter would attach to (the matmul weights)."""
     shapes = []
@@ -66,6 +46,21 @@ def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:
             users = {str(u.target) for u in node.users}
             if any(("linear" in u or "addmm" in u or "mm" in u) for u in users):
                 shapes.append(facts.param.shape)
+    return shapes
+
+
+def checked_adapter_shapes(traced: TracedModel, rank: int) -> list[tuple[int, int]]:
+    """The weights LoRA adapters of ``rank`` attach to; a rank no smaller than a weight's
+    dimensions is a full-rank "adapter", which saves nothing and is surely a typo."""
+    shapes = adapter_shapes(traced)
+    if not shapes:
+        raise AutoparError("the model has no matmul weights to attach LoRA adapters to",
+                           where="--lora-rank", fix="drop --lora-rank")
+    smallest = min(min(shape) for shape in shapes)
+    if rank >= smallest:
+        raise AutoparError(
+            f"LoRA rank {rank} is not below the smallest adapted weight dimension ({smallest})",
+            where="--lora-rank", fix=f"use a rank below {smallest} (LoRA ranks are typically 8-64)")
     return shapes
 
 
@@ -169,7 +164,7 @@ def format_report(r: dict) -> str:
 def run_estimate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     zero, recompute = (_one(args, "zero"), _one(args, "recompute"))
-    traced = trace_for_estimate(args.model, args.global_batch, args.seq, args.lora_rank)
+    traced = trace_model(args.model, args.global_batch, args.seq, frozen=bool(args.lora_rank))
     dp = args.dp or max(cluster.world_size // (args.tp * args.pp * args.cp), 1)
     config = PinnedConfig(
         tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, sp=args.sp, microbatch=args.microbatch,
@@ -181,7 +176,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     est = estimate_graph(traced.gm, cluster, config)
     lora = None
     if args.lora_rank:
-        n = sum(lora_params(out, inp, args.lora_rank) for out, inp in adapter_shapes(traced))
+        n = sum(lora_params(out, inp, args.lora_rank)
+                for out, inp in checked_adapter_shapes(traced, args.lora_rank))
         s = model_state_bytes(n / args.tp, trainable=True, precision=config.precision,
                               optimizer=config.optimizer, zero_stage=config.zero, dp=dp)
         lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,

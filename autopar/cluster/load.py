@@ -361,7 +361,11 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
             values[key], sources[key] = value, preset_origin.label
     if isinstance(data, Mapping) and "profile" in data:
         path = _profile_path(data["profile"], origin)
-        profile = read_profile(path)
+        try:
+            profile = read_profile(path)
+        except ClusterError as err:  # say which description names the profile
+            raise ClusterError(f"{origin.desc}: {err.what}", where=origin.where(
+                f"profile ({err.where})"), fix=err.fix) from None
         shown = str(path)
         profile_origin = _Origin(f"profile '{shown}'", f"{shown}: ", f"profile {shown}")
         for key, value in _read(profile.cluster_overrides(), profile_origin).items():

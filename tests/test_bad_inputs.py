@@ -243,6 +243,8 @@ CLI_CASES = [
              "--recompute", "one configuration"),
     cli_case("estimate-virtual-without-interleaved", estimate("--virtual-stages", "2"),
              AutoparError, "--virtual-stages", "interleaved"),
+    cli_case("estimate-zb-v-three-chunks", estimate("--schedule", "zb_v", "--virtual-stages", "3"),
+             AutoparError, "zb_v", "--virtual-stages"),
     cli_case("estimate-degrees-exceed-devices", estimate("--dp", "3"), AutoparError,
              "tp x pp x dp x cp", "8"),
     cli_case("estimate-microbatch-not-dividing", estimate("--microbatch", "3", "--dp", "8"),

@@ -124,7 +124,8 @@ def test_shared_flags_are_explained_in_the_same_words(other: str) -> None:
 
 def test_old_spellings_still_work_and_say_so(tmp_path, capsys) -> None:
     out = tmp_path / "e.json"
-    code = main(["estimate", SMALL, "--cluster", "8xA100-80GB", "--tp", "2", "--pp", "2",
+    model = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32"
+    code = main(["estimate", model, "--cluster", "8xA100-80GB", "--tp", "2", "--pp", "2",
                  "--microbatch", "2", "--dtype", "fp32", "--batch", "8", "--schedule",
                  "zero-bubble", "--json", str(out)])
     assert code == 0
@@ -133,8 +134,8 @@ def test_old_spellings_still_work_and_say_so(tmp_path, capsys) -> None:
     assert "--batch is deprecated; use --global-batch" in err
     assert "'zero-bubble' is deprecated; use 'zb_v'" in err
     assumptions = json.loads(out.read_text())["assumptions"]
-    assert (assumptions["precision"], assumptions["global_batch"], assumptions["schedule"]) == (
-        "fp32", 8, "zb_v")
+    assert (assumptions["precision"], assumptions["global_batch"], assumptions["schedule"],
+            assumptions["virtual_stages"]) == ("fp32", 8, "zb_v", 2)  # ZB-V: two chunks a rank
 
 
 def test_plan_takes_the_optimizer(tmp_path) -> None:

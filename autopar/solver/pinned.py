@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from autopar.cluster import Cluster
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
+from autopar.cost_models.pipeline import ZB_V_CHUNKS
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import schedule_name
@@ -85,7 +86,14 @@ class PinnedConfig:
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero!r}", where="--zero",
                                fix="pass --zero 0, 1, 2 or 3")
-        if self.virtual > 1 and self.schedule != "interleaved":
+        if self.schedule == "zb_v":
+            if self.virtual not in (1, ZB_V_CHUNKS):
+                raise AutoparError(f"zb_v runs {ZB_V_CHUNKS} chunks per pipeline rank, not "
+                                   f"{self.virtual}", where="--virtual-stages",
+                                   fix=f"drop --virtual-stages (or give {ZB_V_CHUNKS})")
+            if self.pp > 1:  # the V: two chunks on every rank, as the runtime runs it
+                object.__setattr__(self, "virtual", ZB_V_CHUNKS)
+        elif self.virtual > 1 and self.schedule != "interleaved":
             raise AutoparError("virtual stages need the interleaved schedule",
                                where="--virtual-stages", fix="add --schedule interleaved")
 

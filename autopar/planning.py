@@ -6,13 +6,16 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from autopar.cluster import Cluster, load_cluster
-from autopar.errors import AutoparError
-from autopar.graph_facts import META_KEY
+from autopar.errors import AutoparError, TraceError
+from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import check_keywords, zero_stages
+from autopar.models.spec import SPEC_LIMITS
 from autopar.plan import Plan
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
 from autopar.solver.search import search
@@ -77,10 +80,19 @@ def plan(
             given[key] = value
         virtual_stages, precision, zero = (given["virtual_stages"], given["precision"],
                                            given["zero"])
+    if not isinstance(model, nn.Module):
+        raise AutoparError(
+            f"autopar.plan() plans an nn.Module, got {type(model).__name__}",
+            where="autopar.plan(model=...)",
+            fix="pass the model object (or a graph from autopar.trace); for a model name such "
+            "as 'gpt2', use `autopar plan gpt2 --cluster ...` or autopar.models.resolve_model",
+        )
     cluster = load_cluster(cluster)
     gm = model if isinstance(model, fx.GraphModule) and META_KEY in model.meta else None
     if gm is None:
         gm = trace(model, example_inputs)
+    check_returns_loss(gm)
+    check_batch_size(global_batch or graph_facts(gm).batch_size or 1)
     options = PlanOptions(
         global_batch=global_batch,
         dp=dp,
@@ -102,6 +114,40 @@ def plan(
     result = search(gm, cluster, options)
     name = model_name or type(model).__name__
     return make_plan(gm, result, cluster, options, name)
+
+
+def check_batch_size(batch: int) -> None:
+    """The search tries the batch's divisors as microbatch sizes: bound it (as model specs
+    are bounded) so that a stray 10**12 fails at once instead of searching for hours."""
+    limit = SPEC_LIMITS["batch"]
+    if isinstance(batch, int) and batch > limit:
+        raise AutoparError(f"global batch {batch} is above autopar's limit of {limit} sequences",
+                           where="global_batch (or the example inputs' batch)",
+                           fix=f"plan for at most {limit} sequences per step")
+
+
+def check_returns_loss(gm: fx.GraphModule) -> None:
+    """Training needs a scalar loss among the outputs (a 0-dim floating tensor: alone, in a
+    tuple or dict, or as ``.loss``); refuse now rather than plan a step that cannot run."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    shown = []
+    for value in tree_leaves(output.args):
+        val = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if isinstance(val, torch.Tensor):
+            if val.ndim == 0 and val.is_floating_point():
+                return
+            shown.append(f"{str(val.dtype).removeprefix('torch.')} tensor {tuple(val.shape)}")
+        else:
+            shown.append(repr(val) if val is None or isinstance(val, (int, float)) else
+                         type(val).__name__)
+    raise TraceError(
+        f"the model returns no scalar loss to train on; its outputs are: "
+        f"{', '.join(shown) or 'nothing'}",
+        where="model.forward outputs",
+        fix="make forward compute and return the loss as a 0-dim float tensor (alone, in a "
+        "tuple, or as .loss), e.g. pass the targets too: model(tokens, targets) returning "
+        "(logits, F.cross_entropy(...)); for Hugging Face models pass labels=",
+    )
 
 
 PLAN_KEYWORDS = tuple(name for name, p in inspect.signature(plan).parameters.items()

@@ -94,3 +94,77 @@ def test_plan_with_pipeline_shows_stages_and_keeps_them_in_json(tmp_path, capsys
     assert all(s["memory_bytes"] > 0 and s["time_per_microbatch_s"] > 0 for s in pipe["stages"])
     # Written out and read back, the plan is the same data.
     assert Plan.from_dict(json.loads(plan.to_json())) == plan
+
+
+# --- one vocabulary, one exit-status convention -----------------------------------------------
+
+
+def _flags_of(command: str) -> dict:
+    import argparse
+
+    from autopar.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {opt: a for a in sub.choices[command]._actions for opt in a.option_strings}
+
+
+@pytest.mark.parametrize("other", ["estimate", "emit"])
+def test_shared_flags_are_explained_in_the_same_words(other: str) -> None:
+    from autopar.cli.flags import SHARED_FLAGS
+
+    plan, theirs = _flags_of("plan"), _flags_of(other)
+    for flag in SHARED_FLAGS:
+        if flag not in theirs:
+            assert other == "emit" and flag == "--json"  # emit prints; it writes no JSON
+            continue
+        a, b = plan[flag], theirs[flag]
+        assert (a.help, a.type, a.choices, a.metavar, a.dest) == (
+            b.help, b.type, b.choices, b.metavar, b.dest), flag
+
+
+def test_old_spellings_still_work_and_say_so(tmp_path, capsys) -> None:
+    out = tmp_path / "e.json"
+    model = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32"
+    code = main(["estimate", model, "--cluster", "8xA100-80GB", "--tp", "2", "--pp", "2",
+                 "--microbatch", "2", "--dtype", "fp32", "--batch", "8", "--schedule",
+                 "zero-bubble", "--json", str(out)])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "--dtype is deprecated; use --precision" in err
+    assert "--batch is deprecated; use --global-batch" in err
+    assert "'zero-bubble' is deprecated; use 'zb_v'" in err
+    assumptions = json.loads(out.read_text())["assumptions"]
+    assert (assumptions["precision"], assumptions["global_batch"], assumptions["schedule"],
+            assumptions["virtual_stages"]) == ("fp32", 8, "zb_v", 2)  # ZB-V: two chunks a rank
+
+
+def test_plan_takes_the_optimizer(tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", SMALL, "--cluster", "2xcpu", "--optimizer", "sgd", "--zero", "0",
+                 "--recompute", "none", "--json", str(out)]) == 0
+    assert Plan.load(out).training["optimizer"] == "sgd"
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    import autopar.cli.main as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert main(["cluster", "show", "2xcpu"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "autopar: interrupted (Ctrl-C) during cluster"
+
+
+def test_output_into_a_closed_pipe_is_a_quiet_exit() -> None:
+    """``autopar ... | head -1``: the reader goes away; autopar exits 0 without a word."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "autopar.cli.main", "cluster", "show",
+                             "16x8xH100-80GB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before autopar writes anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert err.decode() == ""

@@ -503,11 +503,6 @@ def test_rank_out_of_range(cli_plan_file: Path, capsys: pytest.CaptureFixture[st
     assert "rank 99" in err and "0 to 1" in err
 
 
-def test_bad_zero_stages(capsys: pytest.CaptureFixture[str]) -> None:
-    err = run_cli(["plan", TINY_SPEC, "--cluster", "2xcpu", "--zero", "5"], capsys)
-    assert "--zero" in err and "0-3" in err
-
-
 def test_missing_model_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = run_cli(["plan", f"{tmp_path}/nope.py:make", "--cluster", "2xcpu"], capsys)
     assert "not found" in err

@@ -6,22 +6,23 @@ import json
 
 import pytest
 
+from autopar.cli.estimate_cmd import EXIT_DOES_NOT_FIT
 from autopar.cli.main import main
 
 ARGS = ["llama3-8b", "--cluster", "8xH100-80GB", "--tp", "1", "--pp", "1", "--dp", "8",
-        "--dtype", "bf16", "--global-batch", "8", "--seq", "2048"]
+        "--precision", "bf16", "--global-batch", "8", "--seq", "2048"]
 
 
-def estimate(tmp_path, *extra: str) -> dict:
+def estimate(tmp_path, *extra: str, status: int = 0) -> dict:
     out = tmp_path / "e.json"
-    assert main(["estimate", *ARGS, *extra, "--json", str(out)]) == 0
+    assert main(["estimate", *ARGS, *extra, "--json", str(out)]) == status
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, capsys) -> None:
     """16Ψ accounting: 2 B weights + 2 B gradients + 12 B (fp32 master, momentum, variance)."""
-    e = estimate(tmp_path, "--zero", "0")
+    e = estimate(tmp_path, "--zero", "0", status=EXIT_DOES_NOT_FIT)
     m = e["predicted"]["memory"]
     params = 8.03e9
     assert m["params"] == pytest.approx(2 * params, rel=0.01)
@@ -65,3 +66,14 @@ def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:
     # 1F1B-family schedules: the first stage holds the most microbatches in flight.
     assert stages[0]["in_flight"] > stages[1]["in_flight"]
     assert "pipeline stages" in capsys.readouterr().out
+
+
+def test_a_configuration_that_does_not_fit_exits_3_with_its_report(tmp_path, capsys) -> None:
+    cluster = tmp_path / "small.yaml"
+    cluster.write_text("nodes: 1\ndevices_per_node: 2\ndevice: {preset: cpu, memory_gib: 0.0001}\n")
+    out = tmp_path / "e.json"
+    code = main(["estimate", "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,batch=8",
+                 "--cluster", str(cluster), "--json", str(out)])
+    assert code == EXIT_DOES_NOT_FIT == 3
+    assert "does NOT fit" in capsys.readouterr().out
+    assert json.loads(out.read_text())["predicted"]["fits"] is False

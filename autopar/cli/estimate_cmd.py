@@ -1,45 +1,40 @@
 """``autopar estimate``: memory and step time of one pinned configuration (the calculator).
 
-    autopar estimate llama3-8b --cluster 8xH100-80GB --tp 1 --pp 1 --dp 8 --zero 0 --dtype bf16
+    autopar estimate llama3-8b --cluster 8xH100-80GB --tp 1 --pp 1 --dp 8 --zero 0 --precision bf16
 
 Prints its assumptions first, then the per-device memory breakdown against capacity and
 the step time with its parts; every number is modelled. ``--json`` writes the same
 ``predicted.*`` fields a plan has, plus the breakdowns.
+
+Exit status: 0 when the configuration fits in device memory, 3 (``EXIT_DOES_NOT_FIT``) when
+it does not (the report is printed and written all the same), 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
+from typing import Any
 
-import torch
-
-from autopar.cli.load import TracedModel
+from autopar.cli.load import TracedModel, trace_model
 from autopar.cluster import load_cluster
 from autopar.cost_models.memory import lora_params, model_state_bytes
+from autopar.errors import AutoparError
 from autopar.graph_facts import graph_facts
-from autopar.models import resolve_model
 from autopar.planning import default_precision
 from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
 from autopar.solver.stages import layer_ranges
-from autopar.trace import trace
 from autopar.units import format_bytes, format_count, format_seconds
 
+EXIT_DOES_NOT_FIT = 3
+"""Exit status of ``autopar estimate`` when the configuration does not fit in memory."""
 
-def trace_for_estimate(model: str, batch: int | None, seq: int | None,
-                       lora_rank: int | None) -> TracedModel:
-    """Trace on meta; with LoRA the base weights are frozen before tracing, so the trace's
-    backward FLOPs and states already leave out their gradients."""
-    spec = resolve_model(model)
-    batch, seq = batch or spec.default_batch, seq or spec.default_seq
-    started = time.perf_counter()
-    with torch.device("meta"):
-        module = spec.build()
-    if lora_rank:
-        module.requires_grad_(False)
-    gm = trace(module, spec.example_inputs(batch, seq, device="meta"))
-    return TracedModel(spec, gm, batch, seq, time.perf_counter() - started)
+DESCRIPTION = (
+    "Memory and step time of one pinned configuration; every number is modelled. --dp "
+    "defaults to the devices left by tp x pp x cp. Exit "
+    f"status 0 if it fits in device memory, {EXIT_DOES_NOT_FIT} if it does not (the report is "
+    "printed all the same), 2 on bad input."
+)
 
 
 def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:
@@ -51,6 +46,21 @@ def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:
             users = {str(u.target) for u in node.users}
             if any(("linear" in u or "addmm" in u or "mm" in u) for u in users):
                 shapes.append(facts.param.shape)
+    return shapes
+
+
+def checked_adapter_shapes(traced: TracedModel, rank: int) -> list[tuple[int, int]]:
+    """The weights LoRA adapters of ``rank`` attach to; a rank no smaller than a weight's
+    dimensions is a full-rank "adapter", which saves nothing and is surely a typo."""
+    shapes = adapter_shapes(traced)
+    if not shapes:
+        raise AutoparError("the model has no matmul weights to attach LoRA adapters to",
+                           where="--lora-rank", fix="drop --lora-rank")
+    smallest = min(min(shape) for shape in shapes)
+    if rank >= smallest:
+        raise AutoparError(
+            f"LoRA rank {rank} is not below the smallest adapted weight dimension ({smallest})",
+            where="--lora-rank", fix=f"use a rank below {smallest} (LoRA ranks are typically 8-64)")
     return shapes
 
 
@@ -82,7 +92,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "model": traced.spec.name, "cluster": cluster_name, "devices": world,
             "global_batch": g, "seq": traced.seq, "microbatch": c.microbatch,
             "microbatches": setting.microbatches, "tp": c.tp, "pp": c.pp, "dp": c.dp,
-            "cp": c.cp, "sp": c.sp, "recompute": c.recompute, "dtype": c.precision,
+            "cp": c.cp, "sp": c.sp, "recompute": c.recompute, "precision": c.precision,
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
         },
@@ -120,7 +130,7 @@ def format_report(r: dict) -> str:
         f"assuming  global batch {a['global_batch']} x seq {a['seq']}, microbatch "
         f"{a['microbatch']} x {a['microbatches']}, tp={a['tp']} pp={a['pp']} dp={a['dp']} "
         f"cp={a['cp']}{' +sp' if a['sp'] else ''}",
-        f"          {a['dtype']}, {a['optimizer']}, ZeRO-{a['zero']}, recompute {a['recompute']}, "
+        f"          {a['precision']}, {a['optimizer']}, ZeRO-{a['zero']}, recompute {a['recompute']}, "
         f"schedule {a['schedule']}" + (f" (v={a['virtual_stages']})" if a['virtual_stages'] > 1
                                        else "")
         + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else ""),
@@ -153,20 +163,21 @@ def format_report(r: dict) -> str:
 
 def run_estimate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
-    traced = trace_for_estimate(args.model, args.global_batch or args.batch, args.seq,
-                                args.lora_rank)
+    zero, recompute = (_one(args, "zero"), _one(args, "recompute"))
+    traced = trace_model(args.model, args.global_batch, args.seq, frozen=bool(args.lora_rank))
     dp = args.dp or max(cluster.world_size // (args.tp * args.pp * args.cp), 1)
     config = PinnedConfig(
         tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, sp=args.sp, microbatch=args.microbatch,
-        global_batch=traced.batch, recompute=args.recompute,
-        precision=args.dtype or default_precision(cluster), zero=args.zero,
+        global_batch=traced.batch, recompute=recompute,
+        precision=args.precision or default_precision(cluster), zero=zero,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention,
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None
     if args.lora_rank:
-        n = sum(lora_params(out, inp, args.lora_rank) for out, inp in adapter_shapes(traced))
+        n = sum(lora_params(out, inp, args.lora_rank)
+                for out, inp in checked_adapter_shapes(traced, args.lora_rank))
         s = model_state_bytes(n / args.tp, trainable=True, precision=config.precision,
                               optimizer=config.optimizer, zero_stage=config.zero, dp=dp)
         lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,
@@ -180,4 +191,16 @@ def run_estimate(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
         print(f"\nestimate written to {args.json}")
-    return 0
+    return 0 if result["predicted"]["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _one(args: argparse.Namespace, flag: str) -> Any:
+    """The single value of a flag ``plan`` may give several of: an estimate is of one
+    configuration."""
+    values = getattr(args, flag)
+    if len(values) > 1:
+        raise AutoparError(
+            f"estimate evaluates one configuration, but --{flag} gives {len(values)}: "
+            f"{','.join(map(str, values))}", where=f"--{flag}",
+            fix="give one value (run estimate once per value, or let `autopar plan` choose)")
+    return values[0]

@@ -55,7 +55,7 @@ def layer_table(gm: fx.GraphModule) -> list[dict]:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    traced = trace_model(args.model, args.batch, args.seq)
+    traced = trace_model(args.model, args.global_batch, args.seq)
     facts = graph_facts(traced.gm)
     print(f"autopar inspect: {traced.spec.name}, batch {traced.batch} x seq {traced.seq}, "
           f"{format_count(facts.params)} parameters, traced with {facts.tracer} in "

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.load import TracedModel, recompute_modes, trace_model, zero_stages
+from autopar.cli.load import TracedModel, trace_model
 from autopar.cli.summary import format_plan
+from autopar.cluster import load_cluster
 from autopar.plan import Plan
 from autopar.planning import plan
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
-    traced = trace_model(args.model, args.batch, args.seq)
+    cluster = load_cluster(args.cluster)  # a bad cluster fails before the model is traced
+    traced = trace_model(args.model, args.global_batch, args.seq)
     result = plan(
         traced.gm,
-        args.cluster,
+        cluster,
         dp=args.dp,
         tp=args.tp,
         pp=args.pp,
@@ -23,9 +25,10 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         microbatches=args.microbatches,
         schedule=args.schedule,
         virtual_stages=args.virtual_stages,
-        recompute=recompute_modes(args.recompute),
+        recompute=args.recompute,
         precision=args.precision,
-        zero=zero_stages(args.zero),
+        zero=args.zero,
+        optimizer=args.optimizer,
         time_limit_s=args.time_limit,
         fuse_attention=args.fuse_attention,
         model_name=traced.spec.name,

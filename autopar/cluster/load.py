@@ -6,7 +6,7 @@ source. Files are read with ``yaml.safe_load``/``json``: loading never runs code
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -26,6 +26,7 @@ from autopar.cluster.presets import (
     TFLOPS,
 )
 from autopar.cluster.profile import read_profile
+from autopar.cluster.text import UniqueKeyLoader, parse_json, read_text, too_deep
 from autopar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 from autopar.cluster.spec import (
     _FILE_SUFFIXES,
     _LINKS,
+    MAX_WORLD_SIZE,
     SHORTHAND_FORMS,
     Cluster,
     DeviceSpec,
@@ -43,6 +45,7 @@ from autopar.cluster.spec import (
     _check_curve,
     _check_text,
     _field_order,
+    check_size,
 )
 
 # ---- loading ------------------------------------------------------------------------------
@@ -108,7 +111,7 @@ class _Origin:
     base_dir: Path = Path()  # relative paths inside the description (profile:) start here
 
     def where(self, path: str) -> str:
-        return f"{self.prefix}{path}"
+        return f"{self.prefix}{path or '(top level)'}"
 
 
 def load_cluster(spec: Cluster | Mapping[str, Any] | str | os.PathLike[str]) -> Cluster:
@@ -131,6 +134,12 @@ def load_cluster(spec: Cluster | Mapping[str, Any] | str | os.PathLike[str]) -> 
             return _from_shorthand(text)
         if os.path.isfile(text):
             return _from_file(Path(text))
+        if os.path.isdir(text):
+            raise ClusterError(
+                f"cluster spec '{text}' is a directory",
+                where="cluster spec",
+                fix="name a .yaml, .yml or .json file in it, or a shorthand such as 8xH100-80GB",
+            )
         raise ClusterError(
             f"cannot read {spec!r} as a cluster shorthand or file",
             where="cluster spec",
@@ -144,13 +153,19 @@ def load_cluster(spec: Cluster | Mapping[str, Any] | str | os.PathLike[str]) -> 
     )
 
 
-_SHORTHAND = re.compile(r"(?:(\d+)x)?(?:(\d+)x)?([a-z][\w.-]*)", re.IGNORECASE)
+_SHORTHAND = re.compile(r"(?:([0-9]+)x)?(?:([0-9]+)x)?([a-z][\w.-]*)", re.IGNORECASE | re.ASCII)
 
 
 def _from_shorthand(text: str) -> Cluster:
     first, second, preset = _SHORTHAND.fullmatch(text).groups()
-    counts = [int(g) for g in (first, second) if g is not None]
     origin = _Origin(f"shorthand '{text}'", f"shorthand '{text}': ", f"shorthand {text}")
+    if any(g is not None and len(g) > 9 for g in (first, second)):
+        raise ClusterError(
+            f"shorthand '{text}' has a count of more than 9 digits",
+            where="cluster spec",
+            fix=f"at most {MAX_WORLD_SIZE} devices; write {SHORTHAND_FORMS}",
+        )
+    counts = [int(g) for g in (first, second) if g is not None]
     if any(n < 1 for n in counts):
         raise ClusterError(
             f"shorthand '{text}' has a count of 0",
@@ -177,22 +192,10 @@ def _from_file(path: Path) -> Cluster:
             where=shown,
             fix="name it .yaml, .yml or .json",
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterError(
-            f"cluster file '{shown}' not found",
-            where=shown,
-            fix=f"check the path; or use a shorthand {SHORTHAND_FORMS} "
-            f"with NAME one of {', '.join(PRESETS)}",
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ClusterError(
-            f"cannot read cluster file '{shown}': {err}",
-            where=shown,
-            fix="pass a readable UTF-8 .yaml, .yml or .json file",
-        ) from None
-    data = _parse_json(text, shown) if suffix == ".json" else _parse_yaml(text, shown)
+    text = read_text(path, "cluster file", fix_missing=f"check the path; or use a shorthand "
+                     f"{SHORTHAND_FORMS} with NAME one of {', '.join(PRESETS)}")
+    data = (parse_json(text, "cluster file", shown, _JSON_EXAMPLE) if suffix == ".json"
+            else _parse_yaml(text, shown))
     origin = _Origin(f"cluster file '{shown}'", f"{shown}: ", f"file {shown}", path.parent)
     if data is None:
         raise ClusterError(
@@ -203,9 +206,15 @@ def _from_file(path: Path) -> Cluster:
     return _from_mapping(data, origin)
 
 
+_JSON_EXAMPLE = ('an object such as {"nodes": 2, "devices_per_node": 8, "device": {"preset": '
+                 '"H100-80GB"}}')
+
+
 def _parse_yaml(text: str, shown: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise too_deep(f"cluster file '{shown}'", shown) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
@@ -215,18 +224,6 @@ def _parse_yaml(text: str, shown: str) -> Any:
             where=f"{shown}, {at}",
             fix="fix the YAML syntax there; the file is a mapping such as "
             "'nodes: 2', 'devices_per_node: 8', 'device: {preset: H100-80GB}'",
-        ) from None
-
-
-def _parse_json(text: str, shown: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ClusterError(
-            f"cluster file '{shown}' is not valid JSON: {err.msg}",
-            where=f"{shown}, line {err.lineno}, column {err.colno}",
-            fix='fix the JSON syntax there; the file is an object such as {"nodes": 2, '
-            '"devices_per_node": 8, "device": {"preset": "H100-80GB"}}',
         ) from None
 
 
@@ -264,7 +261,7 @@ def _section(data: Any, path: str, allowed: tuple[str, ...], origin: _Origin) ->
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise ClusterError(
                 f"{origin.desc}: unknown key '{key}'" + (f" in {path}" if path else ""),
-                where=origin.where(f"{path}.{key}" if path else str(key)),
+                where=origin.where(f"{path}.{key}" if path else str(key) or repr(key)),
                 fix=f"{hint}allowed keys{' in ' + path if path else ''}: {', '.join(allowed)}",
             )
     return data
@@ -320,9 +317,25 @@ def _read_units(section: Mapping, path: str, units: dict, origin: _Origin) -> di
         for key in keys:
             _, kind, convert = units[key]
             _check(kind, section[key], f"{path}.{key}", origin.where(f"{path}.{key}"))
-            value = section[key]
-            out[f"{path}.{field_name}"] = convert(value) if convert else value
+            out[f"{path}.{field_name}"] = _in_base_units(section[key], convert, kind,
+                                                         f"{path}.{key}", origin)
     return out
+
+
+def _in_base_units(value: Any, convert: Any, kind: str, key: str, origin: _Origin) -> Any:
+    """``value`` converted to base units, which must stay finite and (if positive) above 0."""
+    try:
+        converted = convert(value) if convert else value
+    except OverflowError:
+        converted = math.inf
+    if not math.isfinite(converted):
+        problem = "too large"
+    elif kind == "positive" and converted <= 0:
+        problem = "too small (it rounds to 0)"
+    else:
+        return converted
+    raise ClusterError(f"{origin.desc}: {key} {value!r} is {problem}", where=origin.where(key),
+                       fix=f"give {key} a realistic value")
 
 
 def _conflict(path: str, keys: list[str], origin: _Origin) -> None:
@@ -348,7 +361,11 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
             values[key], sources[key] = value, preset_origin.label
     if isinstance(data, Mapping) and "profile" in data:
         path = _profile_path(data["profile"], origin)
-        profile = read_profile(path)
+        try:
+            profile = read_profile(path)
+        except ClusterError as err:  # say which description names the profile
+            raise ClusterError(f"{origin.desc}: {err.what}", where=origin.where(
+                f"profile ({err.where})"), fix=err.fix) from None
         shown = str(path)
         profile_origin = _Origin(f"profile '{shown}'", f"{shown}: ", f"profile {shown}")
         for key, value in _read(profile.cluster_overrides(), profile_origin).items():
@@ -369,6 +386,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
             fix=f"add {', '.join(missing)}"
             + (f"; or set device.preset to one of {', '.join(PRESETS)}" if needs_preset else ""),
         )
+    check_size(values["nodes"], values["devices_per_node"], origin.where)
     if "name" not in values:
         values["name"] = _default_name(
             values["nodes"], values["devices_per_node"], values["device.name"]
@@ -411,7 +429,7 @@ def _profile_path(value: Any, origin: _Origin) -> Path:
             where=origin.where("profile"),
             fix="write profile: path/to/profile.json (from `autopar calibrate --out PROFILE`)",
         )
-    path = Path(value).expanduser()
+    path = Path(os.path.expanduser(value))  # "~nobody" stays as written
     return path if path.is_absolute() else origin.base_dir / path
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from autopar.cluster.presets import DTYPES
 from autopar.cluster.spec import _check, _check_curve, _FrozenMap
+from autopar.cluster.text import parse_json, read_text
 from autopar.errors import ClusterError
 
 PROFILE_FORMAT = "autopar-profile"
@@ -187,29 +188,11 @@ class Profile:
 def read_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile file (JSON only)."""
     shown = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterError(
-            f"profile '{shown}' not found",
-            where=shown,
-            fix="check the path (a cluster file's profile: is relative to the cluster file); "
-            "or write one with `autopar calibrate --out PROFILE`",
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ClusterError(
-            f"cannot read profile '{shown}': {err}",
-            where=shown,
-            fix="pass a readable UTF-8 JSON file written by `autopar calibrate`",
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ClusterError(
-            f"profile '{shown}' is not valid JSON: {err.msg}",
-            where=f"{shown}, line {err.lineno}, column {err.colno}",
-            fix="fix the JSON there, or re-run `autopar calibrate --out PROFILE`",
-        ) from None
+    text = read_text(Path(path), "profile", fix_missing="check the path (a cluster file's "
+                     "profile: is relative to the cluster file); or write one with `autopar "
+                     "calibrate --out PROFILE`")
+    data = parse_json(text, "profile", shown, "a profile written by `autopar calibrate --out "
+                      "PROFILE`")
     return Profile.from_dict(data, origin=shown)
 
 

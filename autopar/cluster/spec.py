@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     import torch
 
 BACKENDS = ("nccl", "gloo")
+
+MAX_DEVICES_PER_NODE = 1024
+"""Devices in one node at most: the largest NVLink domain built (GB200 NVL576) has 576."""
+
+MAX_WORLD_SIZE = 2**20
+"""Devices in a cluster at most: 10x the largest training clusters built. The planner
+enumerates mesh shapes over the devices, so an accidental ``10**20`` must fail, not hang."""
 SHORTHAND_FORMS = "NAME, DxNAME or NxDxNAME (e.g. H100-80GB, 8xH100-80GB, 16x8xA100-80GB, 2xcpu)"
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -76,13 +83,21 @@ _RULES = {
 }
 
 
+def _finite(value: int | float) -> bool:
+    """Finite as a float too: the cost models compute in floats (10**400 overflows them)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _check(kind: str, value: Any, key: str, where: str) -> None:
     """Raise unless ``value`` is of ``kind`` (a key of ``_RULES``); shared by types and loader."""
     integral = kind in ("count", "bytes")
     ok = (
         not isinstance(value, bool)
         and isinstance(value, int if integral else (int, float))
-        and math.isfinite(value)
+        and _finite(value)
     )
     if ok:
         ok = {
@@ -100,6 +115,25 @@ def _check(kind: str, value: Any, key: str, where: str) -> None:
             f"{key} must be {_RULES[kind]}, got {value!r}{hint}",
             where=where,
             fix=f"set {key} to {_RULES[kind]}",
+        )
+
+
+def check_size(nodes: int, per_node: int, where: Callable[[str], str]) -> None:
+    """Node and device counts within the limits autopar plans for (``where(key)`` locates
+    a key in the user's description)."""
+    if per_node > MAX_DEVICES_PER_NODE:
+        raise ClusterError(
+            f"devices_per_node {per_node} is above autopar's limit of {MAX_DEVICES_PER_NODE}",
+            where=where("devices_per_node"),
+            fix=f"use at most {MAX_DEVICES_PER_NODE} devices per node (the largest NVLink domain "
+            "has 576)",
+        )
+    if nodes * per_node > MAX_WORLD_SIZE:
+        raise ClusterError(
+            f"{nodes} nodes x {per_node} devices = {nodes * per_node} devices is above autopar's "
+            f"limit of {MAX_WORLD_SIZE}",
+            where=where("nodes"),
+            fix=f"describe at most {MAX_WORLD_SIZE} devices (10x the largest clusters built)",
         )
 
 
@@ -273,6 +307,7 @@ class Cluster:
     def __post_init__(self) -> None:
         _check("count", self.nodes, "nodes", "Cluster.nodes")
         _check("count", self.devices_per_node, "devices_per_node", "Cluster.devices_per_node")
+        check_size(self.nodes, self.devices_per_node, lambda key: f"Cluster.{key}")
         for attr, cls in (
             ("device", DeviceSpec),
             ("intra_node", LinkSpec),

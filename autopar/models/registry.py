@@ -11,60 +11,30 @@ Three forms, so the CLI can plan any model without the user writing a script:
 
 ``ModelSpec.build()`` constructs in the current device context; wrap it in
 ``torch.device("meta")`` to plan a model far larger than memory.
+
+Sizes are bounded (``autopar.models.spec.SPEC_LIMITS``): far above any published model, low
+enough that a typo such as ``layers=100000`` fails at once instead of tracing for hours.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib.util
-import inspect
-import sys
+import math
+import os
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map
 
 from autopar.errors import ModelSpecError
 from autopar.models import hf
+from autopar.models.factory import resolve_factory
 from autopar.models.gpt import GPT, GPTConfig
-
-Device = str | torch.device
-InputsFn = Callable[[int, int, Device], tuple[tuple, dict]]
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A resolved model: its hyperparameters, default batch, a builder and example inputs."""
-
-    name: str  # the built-in name, or the spec text as given
-    family: str  # "gpt" | "gpt2-hf" | "llama" | "mixtral" | "custom"
-    config: Mapping[str, Any]  # resolved hyperparameters (for display and fingerprints)
-    default_batch: int  # global batch in sequences; 0 if a custom factory gave no inputs
-    default_seq: int
-    build: Callable[[], nn.Module] = field(repr=False, compare=False)
-    inputs_fn: InputsFn = field(repr=False, compare=False)
-
-    def example_inputs(self, batch: int, seq: int, device: Device = "meta") -> tuple[tuple, dict]:
-        """``(args, kwargs)`` that make the model return a loss, for a global batch.
-
-        Token ids are int64 in ``[0, vocab)``, drawn from a fixed seed so every rank (and
-        every run) sees the same batch; on meta they are uninitialized meta tensors.
-        """
-        for what, value in (("batch", batch), ("seq", seq)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ModelSpecError(
-                    f"{what} must be a positive integer, got {value!r}",
-                    where=f"model {self.name}",
-                    fix=f"pass {what} as an int >= 1",
-                )
-        return self.inputs_fn(batch, seq, device)
+from autopar.models.spec import SPEC_LIMITS, Device, InputsFn, ModelSpec, check_batch_and_seq
 
 
 def builtin_names() -> list[str]:
@@ -74,10 +44,20 @@ def builtin_names() -> list[str]:
 
 def resolve_model(text: str) -> ModelSpec:
     """Turn a built-in name, a parametric spec or ``file.py:factory`` into a ModelSpec."""
+    if not isinstance(text, str):
+        raise ModelSpecError(f"a model is named by text, got {type(text).__name__} {text!r}",
+                             where="model name", fix="pass a built-in name such as 'gpt2', a spec "
+                             "such as 'gpt:layers=2,...', or 'path/to/file.py:factory'")
     text = text.strip()
     path_text, colon, func_name = text.rpartition(":")
     if colon and path_text.endswith(".py"):
-        return _resolve_factory(path_text, func_name, text)
+        return resolve_factory(path_text, func_name, text)
+    if colon and os.path.isfile(path_text):
+        raise ModelSpecError(
+            f"model file '{path_text}' is not a Python file",
+            where=text,
+            fix="name a .py file and its factory function: path/to/model.py:make_model",
+        )
     if text.endswith(".py"):
         raise ModelSpecError(
             f"model file '{text}' names no factory function",
@@ -207,21 +187,39 @@ def _check_values(text: str, prefix: str, raw: Mapping[str, str]) -> dict[str, A
         )
     if values["batch"] is None:
         values["batch"] = max(1, _DEFAULT_BATCH_TOKENS // values["seq"])
+    check_batch_and_seq(values["batch"], values["seq"], f"model spec '{text}'")
     return values
 
 
+_PATTERNS = {
+    int: re.compile(r"[0-9]+"),
+    float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"),
+    bool: re.compile(r"[01]"),
+}
+_WANTED = {int: "an integer", float: "a number", bool: "0 or 1"}
+
+
 def _convert(text: str, prefix: str, key: str, kind: type, value: str) -> Any:
-    try:
-        if kind is bool:
-            if value not in ("0", "1"):
-                raise ValueError(value)
-            return value == "1"
-        converted = kind(value)
-    except (TypeError, ValueError):
-        wanted = {int: "an integer", float: "a number", bool: "0 or 1"}[kind]
-        raise _key_error(text, prefix, f"key '{key}' must be {wanted}, got '{value}'") from None
-    if kind is int and converted <= 0:
-        raise _key_error(text, prefix, f"key '{key}' must be positive, got {converted}")
+    """One value, in plain ASCII digits (no ``1_000``, ``inf`` or ``nan``), within range."""
+    if not _PATTERNS[kind].fullmatch(value):
+        raise _key_error(text, prefix, f"key '{key}' must be {_WANTED[kind]}, got '{value}'")
+    if kind is bool:
+        return value == "1"
+    if kind is int:
+        limit = SPEC_LIMITS[key]
+        digits = value.lstrip("0")
+        if len(digits) > len(str(limit)) or int(value) > limit:
+            shown = value if len(value) <= 24 else f"{value[:12]}...({len(value)} digits)"
+            raise _key_error(text, prefix, f"key '{key}' must be at most {limit}, got {shown}",
+                             fix=f"use {key} <= {limit}: autopar's limits (SPEC_LIMITS) are far "
+                             "above any published model and keep tracing time and tensor sizes "
+                             "bounded")
+        if int(value) <= 0:
+            raise _key_error(text, prefix, f"key '{key}' must be positive, got {int(value)}")
+        return int(value)
+    converted = float(value)
+    if not math.isfinite(converted):
+        raise _key_error(text, prefix, f"key '{key}' must be a finite number, got '{value}'")
     if key == "dropout" and not 0.0 <= converted < 1.0:
         raise _key_error(text, prefix, f"key 'dropout' must be in [0, 1), got {converted}")
     if key == "rope_theta" and converted <= 0:
@@ -229,14 +227,14 @@ def _convert(text: str, prefix: str, key: str, kind: type, value: str) -> Any:
     return converted
 
 
-def _key_error(text: str, prefix: str, what: str) -> ModelSpecError:
+def _key_error(text: str, prefix: str, what: str, fix: str | None = None) -> ModelSpecError:
     keys = _KEYS[prefix]
     required = [k for k, (_, d) in keys.items() if d is _REQUIRED]
     optional = [k for k, (_, d) in keys.items() if d is not _REQUIRED]
     return ModelSpecError(
         what,
         where=f"model spec '{text}'",
-        fix=f"a {prefix} spec takes required keys {', '.join(required)}; "
+        fix=fix or f"a {prefix} spec takes required keys {', '.join(required)}; "
         f"optional {', '.join(optional)}",
     )
 
@@ -360,122 +358,3 @@ def _hf_inputs(batch: int, seq: int, device: Device, *, vocab: int) -> tuple[tup
     if torch.device(device).type != "meta":
         labels = ids.clone()
     return (), {"input_ids": ids, "labels": labels, "use_cache": False}
-
-
-# --- custom factories -------------------------------------------------------------------
-
-
-def _resolve_factory(path_text: str, func_name: str, text: str) -> ModelSpec:
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise ModelSpecError(
-            f"model file '{path_text}' not found",
-            where=text,
-            fix=f"check the path; a relative path starts at {Path.cwd()}",
-        )
-    module = _load_file(path)
-    factory = getattr(module, func_name, None) if func_name.isidentifier() else None
-    if not callable(factory):
-        functions = [
-            n
-            for n, f in vars(module).items()
-            if inspect.isfunction(f) and f.__module__ == module.__name__
-        ]
-        raise ModelSpecError(
-            f"model file '{path_text}' has no function '{func_name}'",
-            where=text,
-            fix=f"use one of its functions: {', '.join(functions) or '(none defined)'}",
-        )
-    # Call once on meta to learn the example batch and sequence without allocating.
-    with torch.device("meta"):
-        _, examples = _call_factory(factory, text)
-    batch, seq = _example_dims(examples)
-
-    def build() -> nn.Module:
-        return _call_factory(factory, text)[0]
-
-    def inputs(want_batch: int, want_seq: int, device: Device) -> tuple[tuple, dict]:
-        if examples is None:
-            raise ModelSpecError(
-                f"factory '{func_name}' returned only a module, so its inputs are unknown",
-                where=text,
-                fix="return (module, example_args, example_kwargs) from the factory",
-            )
-        if want_seq != seq:
-            raise ModelSpecError(
-                f"a custom model's sequence length is fixed by its factory ({seq}), not {want_seq}",
-                where=text,
-                fix=f"change the example inputs in '{func_name}', or use seq={seq}",
-            )
-        with torch.device(device):
-            _, got = _call_factory(factory, text)
-        return tree_map(partial(_resize_batch, old=batch, new=want_batch, device=device), got)
-
-    config = MappingProxyType({"file": str(path), "factory": func_name})
-    return ModelSpec(
-        name=text,
-        family="custom",
-        config=config,
-        default_batch=batch,
-        default_seq=seq,
-        build=build,
-        inputs_fn=inputs,
-    )
-
-
-def _load_file(path: Path) -> ModuleType:
-    """Import a user's model file (the user asked to run it), with its folder importable."""
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:8]
-    name = f"autopar_user_{resolved.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, resolved)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickle look classes up here
-    sys.path.insert(0, str(resolved.parent))
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    finally:
-        sys.path.remove(str(resolved.parent))
-    return module
-
-
-def _call_factory(factory: Callable, text: str) -> tuple[nn.Module, tuple[tuple, dict] | None]:
-    out = factory()
-    if isinstance(out, nn.Module):
-        return out, None
-    if (
-        isinstance(out, tuple)
-        and len(out) == 3
-        and isinstance(out[0], nn.Module)
-        and isinstance(out[1], tuple | list)
-        and isinstance(out[2], Mapping)
-    ):
-        return out[0], (tuple(out[1]), dict(out[2]))
-    raise ModelSpecError(
-        f"factory returned {type(out).__name__}, not a module",
-        where=text,
-        fix="return an nn.Module, or (module, example_args_tuple, example_kwargs_dict)",
-    )
-
-
-def _example_dims(examples: tuple[tuple, dict] | None) -> tuple[int, int]:
-    """Batch and sequence of the first tensor input with a batch dim; (0, 0) if none."""
-    tensors = [t for t in tree_leaves(examples) if isinstance(t, torch.Tensor) and t.dim()]
-    if not tensors:
-        return 0, 0
-    first = tensors[0]
-    return first.shape[0], first.shape[1] if first.dim() > 1 else 1
-
-
-def _resize_batch(x: Any, *, old: int, new: int, device: Device) -> Any:
-    """Tile or truncate a batch-major tensor along dim 0; other values pass through."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    x = x.to(device)
-    if x.dim() == 0 or x.shape[0] != old or new == old:
-        return x
-    return x.repeat(-(-new // old), *[1] * (x.dim() - 1))[:new]

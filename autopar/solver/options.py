@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
@@ -102,6 +103,17 @@ class PlanOptions:
                 where="PlanOptions.recompute",
                 fix='e.g. recompute=("none", "full")',
             )
+        for name in ("tp_splits_batch", "fuse_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise AutoparError(f"{name} must be True or False, got {getattr(self, name)!r}",
+                                   where=f"PlanOptions.{name}", fix=f"pass {name}=True or False")
+        for name in ("memory_fraction", "time_limit_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                    value):
+                raise AutoparError(f"{name} must be a finite number, got {value!r}",
+                                   where=f"PlanOptions.{name}", fix="e.g. memory_fraction=0.9, "
+                                   "time_limit_s=20")
         if not 0 < self.memory_fraction <= 1:
             raise AutoparError(
                 f"memory_fraction must be in (0, 1], got {self.memory_fraction}",

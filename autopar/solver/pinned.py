@@ -15,9 +15,12 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
+from autopar.cost_models.pipeline import ZB_V_CHUNKS
 from autopar.errors import AutoparError
-from autopar.graph_facts import graph_facts
+from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import schedule_name
+from autopar.passes.attention_sites import find_attention_sites
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
 from autopar.solver.cpsat import solve
@@ -30,6 +33,9 @@ from autopar.solver.problem import (
     forbid_sharding_like,
     keep_residual_stream_whole,
 )
+
+_FLAGS = {"virtual": "virtual-stages"}
+"""PinnedConfig fields whose command-line flag is spelled otherwise."""
 
 
 @dataclass(frozen=True)
@@ -56,28 +62,74 @@ class PinnedConfig:
     fuse_attention: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual"):
+        for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual", "global_batch"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise AutoparError(f"{name} must be a positive integer, got {value!r}",
-                                   where=f"--{name}", fix=f"pass --{name} N with N >= 1")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise AutoparError(f"unknown recompute mode {self.recompute!r}", where="--recompute",
-                               fix=f"use one of {', '.join(RECOMPUTE_MODES)}")
+            if name == "global_batch" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                flag = _FLAGS.get(name, name.replace("_", "-"))
+                raise AutoparError(f"PinnedConfig.{name} must be a positive integer, got "
+                                   f"{value!r}", where=f"--{flag}",
+                                   fix=f"pass --{flag} N with N >= 1")
+        for name in ("sp", "fuse_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise AutoparError(f"PinnedConfig.{name} must be True or False, got "
+                                   f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
+                                   fix=f"pass {name}=True or {name}=False")
+        for name, allowed in (("recompute", RECOMPUTE_MODES), ("precision", PRECISIONS),
+                              ("optimizer", OPTIMIZERS), ("layout", ("auto", "megatron"))):
+            if getattr(self, name) not in allowed:
+                where = "PinnedConfig.layout" if name == "layout" else f"--{name}"
+                raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
+                                   fix=f"use one of {', '.join(allowed)}")
         object.__setattr__(self, "schedule", schedule_name(self.schedule, where="--schedule"))
-        if self.zero not in (0, 1, 2, 3):
-            raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero}", where="--zero",
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero!r}", where="--zero",
                                fix="pass --zero 0, 1, 2 or 3")
-        if self.layout not in ("auto", "megatron"):
-            raise AutoparError(f"unknown layout {self.layout!r}", where="layout",
-                               fix="use 'auto' or 'megatron'")
-        if self.virtual > 1 and self.schedule != "interleaved":
+        if self.schedule == "zb_v":
+            if self.virtual not in (1, ZB_V_CHUNKS):
+                raise AutoparError(f"zb_v runs {ZB_V_CHUNKS} chunks per pipeline rank, not "
+                                   f"{self.virtual}", where="--virtual-stages",
+                                   fix=f"drop --virtual-stages (or give {ZB_V_CHUNKS})")
+            if self.pp > 1:  # the V: two chunks on every rank, as the runtime runs it
+                object.__setattr__(self, "virtual", ZB_V_CHUNKS)
+        elif self.virtual > 1 and self.schedule != "interleaved":
             raise AutoparError("virtual stages need the interleaved schedule",
                                where="--virtual-stages", fix="add --schedule interleaved")
 
     @property
     def devices(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+
+def check_tp(gm: fx.GraphModule, cluster: Cluster, tp: int) -> None:
+    """Tensor parallelism stays inside a node (its fast links) and splits whole heads."""
+    per_node = cluster.devices_per_node
+    if per_node % tp:
+        what = (f"spans {-(-tp // per_node)} nodes of {per_node} devices" if tp > per_node
+                else f"does not divide the {per_node} devices of a node")
+        raise AutoparError(
+            f"tp={tp} {what} of {cluster.name}",
+            where="--tp", fix=f"use a tp that divides {per_node} (tensor parallelism needs "
+            "the fast links inside a node); span nodes with --dp or --pp")
+    for heads in sorted(attention_heads(gm)):
+        if heads % tp:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0 and per_node % d == 0]
+            raise AutoparError(
+                f"tp={tp} does not divide the model's {heads} attention heads",
+                where="--tp", fix="use a tp that divides both the heads and the devices per node: "
+                + ", ".join(map(str, divisors)))
+
+
+def attention_heads(gm: fx.GraphModule) -> set[int]:
+    """Query and key/value head counts of every attention site with (b, heads, s, d) inputs."""
+    heads = set()
+    for site in find_attention_sites(gm):
+        for node in (site.q, site.k):
+            facts = node.meta.get(META_KEY) if isinstance(node, fx.Node) else None
+            if facts is not None and facts.shapes and len(facts.shapes[0]) == 4:
+                heads.add(facts.shapes[0][1])
+    return heads
 
 
 @dataclass
@@ -94,6 +146,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     facts = graph_facts(gm)
     traced = facts.batch_size or 1
     global_batch = config.global_batch or traced
+    check_tp(gm, cluster, config.tp)
     if config.devices != cluster.world_size:
         raise AutoparError(
             f"tp x pp x dp x cp = {config.tp} x {config.pp} x {config.dp} x {config.cp} = "

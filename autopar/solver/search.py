@@ -27,6 +27,7 @@ from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.fusion import Fusion
 from autopar.solver.options import PlanOptions
+from autopar.solver.pin_conflicts import Conflict, conflict, pinned
 from autopar.solver.problem import Problem, build_problem, forbid_splitting_batch
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
 from autopar.units import format_bytes
@@ -330,14 +331,29 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
 def no_plan_error(
     gm: fx.GraphModule, cluster: Cluster, options: PlanOptions, candidates: list[Candidate]
 ) -> NoFeasiblePlanError:
-    """"Fits nowhere": the memory breakdown of the least-memory candidate and the shortfall."""
+    """No plan: the pins that rule out every mesh, with the arithmetic; else "fits nowhere",
+    with the memory breakdown of the least-memory candidate and the shortfall."""
+    global_batch = options.global_batch or graph_facts(gm).batch_size or 1
+    n_layers = n_layers_of(gm)
+    shapes = mesh_shapes(cluster, options, n_layers)
+    found = [conflict(options, s, global_batch, n_layers, pipeline_variants) for s in shapes]
+    if shapes and all(found):
+        by_reason: dict[Conflict, list[str]] = {}
+        for (pp, dp, tp), c in zip(shapes, found):
+            by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} tp={tp}")
+        return NoFeasiblePlanError(
+            f"no plan satisfies the pins on {cluster.name}: " + "; ".join(
+                f"{c.reason} (mesh {', '.join(meshes)})" for c, meshes in by_reason.items()),
+            where=f"pinned {pinned(options, global_batch)}",
+            fix="; ".join(dict.fromkeys(c.fix for c in by_reason)),
+        )
     low = lowest_memory(gm, cluster, options)
     capacity = cluster.device.memory_bytes * options.memory_fraction
     if low is None or low[1].total <= capacity:
-        reasons = "; ".join(sorted({c.status for c in candidates}))
+        reasons = "; ".join(sorted({c.status for c in candidates})) or "none was tried"
         return NoFeasiblePlanError(
             f"no plan: every candidate was skipped ({reasons})",
-            where=f"cluster {cluster.name}",
+            where=f"pinned {pinned(options, global_batch)} on {cluster.name}",
             fix="change the global batch or the pinned degrees (pp x virtual stages need "
             "that many layers; pipelines need at least pp microbatches)",
         )

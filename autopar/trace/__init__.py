@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopar.errors import TraceError
 from autopar.graph_facts import META_KEY, GraphFacts
 from autopar.trace.annotate import annotate, tensor_vals
 from autopar.trace.blocks import assign_blocks, fingerprint
@@ -32,6 +33,9 @@ def trace(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
     or ``(args, kwargs)``; any input may be a :class:`TensorSpec` (shape and dtype only),
     which is traced as a meta tensor. Build large models under ``torch.device("meta")``.
     """
+    if not isinstance(model, nn.Module):
+        raise TraceError(f"autopar traces an nn.Module, got {type(model).__name__}",
+                         where="trace(model=...)", fix="pass the model object itself")
     device = next((p.device for p in model.parameters()), torch.device("meta"))
     args, kwargs = split_example_inputs(example_inputs, device)
     gm, tracer = export_model(model, args, kwargs)

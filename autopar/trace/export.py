@@ -106,6 +106,12 @@ def _classify(error: BaseException) -> tuple[str, str]:
             "Python control flow (if/while) or a size depends on tensor values; use "
             "torch.where / torch.cond, or move the decision out of forward()",
         )
+    if "Cache" in text and ("cache_utils" in text or "use_cache" in text):
+        return (
+            "the model returns its key/value cache (use_cache=True)",
+            "pass use_cache=False with the example inputs (e.g. {'input_ids': ids, 'labels': "
+            "ids, 'use_cache': False}), or set model.config.use_cache = False before tracing",
+        )
     if "not a known type" in text or "pytree" in text:
         return (
             "unsupported output type",

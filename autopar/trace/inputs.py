@@ -8,6 +8,7 @@ meta tensors so that nothing is allocated::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,10 @@ DTYPES = {
 }
 
 
+MAX_ELEMENTS = 2**62
+"""Elements of one input at most: tensor sizes are int64, and ops multiply them further."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape and dtype of one example input; traced as a meta tensor."""
@@ -38,18 +43,28 @@ class TensorSpec:
     dtype: str = "int64"
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise TraceError(
                 f"unknown dtype {self.dtype!r} in an input spec",
                 where="TensorSpec.dtype",
                 fix=f"use one of {', '.join(sorted(DTYPES))}",
             )
-        if any((not isinstance(s, int)) or s <= 0 for s in self.shape):
+        shape = self.shape
+        if not isinstance(shape, (tuple, list)) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
             raise TraceError(
-                f"input spec shape {self.shape} must be positive integers",
+                f"input spec shape {shape!r} must be a tuple of positive integers",
                 where="TensorSpec.shape",
                 fix="give every dimension as a positive int, e.g. (8, 1024)",
             )
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise TraceError(
+                f"input spec shape {tuple(shape)} has {math.prod(shape)} elements, more than a "
+                f"tensor can hold ({MAX_ELEMENTS})",
+                where="TensorSpec.shape",
+                fix="give the shape of one global batch, e.g. (8, 1024)",
+            )
+        object.__setattr__(self, "shape", tuple(shape))
 
     def make(self, device: str | torch.device = "meta") -> torch.Tensor:
         dtype = DTYPES[self.dtype]

@@ -76,15 +76,18 @@ def zero_stages(value: Any, where: str = "zero") -> tuple[int, ...]:
     return tuple(dict.fromkeys(stages))
 
 
-def check_keywords(given: dict[str, Any], valid: Iterable[str], function: str) -> dict[str, Any]:
+def check_keywords(given: dict[str, Any], valid: Iterable[str], function: str,
+                   taken: Iterable[str] = ()) -> dict[str, Any]:
     """``given`` with deprecated keywords renamed (warning once each); an error naming
-    ``function`` and listing the valid keywords for any other unknown one."""
+    ``function`` and listing the valid keywords for any other unknown one. ``taken``: the
+    new names the caller was already given (an old spelling beside its new one is an error)."""
     valid = list(valid)
+    taken = set(taken) | set(given)
     out: dict[str, Any] = {}
     for key, value in given.items():
         new = DEPRECATED_KEYWORDS.get(key)
         if new is not None and new in valid:
-            if new in given:
+            if new in taken:
                 raise AutoparError(f"{function}() got both {key!r} and {new!r}",
                                    where=f"{function}({key}=...)", fix=f"pass only {new}=")
             deprecated(key, new, stacklevel=4)

@@ -73,11 +73,8 @@ def plan(
     """
     if old_spellings:
         given = locals()
-        for key, value in check_keywords(old_spellings, PLAN_KEYWORDS, "autopar.plan").items():
-            if given[key] != _DEFAULTS[key]:
-                raise AutoparError(f"autopar.plan() got {key}= under two names",
-                                   where=f"autopar.plan({key}=...)", fix=f"pass only {key}=")
-            given[key] = value
+        explicit = [k for k in PLAN_KEYWORDS if given[k] is not _DEFAULTS[k]]
+        given.update(check_keywords(old_spellings, PLAN_KEYWORDS, "autopar.plan", explicit))
         virtual_stages, precision, zero = (given["virtual_stages"], given["precision"],
                                            given["zero"])
     if not isinstance(model, nn.Module):

@@ -525,7 +525,7 @@ API_CASES = [
              AutoparError, "memory_fraction", "1.5"),
     api_case("options-fuse-attention-text", lambda d: PlanOptions(fuse_attention="no"),
              AutoparError, "fuse_attention", "'no'"),
-    api_case("options-tp-splits-batch-none", lambda d: PlanOptions(tp_splits_batch=None),
+    api_case("options-tp-splits-batch-text", lambda d: PlanOptions(tp_splits_batch="no"),
              AutoparError, "tp_splits_batch"),
     api_case("options-tp-float", lambda d: PlanOptions(tp=2.0), AutoparError, "tp", "2.0"),
     api_case("options-tp-bool", lambda d: PlanOptions(tp=True), AutoparError, "tp", "True"),

@@ -220,10 +220,11 @@ def test_the_cases_are_distinct() -> None:
 
 # --- emit --plan: flags that would change the plan ------------------------------------------
 
-FLAGS = [["--tp", "2"], ["--dp", "1"], ["--pp", "2"], ["--seq", "32"], ["--batch", "16"],
+FLAGS = [["--tp", "2"], ["--dp", "1"], ["--pp", "2"], ["--seq", "32"], ["--global-batch", "16"],
          ["--microbatch", "2"], ["--microbatches", "2"], ["--schedule", "1f1b"],
          ["--virtual-stages", "2"], ["--precision", "bf16"], ["--zero", "3"],
-         ["--recompute", "full"], ["--no-fuse-attention"], ["--time-limit", "3"]]
+         ["--recompute", "full"], ["--optimizer", "sgd"], ["--no-fuse-attention"],
+         ["--time-limit", "3"]]
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +252,6 @@ def test_emit_refuses_another_cluster(dp_plan_file: Path, capsys: pytest.Capture
 def test_emit_accepts_flags_that_agree_with_the_plan(
         dp_plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["emit", SPEC, "--cluster", "2xcpu", "--plan", str(dp_plan_file), "--seq", "16",
-            "--batch", "8", "--dp", "2", "--tp", "1", "--zero", "0", "--precision", "fp32"]
+            "--global-batch", "8", "--dp", "2", "--tp", "1", "--zero", "0", "--precision", "fp32"]
     assert main(argv) == 0
     assert "def forward" in capsys.readouterr().out

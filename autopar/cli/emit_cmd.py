@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import autopar
-from autopar.cli.load import recompute_modes, trace_model, zero_stages
+from autopar.cli.load import trace_model
 from autopar.cli.plan_cmd import plan_from_args
 from autopar.cluster import load_cluster
 from autopar.errors import AutoparError
@@ -49,7 +49,7 @@ def _never(given: Any, planned: Any) -> bool:
 # at its default is not checked; one that agrees with the plan changes nothing. A planning
 # flag missing here (added later) is refused whenever it is given.
 _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bool]]] = {
-    "batch": ("--batch", lambda p: p.batch["global"], _same),
+    "global_batch": ("--global-batch", lambda p: p.batch["global"], _same),
     "seq": ("--seq", lambda p: p.batch["seq"], _same),
     "dp": ("--dp", lambda p: p.mesh.get("dp", 1), _same),
     "tp": ("--tp", lambda p: p.mesh.get("tp", 1), _same),
@@ -60,9 +60,9 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
                  lambda v, s: schedule_name(v, "--schedule") == s),
     "virtual_stages": ("--virtual-stages", lambda p: p.pipeline.get("virtual_stages", 1), _same),
     "precision": ("--precision", lambda p: p.training["precision"], _same),
-    "zero": ("--zero", lambda p: p.training["zero"], lambda v, z: z in zero_stages(v)),
-    "recompute": ("--recompute", lambda p: p.training["recompute"],
-                  lambda v, r: r in recompute_modes(v)),
+    "optimizer": ("--optimizer", lambda p: p.training["optimizer"], _same),
+    "zero": ("--zero", lambda p: p.training["zero"], lambda stages, z: z in stages),
+    "recompute": ("--recompute", lambda p: p.training["recompute"], lambda modes, r: r in modes),
     "fuse_attention": ("--no-fuse-attention",
                        lambda p: f"{sum(e['fused'] for e in p.attention)} attention site(s) fused",
                        lambda v, fused: fused.startswith("0 ")),

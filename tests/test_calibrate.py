@@ -141,7 +141,7 @@ def test_bad_profile_names_file_and_field(tmp_path, patch, says, where):
     prof = write_json(tmp_path / "bad.json", {**PROFILE, **patch})
     text = error_of({"nodes": 1, "devices_per_node": 1, "device": "cpu", "profile": prof})
     assert says in text
-    assert f"where: {prof}: {where}" in text
+    assert f"where: profile ({prof}: {where}" in text
 
 
 def test_missing_unreadable_and_non_profile_files(tmp_path):
@@ -270,8 +270,9 @@ def test_quick_calibration_runs_and_keeps_its_convention():
 def test_calibrate_cli_rejects_bad_arguments_before_measuring(tmp_path, capsys):
     assert main(["calibrate", "--nproc", "1", "--out", str(tmp_path / "p.json")]) == 2
     assert "at least 2 processes" in capsys.readouterr().err
-    assert main(["calibrate", "--out", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # an argparse error, before measuring
+        main(["calibrate", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "is a directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -79,19 +79,30 @@ def plan_everywhere(model, cluster, inputs, pins: dict) -> Plan | str:
 def run_cell(arch: str, layout: str) -> dict:
     options = dict(LAYOUTS[layout])
     cluster = cluster_for(options.pop("cluster", None), dist.get_world_size())
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return round(clock[-1] - clock[-2], 2)
+
     model, (a, k) = build(arch)
     reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
+    times = {"reference": lap()}
     plan = plan_everywhere(model, cluster, (a, k), {**options, "recompute": ("none",)})
+    times["plan"] = lap()
     if isinstance(plan, str):
         return {"status": "refused", "reason": plan}
     pm = autopar.parallelize(model, cluster, (a, k), plan=plan)
+    times["parallelize"] = lap()
     la, lk = pm.shard_batch(*a, **k)
     losses, grads = train_parallel(pm, la, lk, STEPS)
+    times["train"] = lap()
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads)
     return {"status": "equal" if result.ok else "differs", "mesh": plan.mesh,
             "zero": plan.training["zero"], "losses": losses, "reference": ref_losses,
             "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
-            "unruled_ops": plan.unruled_ops,
+            "unruled_ops": plan.unruled_ops, "times": times,
+            "schedule": plan.pipeline.get("schedule"),
             "solver": {k: v for k, v in plan.solver.items() if k != "candidates"},
             **result.to_dict()}
 

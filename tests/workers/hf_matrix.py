@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
+from equivalence import cluster_for  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
@@ -52,27 +53,20 @@ LAYOUTS: dict[str, dict] = {
 }
 
 
-def cluster_for(path: str | None, world: int):
-    """``<world>xcpu``, or a cluster file resized to the launched world."""
-    if not path:
-        return f"{world}xcpu"
-    import yaml
-
-    cluster = yaml.safe_load(Path(path).read_text())
-    cluster.update(nodes=1, devices_per_node=world)
-    return cluster
-
-
 def plan_everywhere(model, cluster, inputs, pins: dict) -> Plan | str:
-    """Rank 0's plan on every rank, or the text of its refusal (an AutoparError)."""
-    text, refusal = "", ""
+    """Rank 0's plan on every rank, or the text of its refusal (an AutoparError). Any other
+    failure of planning is raised on every rank, so none waits for the others."""
+    box = ["", "", ""]  # plan JSON, refusal, other failure
     if dist.get_rank() == 0:
         try:
-            text = autopar.plan(model, cluster, inputs, **pins).to_json()
+            box[0] = autopar.plan(model, cluster, inputs, **pins).to_json()
         except AutoparError as e:
-            refusal = f"{type(e).__name__}: {e}"
-    box = [text, refusal]
+            box[1] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
+            box[2] = f"planning failed on rank 0: {type(e).__name__}: {e}"
     dist.broadcast_object_list(box, src=0)
+    if box[2]:
+        raise RuntimeError(box[2])
     return box[1] if box[1] else Plan.from_json(box[0], source="plan from rank 0")
 
 

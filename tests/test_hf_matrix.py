@@ -110,8 +110,8 @@ def check_layout(layout: str, r: dict) -> str | None:
     wanted = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "pp2": {"pp": 2}, "zero3": {"dp": 2}}[layout]
     if any(mesh.get(axis, 1) != n for axis, n in wanted.items()):
         return f"mesh {mesh}, expected {wanted}"
-    if layout == "tp2" and not r["sharded"]:
-        return "tp=2 planned, but no weight is sharded"
+    if layout == "tp2" and not r["sharded"] and not r["explanation"].get("tp"):
+        return "tp=2 planned, but no weight is sharded, and the plan does not say why"
     if layout == "zero3" and r["zero"] != 3:
         return f"ZeRO stage {r['zero']}, expected 3"
     return None
@@ -121,7 +121,7 @@ def note(layout: str, r: dict) -> str | None:
     if r["status"] != "equal":
         return None
     if layout == "tp2":
-        return f"{len(r['sharded'])} weights sharded"
+        return f"{len(r['sharded'])} weights sharded" if r["sharded"] else "no weight sharded"
     if layout == "pp2":
         return r.get("schedule")
     return None

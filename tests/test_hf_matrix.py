@@ -110,8 +110,10 @@ def check_layout(layout: str, r: dict) -> str | None:
     wanted = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "pp2": {"pp": 2}, "zero3": {"dp": 2}}[layout]
     if any(mesh.get(axis, 1) != n for axis, n in wanted.items()):
         return f"mesh {mesh}, expected {wanted}"
-    if layout == "tp2" and not r["sharded"] and not r["explanation"].get("tp"):
-        return "tp=2 planned, but no weight is sharded, and the plan does not say why"
+    if layout == "tp2" and not r["sharded"]:
+        told = r["tp_explanation"] or {}
+        if not (told.get("why") if isinstance(told, dict) else told):
+            return "tp=2 planned, but no weight is sharded, and the plan does not say why"
     if layout == "zero3" and r["zero"] != 3:
         return f"ZeRO stage {r['zero']}, expected 3"
     return None

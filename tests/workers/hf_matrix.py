@@ -97,7 +97,7 @@ def run_cell(arch: str, layout: str) -> dict:
             "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
             "unruled_ops": plan.unruled_ops, "times": times,
             "schedule": plan.pipeline.get("schedule"),
-            "explanation": getattr(plan, "explanation", None) or {},
+            "tp_explanation": (getattr(plan, "explanation", None) or {}).get("tp"),
             "solver": {k: v for k, v in plan.solver.items() if k != "candidates"},
             **result.to_dict()}
 

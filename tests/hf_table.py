@@ -1,15 +1,14 @@
 """The "supported models" table: architecture x layout, from the HF matrix's results.
 
 The matrix tests (test_hf_matrix.py) write their cells here when ``AUTOPAR_HF_TABLE`` names
-a markdown file: the cells are kept as JSON beside it (``.json``), merged layout by layout,
-and the markdown is re-rendered from all the cells known so far::
+a markdown file, which is re-rendered after each test from the cells of this pytest session
+(a layout not run in it reads "not run"), so the whole table comes from one run::
 
-    AUTOPAR_HF_TABLE=docs/supported_models.md pytest -m 'slow or not slow' tests/test_hf_matrix.py
+    AUTOPAR_HF_TABLE=docs/supported_models.md pytest tests/test_hf_matrix.py
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -54,15 +53,14 @@ def render(cells: dict[str, dict[str, dict]], kinds: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_CELLS: dict[str, dict[str, dict]] = {}  # arch -> layout -> cell, this session's
+
+
 def record(layout: str, cells: dict[str, dict], kinds: dict[str, str]) -> None:
     """Add one layout's cells (arch -> cell) to the table ``AUTOPAR_HF_TABLE`` names."""
     target = os.environ.get("AUTOPAR_HF_TABLE")
     if not target:
         return
-    md = Path(target)
-    data_file = md.with_suffix(".json")
-    data = json.loads(data_file.read_text()) if data_file.exists() else {}
     for arch, cell in cells.items():
-        data.setdefault(arch, {})[layout] = cell
-    data_file.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    md.write_text(render(data, kinds))
+        _CELLS.setdefault(arch, {})[layout] = cell
+    Path(target).write_text(render(_CELLS, kinds))

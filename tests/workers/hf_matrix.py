@@ -80,6 +80,7 @@ def run_cell(arch: str, layout: str) -> dict:
         return round(clock[-1] - clock[-2], 2)
 
     model, (a, k) = build(arch)
+    weights = dict(model.named_parameters(remove_duplicate=False))
     reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
     times = {"reference": lap()}
     plan = plan_everywhere(model, cluster, (a, k), {**options, "recompute": ("none",)})
@@ -94,7 +95,8 @@ def run_cell(arch: str, layout: str) -> dict:
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads)
     return {"status": "equal" if result.ok else "differs", "mesh": plan.mesh,
             "zero": plan.training["zero"], "losses": losses, "reference": ref_losses,
-            "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
+            "sharded": sorted(f for f, ax in plan.params.items()
+                              if ax.get("tp", "R") != "R" and f in weights),
             "unruled_ops": plan.unruled_ops, "times": times,
             "schedule": plan.pipeline.get("schedule"),
             "tp_explanation": (getattr(plan, "explanation", None) or {}).get("tp"),

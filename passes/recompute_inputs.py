@@ -10,7 +10,8 @@ of the ops that make it; what then crosses a stage boundary is at most the small
 read (``attention_mask`` as ``[batch, seq]``).
 
 Only deterministic, non-mutating ATen ops whose inputs are the model's inputs, buffers,
-constants or other such values are copied: never a weight, a random op or a collective.
+constants or other such values are copied: never a weight, a random op, a collective, or a
+buffer some in-place op writes (BART's ``shift_tokens_right`` fills a ``new_zeros``).
 Runs before :class:`OutlineLayers`, whose partition of the graph it uses.
 """
 
@@ -77,13 +78,41 @@ def _is_constant(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def _weightless(gm: fx.GraphModule, leaves: set[fx.Node]) -> set[fx.Node]:
-    """Nodes computed by pure ops from ``leaves`` (inputs, buffers, constants) alone."""
+    """Nodes computed by pure ops from ``leaves`` (inputs, buffers, constants) alone, and
+    never written in place: a copy of a buffer that ``copy_`` later fills (through a view)
+    would miss the writes."""
+    written = _written(gm)
     out: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if (node.op == "call_function" and META_KEY in node.meta and _pure(node.target)
+                and node not in written
                 and all(a in out or a in leaves for a in node.all_input_nodes)):
             out.add(node)
     return out
+
+
+def _written(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes whose storage an in-place op writes, directly or through a view of it."""
+    base: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        first = node.args[0] if node.args else None
+        if isinstance(first, fx.Node) and _is_view(node.target):
+            base[node] = base.get(first, first)
+    written = set()
+    for node in gm.graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            for arg, value in zip(node.target._schema.arguments, node.args):
+                if isinstance(value, fx.Node) and arg.alias_info and arg.alias_info.is_write:
+                    written.add(base.get(value, value))
+    return {n for n in gm.graph.nodes if base.get(n, n) in written}
+
+
+def _is_view(target: object) -> bool:
+    """An op whose output shares its first input's storage (a view, a split's piece)."""
+    if target is operator.getitem:
+        return True
+    return (isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable
+            and any(r.alias_info is not None for r in target._schema.returns))
 
 
 def _pure(target: object) -> bool:

@@ -50,12 +50,14 @@ class EncoderDecoder(nn.Module):
         self.head = nn.Linear(width, vocab)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        shifted = tgt.new_zeros(tgt.shape)  # written in place: not a value of inputs alone
+        shifted[:, 1:] = tgt[:, :-1]
         memory = self.embed(src)
         for layer in self.encoder:
             memory = layer(memory)
         memory = self.norm(memory)
         mask = (tgt > 0).unsqueeze(-1).expand(-1, -1, memory.shape[-1])  # from inputs alone
-        h = self.embed(tgt)
+        h = self.embed(shifted)
         for layer in self.decoder:
             h = layer(h, memory, mask)
         return F.cross_entropy(self.head(h).flatten(0, 1), tgt.flatten())

@@ -24,8 +24,8 @@ cell is **equal** when the loss of every step and every gradient on every rank e
 single-device run (rtol 1e-5), or **refused** when `autopar.plan` says no before anything
 runs, naming the op and the reason. Anything else is a bug and fails the test.
 
-- *trace + plan*: traced into one graph that trains like the model itself, and planned
-  for 8 devices, with no process started.
+- *trace + plan*: traced into one graph that trains like the model itself (3 steps, every
+  gradient), and planned for 2 CPU devices as the solver likes, with no process started.
 - *tp=2* runs on a cluster with fast links (`tests/clusters/cpu-fast-links.yaml`), so the
   solver shards tiny models at all; the cell counts the weights it sharded.
 - *pp=2* names the schedule the solver chose (2 microbatches).

@@ -14,6 +14,7 @@ from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
 from autopar.passes.outline_layers import OutlineLayers
 from autopar.passes.pipeline_split import PipelineSplit
+from autopar.passes.recompute_inputs import RecomputeInputs
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
 from autopar.plan import Plan
@@ -27,7 +28,8 @@ def sharding_passes() -> list[GraphPass]:
 def program_passes(plan: Plan) -> list[GraphPass]:
     """Every pass that turns a graph traced on one microbatch into this rank's program for
     ``plan``, in order: tensor parallelism; fused attention kernels; layer modules when FSDP2 gathers them, when
-    checkpointing reruns them, or when pipeline stages are cut between them; the
+    checkpointing reruns them, or when pipeline stages are cut between them (after giving
+    each layer its own copy of what it reads that is made from the inputs alone); the
     checkpointing; the pipeline split."""
     zero = plan.training.get("zero", 0)
     recompute = plan.training.get("recompute", "none")
@@ -35,6 +37,8 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     passes = sharding_passes()
     if any(entry.get("fused") for entry in plan.attention):
         passes.append(FuseAttention())
+    if pipelined:  # before outlining: stages then carry no masks, only inputs
+        passes.append(RecomputeInputs())
     if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none" or pipelined:
         passes.append(OutlineLayers())
     if recompute != "none":
@@ -55,6 +59,7 @@ __all__ = [
     "PassManager",
     "PassResult",
     "PipelineSplit",
+    "RecomputeInputs",
     "ShardParameters",
     "SubstituteLocalOps",
     "get_pass",

@@ -3,7 +3,8 @@
 The traced program is one flat graph that reads every weight from the root. FSDP2 shards
 and gathers per module, and pipeline stages cut at layer boundaries, so both need each
 layer to be a module called by the root. This pass uses ``torch.fx``'s ``split_module`` to
-cut the graph into "before the layers", one part per layer, and "after the layers", then
+cut the graph into "before the layers", one part per layer, the code between two stacks of
+layers (an encoder-decoder's), and "after the layers", then
 moves each layer's weights into its part and installs the part at the layer's original path
 (``model.layers.3``), so parameter names do not change.
 """
@@ -14,49 +15,67 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.passes.split_module import split_module
 
-from autopar.graph_facts import META_KEY
+from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
-PRE, POST = 0, 1_000_000
-
-
-def _layer_of(node: fx.Node) -> tuple[str, int] | None:
-    facts = node.meta.get(META_KEY)
-    if facts is None or facts.layer is None or facts.block is None:
-        return None
-    return facts.block, facts.layer
+PRE = 0  # what runs before the first layer
 
 
 def layer_paths(gm: fx.GraphModule) -> list[str]:
-    """Paths of the repeated layers, in graph order (``model.layers.0``, ...)."""
-    return list(dict.fromkeys(partition_nodes(gm)[1].values()))
+    """Paths of the repeated layers, in the order they run (``model.layers.0``, ...)."""
+    paths = partition_nodes(gm)[1]
+    return [paths[i] for i in sorted(paths)]
 
 
 def partition_nodes(gm: fx.GraphModule) -> tuple[dict[fx.Node, int], dict[int, str]]:
-    """Node -> partition (PRE, 1 + layer index, POST) and partition -> layer path."""
+    """Node -> partition, and layer partition -> layer path.
+
+    Partitions run in this order: ``0`` before the layers, ``2k + 1`` the ``k``-th layer (in
+    the order layers run, over every stack), ``2k + 2`` what runs after it and before the
+    next layer. A model with one stack has glue only before and after it; an
+    encoder-decoder also has the glue between its two stacks (the encoder's final norm, the
+    decoder's embedding and masks), which must run after the encoder's layers and before the
+    decoder's. A node outside the layers joins the glue after the latest layer run so far.
+    """
     part: dict[fx.Node, int] = {}
     paths: dict[int, str] = {}
-    seen_layer = False
+    glue = PRE
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        layer = _layer_of(node)
-        if layer is None and node.meta.get(META_KEY) is None:
+        facts = node.meta.get(META_KEY)
+        if facts is None:
             # Inserted by an earlier pass (a collective): goes with the node it reads (the
             # latest of them), wherever it was placed in the graph.
             sources = [part[a] for a in node.all_input_nodes if a in part]
             if sources:
                 part[node] = max(sources)
                 continue
-        if layer is not None:
-            index = 1 + layer[1]
-            part[node] = index
-            paths[index] = f"{layer[0]}.{layer[1]}"
-            if node.op != "get_attr":
-                seen_layer = True
-        else:
-            part[node] = POST if seen_layer else PRE
+        path = layer_path(facts)
+        if path is None:
+            part[node] = glue
+            continue
+        index = 2 * facts.layer + 1
+        part[node] = index
+        paths[index] = path
+        if node.op != "get_attr":
+            glue = max(glue, index + 1)
     return part, paths
+
+
+def layer_path(facts: NodeFacts | None) -> str | None:
+    """Module path of the layer a node belongs to (``model.decoder.block.1``), or None.
+    ``facts.layer`` counts layers over every stack; the path has the index in its own."""
+    if facts is None or facts.block is None or facts.layer is None:
+        return None
+    index = facts.module_path[len(facts.block) + 1:].split(".")[0]
+    return f"{facts.block}.{index}"
+
+
+def _glue_name(index: int, last: int) -> str:
+    if index == PRE:
+        return "before_layers"
+    return "after_layers" if index > last else f"between_layers_{index // 2 - 1}"
 
 
 def _install(root: nn.Module, path: str, value: nn.Module | nn.Parameter) -> None:
@@ -93,8 +112,8 @@ class OutlineLayers(GraphPass):
             if node.op != "call_module" or not str(node.target).startswith("submod_"):
                 continue
             index = int(str(node.target).removeprefix("submod_"))
-            if index in (PRE, POST):  # the code before and after the layers
-                name = "before_layers" if index == PRE else "after_layers"
+            if index not in paths:  # the code before, between and after the layers
+                name = _glue_name(index, max(paths))
                 new.add_module(name, getattr(new, str(node.target)))
                 delattr(new, str(node.target))
                 node.target = name

@@ -7,7 +7,8 @@ runtime's business); what runs before the layers joins the first chunk, what run
 them the last. Each chunk becomes a GraphModule ``stage_<c>`` whose inputs are exactly the
 previous chunk's outputs — ``torch.distributed.pipelining`` passes nothing else between
 stages — so a value a later chunk needs (the targets, say) is carried through the chunks in
-between. Weights read by several chunks (a tied embedding and output head) are read by each
+between, made contiguous so that it can be sent (values made from the inputs alone, such as
+attention masks, are not carried: :class:`RecomputeInputs` gave each layer its own). Weights read by several chunks (a tied embedding and output head) are read by each
 of them; the runtime sums their gradients across the stages that hold them. The root is
 rewritten to call the stages in order, so the split program still runs in one process.
 """
@@ -43,6 +44,12 @@ def chunk_of_layers(pipeline: dict, n_layers: int, chunks: int) -> list[int]:
             fix="re-plan for this model (autopar plan ... --json FILE)",
         )
     return out
+
+
+def sendable(value: object) -> object:
+    """A value as a stage sends it: gloo sends only contiguous tensors (an expanded or
+    transposed view is not), and the next stage allocates its receive buffer alike."""
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
 def _is_tensor(node: fx.Node) -> bool:
@@ -129,8 +136,10 @@ class PipelineSplit(GraphPass):
                         env[a].meta = dict(a.meta)
                 env[node] = sub.node_copy(
                     node, lambda a, env=env: env[a] if a in env else constants[a])
-            values = carry_in[k + 1] if k < chunks - 1 else returned
-            sub.output(tuple(env[v] for v in values))
+            if k < chunks - 1:
+                sub.output(tuple(sub.call_function(sendable, (env[v],)) for v in carry_in[k + 1]))
+            else:
+                sub.output(tuple(env[v] for v in returned))
             stage_modules.append(fx.GraphModule(gm, sub, class_name=f"Stage{k}"))
 
         root = fx.Graph()

@@ -25,6 +25,11 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.pipelining._backward import (
+    _get_grad_fn_or_grad_acc,
+    construct_reverse_graph,
+    reverse_closure,
+)
 from torch.distributed.tensor import DTensor
 
 from autopar.comm_ops import all_reduce_in_place
@@ -56,14 +61,48 @@ def _loss_of(outputs: Any, target: Any) -> torch.Tensor:
 
 
 class _Stage(PipelineStage):
-    """``PipelineStage`` whose shape-inference inputs are zeros.
+    """``PipelineStage`` whose shape-inference inputs are zeros, and whose input gradients
+    are sent contiguous.
 
     On its first step a stage learns its input shapes by running its forward on tensors
     made from the previous stage's metadata, which ``torch.distributed.pipelining`` leaves
     uninitialized (``torch.empty``). Integer inputs carried between stages (the targets of
     the loss, token ids) then hold garbage, and the loss or an embedding fails with "index
     out of bounds". Zeros are valid indices, so inference runs; the real step is unchanged.
+
+    The gradient of an input that the stage only reads through a view (a transpose) comes
+    out of autograd with that view's strides; gloo sends only contiguous tensors, and the
+    previous stage receives into a contiguous buffer (its outputs are made contiguous by
+    the pipeline-split pass).
     """
+
+    _split_loses_weights: bool | None = None  # decided on the first split backward
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
+                                   last_backward: bool = False) -> tuple:
+        """Zero-bubble schedules split a stage's backward into input gradients, then weight
+        gradients from the autograd nodes where the weights' paths meet the inputs'.
+        ``torch.distributed.pipelining`` follows only the paths where a weight meets a
+        stage input that needs a gradient: a weight that reaches the stage's outputs another
+        way (a decoder's embedding of integer inputs, a relative-position bias the stage also
+        sends on) would lose that part of its gradient. Such a stage runs its full backward
+        at the input step instead (correct, with less overlap); its weight step then has
+        nothing left to do."""
+        if backward_type == "input":
+            if self._split_loses_weights is None:
+                self._split_loses_weights = _split_loses_weights(self.submod, bwd_kwargs)
+            if self._split_loses_weights:
+                return super().backward_maybe_with_nosync("full", bwd_kwargs, last_backward)
+        if backward_type == "weight" and bwd_kwargs["param_groups"] is None:
+            return (), None
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list:
+        grads = self.bwd_cache.get(bwd_chunk_id)
+        if grads is not None:
+            self.bwd_cache[bwd_chunk_id] = tuple(
+                g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+        return super().get_bwd_send_ops(bwd_chunk_id)
 
     def _to_tensor(self, arg: Any) -> torch.Tensor:
         tensor = super()._to_tensor(arg)
@@ -71,6 +110,24 @@ class _Stage(PipelineStage):
             with torch.no_grad():
                 tensor.zero_()
         return tensor
+
+
+def _split_loses_weights(module: nn.Module, bwd_kwargs: dict) -> bool:
+    """Whether some weight reaches this stage's outputs by a path that meets no stage input
+    needing a gradient: ``stage_backward_weight`` starts from the autograd nodes where the
+    weights' paths meet the inputs', so that part of its gradient would be lost."""
+    outputs = [t for t in bwd_kwargs["stage_output"]
+               if isinstance(t, torch.Tensor) and (t.requires_grad or t.grad_fn is not None)]
+    roots = {_get_grad_fn_or_grad_acc(t) for t in outputs} - {None}
+    graph = construct_reverse_graph(list(roots))
+    inputs = [_get_grad_fn_or_grad_acc(t) for t in bwd_kwargs["input_values"]
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    from_inputs, _ = reverse_closure(inputs, set(), graph)
+    for weight in module.parameters():
+        fn = _get_grad_fn_or_grad_acc(weight) if weight.requires_grad else None
+        if fn in graph and reverse_closure([fn], from_inputs, graph)[0] & roots:
+            return True
+    return False
 
 
 def chunk_ranks(plan: Plan, chunks: int) -> list[int]:
@@ -165,8 +222,11 @@ class PipelineRunner:
     def _sum_tied_grads(self) -> None:
         for named, group in self._tied:
             params = [self._stage_modules[c].get_parameter(name) for c, name in named]
+            for p in params:  # every holder joins the sum, even one its chunks left at None
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             # FSDP2 keeps gradients as DTensors; both holders shard them alike over dp
-            all_reduce_in_place([_local(p.grad) for p in params if p.grad is not None], group)
+            all_reduce_in_place([_local(p.grad) for p in params], group)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -169,8 +169,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         raise AutoparError(
             f"microbatch {config.microbatch} does not divide the {local} sequences per "
             f"data-parallel rank", where="--microbatch", fix="pick a divisor")
-    layers = {b.container: len(b.layers) for b in facts.blocks}
-    n_layers = max(layers.values(), default=0)
+    n_layers = sum(len(b.layers) for b in facts.blocks)  # every stack's (an encoder-decoder's two)
     if config.pp > 1 and n_layers < config.pp * config.virtual:
         raise AutoparError(
             f"{n_layers} layers cannot fill {config.pp} stages x {config.virtual} chunks",

@@ -6,6 +6,11 @@ share a *signature* when their nodes, in graph order, have the same ops, shapes 
 the node at position ``k`` of one then corresponds to the node at position ``k`` of the
 other. The outermost numbered container wins, so the experts inside a MoE layer are part of
 the layer, not blocks of their own.
+
+A model may have several stacks (an encoder-decoder has ``encoder.block`` and
+``decoder.block``). A node's ``layer`` is its layer's place among *all* the model's layers,
+in the order they run (T5: encoder 0, 1, then decoder 2, 3), so the solver and the pipeline
+see one sequence of distinct layers (the index within its stack is in the module path).
 """
 
 from __future__ import annotations
@@ -33,26 +38,32 @@ def _layer_of(path: str) -> tuple[str, int] | None:
 def assign_blocks(gm: fx.GraphModule) -> list[BlockFacts]:
     """Set ``block``, ``layer`` and ``position`` in each node's facts; return the blocks."""
     members: dict[str, dict[int, list[fx.Node]]] = defaultdict(lambda: defaultdict(list))
-    for node in gm.graph.nodes:
+    first_run: dict[tuple[str, int], int] = {}  # graph position of a layer's first op
+    for i, node in enumerate(gm.graph.nodes):
         facts: NodeFacts = node.meta[META_KEY]
         found = _layer_of(facts.module_path) if facts.module_path else None
         if found:
             members[found[0]][found[1]].append(node)
+            if node.op != "get_attr":  # weights may be read anywhere; ops run in order
+                first_run.setdefault(found, i)
+    stacks = {c: layers for c, layers in members.items() if len(layers) >= 2}
+    order = sorted(((c, i) for c, layers in stacks.items() for i in layers),
+                   key=lambda key: (first_run.get(key, len(gm.graph.nodes)), key))
+    ordinal = {key: n for n, key in enumerate(order)}
 
     blocks = []
-    for container in sorted(members):
-        layers = members[container]
-        if len(layers) < 2:
-            continue
+    for container in sorted(stacks, key=lambda c: min(ordinal[c, i] for i in stacks[c])):
+        layers = stacks[container]
         signatures: dict[tuple, int] = {}
-        block = BlockFacts(container=container, layers=tuple(sorted(layers)))
-        for index in block.layers:
-            nodes = layers[index]
+        block = BlockFacts(container=container,
+                           layers=tuple(sorted(ordinal[container, i] for i in layers)))
+        for index, nodes in layers.items():
+            layer = ordinal[container, index]
             sig = _signature(nodes)
-            block.signature_of[index] = signatures.setdefault(sig, len(signatures))
+            block.signature_of[layer] = signatures.setdefault(sig, len(signatures))
             for position, node in enumerate(nodes):
                 facts = node.meta[META_KEY]
-                facts.block, facts.layer, facts.position = container, index, position
+                facts.block, facts.layer, facts.position = container, layer, position
         blocks.append(block)
     return blocks
 

@@ -37,15 +37,6 @@ STEPS = 3
 # Cells autopar refuses at plan time, and words the refusal must contain (op and reason).
 REFUSED: dict[tuple[str, str], tuple[str, ...]] = {}
 
-# Cells that fail on this branch for a cause being fixed on another one. They still fail the
-# test (silent wrong training is never expected); the entry only says why.
-KNOWN: dict[tuple[str, str], str] = {
-    **{(arch, "tp2"): "in-place copy_ into a view of a fresh buffer (new_zeros/new_empty) "
-                      "with mixed placements: fixed by the in-place rules branch"
-       for arch in ("t5", "bart", "deepseek_v3")},
-}
-
-
 def judge(arch: str, layout: str, cell: dict) -> str | None:
     """Why ``cell`` breaks the contract, or None."""
     expected = REFUSED.get((arch, layout))
@@ -55,8 +46,7 @@ def judge(arch: str, layout: str, cell: dict) -> str | None:
             return f"expected a refusal naming {expected}, got {cell['status']}: {cell}"
         return None
     if cell["status"] != "equal":
-        known = f" [known: {KNOWN[arch, layout]}]" if (arch, layout) in KNOWN else ""
-        return f"{cell['status']}{known}: {cell.get('reason') or cell.get('problems')}"
+        return f"{cell['status']}: {cell.get('reason') or cell.get('problems')}"
     return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .blocks import Blocks, block_sizes
+from .blocks import COMPILE_OPTIONS, Blocks, block_sizes
 from .codegen import build_kernels
 from .spec import AttentionSpec
 
@@ -68,7 +68,8 @@ def cross_compile(spec: AttentionSpec, capability: tuple[int, int],
         compiled = triton.compile(
             ASTSource(fn, signature, constants),
             target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-            options={"num_warps": blocks.num_warps, "num_stages": blocks.num_stages})
+            options={"num_warps": blocks.num_warps, "num_stages": blocks.num_stages,
+                     **COMPILE_OPTIONS})
         results.append(CompiledKernel(fn.__name__, block, blocks.num_warps, blocks.num_stages,
                                       int(compiled.metadata.shared),
                                       time.perf_counter() - start))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .blocks import Blocks, autotune_candidates, block_sizes
+from .blocks import COMPILE_OPTIONS, Blocks, autotune_candidates, block_sizes
 from .codegen import KernelSet, build_kernels, interpreting
 from .spec import AttentionSpec
 
@@ -26,6 +26,7 @@ class _Launchers:
     fwd: object
     dkdv: object
     dq: object
+
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
@@ -119,7 +120,7 @@ def attention_forward(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: 
     grid = _grid(m, None if blocks is None else blocks[0], "BLOCK_M", b * h)
     meta = {} if blocks is None else {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1]}
     ks.fwd[grid](q, k, v, bias_t, slopes_t, out, lse, *strides, *out.stride(), *lse.stride(),
-                 h, m, n, q_offset, *_seed_words(seed), **meta)
+                 h, m, n, q_offset, *_seed_words(seed), **meta, **COMPILE_OPTIONS)
     return out, lse
 
 
@@ -157,13 +158,13 @@ def attention_backward(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v:
     grid = _grid(n, None if blocks is None else blocks[1], "BLOCK_N", b * kv_heads)
     meta = {} if blocks is None else {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1]}
     ks.dkdv[grid](q, k, v, bias_t, slopes_t, dout, lse, delta, dk, dv, dbias, *common,
-                  *dk.stride(), *dv.stride(), *dbias_s, *tail, **meta)
+                  *dk.stride(), *dv.stride(), *dbias_s, *tail, **meta, **COMPILE_OPTIONS)
 
     blocks = None if ks.blocks is None else ks.blocks.dq
     grid = _grid(m, None if blocks is None else blocks[0], "BLOCK_M", b * h)
     meta = {} if blocks is None else {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1]}
     ks.dq[grid](q, k, v, bias_t, slopes_t, dout, lse, delta, dq, *common, *dq.stride(), *tail,
-                **meta)
+                **meta, **COMPILE_OPTIONS)
     return dq, dk, dv, (dbias if spec.bias_grad else None)
 
 

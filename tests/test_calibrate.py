@@ -278,6 +278,7 @@ def test_calibrate_cli_rejects_bad_arguments_before_measuring(tmp_path, capsys):
 @pytest.mark.slow
 def test_calibrate_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "profiles" / "cpu.json"
+    out.parent.mkdir()  # --out never creates directories (a typo would go unnoticed)
     assert main(["calibrate", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "matmul fp32 (measured" in text and "intra-node link (fitted" in text

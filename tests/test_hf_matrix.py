@@ -8,8 +8,8 @@ AutoparError naming the op and the reason.
 - dp=2, tp=2, pp=2, ZeRO-3 dp=2 (slow): one torchrun launch per layout runs every
   architecture (tests/workers/hf_matrix.py).
 
-Set ``AUTOPAR_HF_TABLE=docs/supported_models.md`` to write the supported-models table from
-the results (tests/hf_table.py).
+Set ``AUTOPAR_HF_TABLE=README.md`` to write the README's supported-models table from the
+results (tests/hf_table.py).
 """
 
 from __future__ import annotations

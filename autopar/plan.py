@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopar import json_data
 from autopar.errors import PlanError
 from autopar.placements import Placement, parse_placement
 from autopar.plan_schema import MESH_AXES, SCHEMA_VERSION, validate
@@ -119,15 +120,17 @@ class Plan:
             raise PlanError(f"{source} is not text", where=source,
                             fix="pass the plan's JSON text (Plan.load reads a file)")
         try:
-            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+            data = json_data.loads(text)
+        except json_data.DuplicateKey as e:
+            raise PlanError(f"{source} gives key {e.key!r} twice in one object", where=e.key,
+                            fix="keep one of them; plans are written by autopar plan --json"
+                            ) from None
         except json.JSONDecodeError as e:
             raise PlanError(
                 f"{source} is not valid JSON: {e.msg}",
                 where=f"{source}:{e.lineno}:{e.colno}",
                 fix=_FIX_FILE,
             ) from None
-        except PlanError as e:  # a key given twice
-            raise PlanError(f"{source}: {e.what}", where=e.where, fix=e.fix) from None
         except (ValueError, RecursionError) as e:  # a 5,000-digit number; deep nesting
             raise PlanError(f"{source} cannot be read as a plan: {str(e)[:200]}",
                             where=source, fix=_FIX_FILE
@@ -219,14 +222,3 @@ def _cluster_key(cluster: dict[str, Any]) -> tuple[str, int, int, str]:
 def _describe(key: tuple[str, int, int, str]) -> str:
     device, nodes, per_node, backend = key
     return f"{nodes} node(s) x {per_node} {device}, {backend}"
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refusing a key given twice (JSON would silently keep the last)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise PlanError(f"the plan gives key {key!r} twice in one object", where=key,
-                            fix="keep one of them; plans are written by autopar plan --json")
-        out[key] = value
-    return out

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from autopar import json_data
 from autopar.errors import ClusterError
 
 
@@ -35,27 +36,14 @@ def read_text(path: Path, what: str, fix_missing: str) -> str:
                            fix="pass a readable file") from None
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def parse_json(text: str, what: str, shown: str, example: str) -> Any:
     """JSON with unique keys; ``what`` and ``shown`` name the file ("profile", "p.json"),
     ``example`` says what it should hold."""
     desc = f"{what} '{shown}'"
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as err:
-        raise ClusterError(f"{desc} is not valid JSON: key '{err}' is given twice", where=shown,
+        return json_data.loads(text)
+    except json_data.DuplicateKey as err:
+        raise ClusterError(f"{desc} is not valid JSON: key '{err.key}' is given twice", where=shown,
                            fix="keep one of the two; a JSON object's keys are unique") from None
     except RecursionError:
         raise too_deep(desc, shown) from None

@@ -216,6 +216,10 @@ CLI_CASES = [
     cli_case("no-command", [], USAGE, "command"),
     cli_case("unknown-command", "train gpt2", USAGE, "train"),
     cli_case("estimate-json-missing-dir", estimate("--json", "{d}/nope/e.json"), USAGE, "--json"),
+    cli_case("plan-json-nul-byte", plan("--json", "a\x00.json"), USAGE, "--json", "NUL"),
+    cli_case("calibrate-out-nul-byte", ["calibrate", "--out", "p\x00.json"], USAGE, "--out",
+             "NUL"),
+    cli_case("cluster-path-nul-byte", ["cluster", "show", "c\x00.yaml"], ClusterError, "NUL"),
     cli_case("estimate-lora-rank-negative", estimate("--lora-rank", "-4"), USAGE, "--lora-rank"),
     cli_case("estimate-lora-rank-0", estimate("--lora-rank", "0"), USAGE, "--lora-rank"),
     cli_case("estimate-cp-0", estimate("--cp", "0"), USAGE, "--cp"),
@@ -635,6 +639,9 @@ API_CASES = [
     api_case("cluster-dict-sources-number", lambda d: autopar.load_cluster(
         {"nodes": 1, "devices_per_node": 2, "device": "cpu", "sources": {"nodes": 3}}),
         ClusterError, "sources.nodes"),
+    api_case("cluster-dict-profile-nul-byte", lambda d: autopar.load_cluster(
+        {"nodes": 1, "devices_per_node": 2, "device": "cpu", "profile": "p\x00.json"}),
+        ClusterError, "profile", "NUL"),
     api_case("cluster-dict-profile-dir", lambda d: autopar.load_cluster(
         {"nodes": 1, "devices_per_node": 2, "device": "cpu", "profile": str(d)}), ClusterError,
         "profile", "directory"),

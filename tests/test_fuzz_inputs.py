@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autopar.cluster import Cluster, load_cluster
 from autopar.cluster.presets import PRESETS
 from autopar.errors import AutoparError
 from autopar.models import ModelSpec, resolve_model
+from tests.fuzzing import FUZZ
 
 pytestmark = pytest.mark.slow
 
-FUZZ = settings(max_examples=10_000, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 # --- values a user might type where a number belongs ------------------------------------------
 

@@ -2,19 +2,18 @@
 bytes. Only a PlanError (an AutoparError) or a valid Plan may come out, and a plan that loads
 satisfies the cross-field rules, round-trips, and can be summarized.
 
-Each property runs 10,000 examples (derandomized, so CI sees the same ones every run)."""
+Each property runs 10,000 examples, the same ones every run (tests/fuzzing.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import autopar
@@ -24,12 +23,10 @@ from autopar.cli.summary import format_plan
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.plan_schema import CROSS_FIELD_RULES
+from tests.fuzzing import FUZZ
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("AUTOPAR_FUZZ_EXAMPLES", 10_000))  # fewer when debugging
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
 SPEC = "gpt:layers=4,hidden=32,heads=4,vocab=64,seq=16,batch=8"
 
 

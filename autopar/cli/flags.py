@@ -67,6 +67,8 @@ def output_file(text: str) -> str:
     folder = path.parent
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file name, got ''")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL byte, which no file name can")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"'{text}' is a directory; give a file name in it")
     if not folder.is_dir():

@@ -18,6 +18,9 @@ from autopar.errors import ClusterError
 def read_text(path: Path, what: str, fix_missing: str) -> str:
     """The file's text; ``what`` names it in errors ("cluster file", "profile")."""
     shown = str(path)
+    if "\x00" in shown:
+        raise ClusterError(f"{what} path {shown!r} holds a NUL byte, which no file name can",
+                           where=repr(shown), fix="check the path")
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -32,6 +32,14 @@ ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)."""
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+RECOMPUTE_MODES = ("none", "selective", "full", "op")
+"""Activation recomputation: keep everything; drop the sequence-squared tensors (Korthikanti
+et al.); keep only each layer's inputs; torchtitan's per-op policy (keep matmul outputs but
+every second, and attention's). See ``autopar/solver/costs.py``."""
+
+SEARCHED_RECOMPUTE_MODES = ("none", "selective", "full")
+"""What the planner chooses among unless told otherwise (``op`` is pinned by name)."""
+
 DEPRECATED_SCHEDULES = {
     "zero-bubble": "zb_v", "zero_bubble": "zb_v", "zbv": "zb_v", "zb-v": "zb_v",
     "interleaved-1f1b": "interleaved", "interleaved_1f1b": "interleaved",

@@ -36,10 +36,9 @@ from typing import Any, NoReturn
 from autopar.cluster import load_cluster
 from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError, PlanError
-from autopar.knobs import PRECISIONS, SCHEDULES
+from autopar.knobs import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
 from autopar.local_ops import LOCAL_IMPLS
 from autopar.placements import parse_placement
-from autopar.solver.costs import RECOMPUTE_MODES
 from autopar.solver.options import ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
@@ -295,6 +294,13 @@ PLAN = obj(
             "compute_s": SECONDS, "tp_comm_s": SECONDS, "dp_comm_s": SECONDS,
             "dp_exposed_s": SECONDS, "bubble_s": SECONDS, "p2p_s": SECONDS,
             "optimizer_s": SECONDS,
+        }, {
+            # autopar.cost_models.ground: was the cost model checked where this plan runs?
+            "ground": list_of(obj(
+                {"scheme": text(), "degree": COUNT, "validated": flag, "text": text()},
+                {"sources": list_of(text()), "validated_up_to": COUNT,
+                 "median_error": number(), "worst_error": number()})),
+            "ground_margin": number(),
         }),
         "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
                        "candidates": list_of(map_of(plain))}),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from autopar.models import resolve_model
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "megatron_sc21_table1.csv"
 SEQ, VOCAB = 2048, 51200
 
@@ -79,18 +81,16 @@ def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, f
     return hardware / step / gpus / 1e12, time.perf_counter() - started, details
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=None)
-    args = ap.parse_args()
-    rows = list(csv.DictReader(ANCHOR.open()))[: args.rows]
+def table1(limit: int | None) -> list[dict]:
+    """Megatron-LM SC'21 Table 1: print each row, return the compared rows."""
+    rows = list(csv.DictReader(ANCHOR.open()))[:limit]
     print("Megatron-LM SC'21 Table 1 on A100-80GB: TFLOP/s per GPU (hardware FLOPs)")
     print(f"{'params':>8} {'tp':>3} {'pp':>3} {'gpus':>5} {'batch':>6} {'mb':>3} {'v':>2} "
           f"{'published':>10} {'predicted':>10} {'error':>7} {'step s':>8} {'bubble s':>9} "
           f"{'mem GiB':>8}")
     print(f"{'':>8} {'':>3} {'':>3} {'':>5} {'':>6} {'':>3} {'':>2} {'measured':>10} "
           f"{'modelled':>10}")
-    errors = []
+    errors, compared = [], []
     for row in rows:
         predicted, spent, d = predict(row)
         published = float(row["tflops_per_gpu"])
@@ -102,8 +102,76 @@ def main() -> None:
               f"{row['global_batch']:>6} {row['micro_batch']:>3} {v:>2} {published:>10.1f} "
               f"{predicted:>10.1f} {error:>+7.1%} {d['step_s']:>8.2f} {d['bubble_s']:>9.2f} "
               f"{d['peak_gib']:>8.1f}", flush=True)
+        tp, pp = int(row["tp"]), int(row["pp"])
+        compared.append({"source": "megatron-sc21-table1", "zero": 0, "devices_per_node": 8,
+                         "schedule": "interleaved" if v > 1 else "1f1b", "error": error,
+                         "mesh": {"pp": pp, "dp": int(row["gpus"]) // (tp * pp), "tp": tp}})
     print(f"\nabsolute error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"over {len(errors)} rows (target: median <= 10%, worst <= 20%)")
+    return compared
+
+
+def sources(names: list[str] | None) -> list[dict]:
+    """Every source in benchmarks/data: each row predicted or skipped with its reason, then
+    per source the median and worst error, memory error and ranking agreement."""
+    from fidelity_sources import predict_row, summarize
+    from published_data import load
+    from published_data import sources as source_names
+
+    compared, summaries = [], []
+    for name in names or source_names():
+        outcomes = []
+        print(f"\n{name}: published (measured) vs predicted (modelled)")
+        print(f"  {'table':<10} {'scheme':<34} {'gpus':>5} {'published':>10} {'predicted':>10} "
+              f"{'error':>7} | {'GiB pub':>7} {'GiB pred':>8} {'error':>7}")
+        for row in load(name):
+            o = predict_row(row)
+            outcomes.append(o)
+            label = (row.get("scheme") or "")[:34]
+            table = (row.get("table_or_figure") or "")[:10]
+            if o.skipped:
+                print(f"  {table:<10} {label:<34} {row.get('gpus', ''):>5} "
+                      f"{o.published:>10.1f}   not predicted: {o.skipped}")
+                continue
+            mem = (f"{o.published_gib:>7.1f} {o.predicted_gib:>8.1f} {o.memory_error:>+7.1%}"
+                   if o.published_gib == o.published_gib else f"{'':>7} {o.predicted_gib:>8.1f}")
+            print(f"  {table:<10} {label:<34} {row['gpus']:>5} {o.published:>10.1f} "
+                  f"{o.predicted:>10.1f} {o.error:>+7.1%} | {mem}"
+                  + (f"   ({'; '.join(o.notes)})" if o.notes else ""), flush=True)
+            compared.append({"source": name, "mesh": o.mesh, "zero": o.zero,
+                             "schedule": o.schedule, "error": o.error,
+                             "devices_per_node": int(float(row.get("devices_per_node") or 8))})
+        s = summarize(outcomes)
+        summaries.append((name, s))
+        print(f"  {name}: {s['predicted']}/{s['rows']} rows predicted; throughput error median "
+              f"{s['median']:.1%}, worst {s['worst']:.1%}; memory error median "
+              f"{s['memory_median']:.1%}, worst {s['memory_worst']:.1%}; rankings agree "
+              f"{s['agree']}/{s['pairs']}")
+    print("\nper source (targets: median <= 10%, worst <= 25%, rankings agree)")
+    print(f"  {'source':<40} {'rows':>5} {'median':>7} {'worst':>7} {'mem med':>8} "
+          f"{'mem worst':>9} {'ranking':>8}")
+    for name, s in summaries:
+        print(f"  {name:<40} {s['predicted']:>2}/{s['rows']:<2} {s['median']:>7.1%} "
+              f"{s['worst']:>7.1%} {s['memory_median']:>8.1%} {s['memory_worst']:>9.1%} "
+              f"{s['agree']:>3}/{s['pairs']:<4}")
+    return compared
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=None, help="Table 1's first N rows only")
+    ap.add_argument("--table1-only", action="store_true")
+    ap.add_argument("--source", action="append", help="only this source (repeatable)")
+    ap.add_argument("--write-ground", action="store_true",
+                    help="record where the model was validated (cost_models/ground.json)")
+    args = ap.parse_args()
+    compared = [] if args.source else table1(args.rows)
+    if not args.table1_only:
+        compared += sources(args.source)
+    if args.write_ground:
+        from autopar.cost_models.ground import evidence_from_rows, write_ground
+
+        print(f"\nwrote {write_ground(evidence_from_rows(compared, 'nccl'))}")
 
 
 if __name__ == "__main__":

@@ -293,10 +293,23 @@ def ddp_bucket_count(grad_bytes: float, *, bucket_cap_mb: float = DDP_BUCKET_CAP
     >>> ddp_bucket_count(0), ddp_bucket_count(2**20), ddp_bucket_count(100 * 2**20)
     (0, 1, 5)
     """
-    if grad_bytes <= 0:
-        return 0
-    first = DDP_FIRST_BUCKET_MB * 2**20
-    return 1 + math.ceil(max(0.0, grad_bytes - first) / (bucket_cap_mb * 2**20))
+    return len(bucket_sizes(grad_bytes, bucket_cap_mb=bucket_cap_mb))
+
+
+def bucket_sizes(grad_bytes: float, *, bucket_cap_mb: float = DDP_BUCKET_CAP_MB) -> list[float]:
+    """Bytes of each gradient bucket DDP reduces, in the order backward fills them: a
+    1 MiB first bucket, then buckets of ``bucket_cap_mb`` MiB, the last one partial.
+
+    >>> [round(b / 2**20, 2) for b in bucket_sizes(60 * 2**20)]
+    [1.0, 25.0, 25.0, 9.0]
+    """
+    sizes: list[float] = []
+    left, cap = float(grad_bytes), DDP_FIRST_BUCKET_MB * 2**20
+    while left > 0:
+        sizes.append(min(left, cap))
+        left -= sizes[-1]
+        cap = bucket_cap_mb * 2**20
+    return sizes
 
 
 def fsdp_buffer_bytes(

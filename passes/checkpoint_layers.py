@@ -6,6 +6,9 @@
   (``create_selective_checkpoint_contexts``): ops whose input holds the sequence length
   twice (attention scores, their softmax and dropout) are recomputed, everything else is
   kept — Korthikanti et al.'s selective recomputation.
+- ``op``: torchtitan's per-op selective policy (``selective_ac_option = "op"``): the
+  outputs of matrix multiplies are kept except every second one in each layer, and so are
+  attention's; every other op (norms, rotary embedding, activations) is recomputed.
 
 Requires :class:`OutlineLayers` first (it makes each layer a module the root calls).
 """
@@ -37,10 +40,42 @@ def selective_context(seq_len: int):
     return create_selective_checkpoint_contexts(functools.partial(_quadratic_policy, seq_len))
 
 
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+"""A linear layer's matmul (``addmm`` with a bias); torchtitan counts ``mm`` (no biases)."""
+
+SAVED_OPS = (
+    *MATMULS,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
+"""What the ``op`` policy keeps: matmul outputs (all but every second) and attention's."""
+
+
+def op_context():
+    """Context factory for checkpoint() under the ``op`` policy: one counter of matmuls per
+    forward and one per recomputation, so both make the same choices."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in MATMULS:
+            phase = "recompute" if ctx.is_recompute else "forward"
+            counts[phase] += 1
+            if counts[phase] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (CheckpointPolicy.MUST_SAVE if op in SAVED_OPS
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def checkpointed(module: torch.nn.Module, mode: str, seq_len: int, *args):
     """Call ``module`` under non-reentrant activation checkpointing (what the graph calls):
     ``mode`` "full" keeps only the inputs, "selective" also keeps all but the
-    sequence-squared tensors."""
+    sequence-squared tensors, "op" follows :func:`op_context`."""
+    if mode == "op":
+        return checkpoint(module, *args, use_reentrant=False, context_fn=op_context)
     if mode == "selective":
         context = functools.partial(selective_context, seq_len)
         return checkpoint(module, *args, use_reentrant=False, context_fn=context)

@@ -29,6 +29,8 @@ LAUNCHES = {
         {"model": "gpt", "dp": 2, "zero": 3, "microbatch": 1},
         # Selective recomputation (attention scores only, on explicit attention).
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
+        # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
+        {"model": "llama", "dp": 2, "zero": 3, "recompute": "op"},
     ]),
     "4ranks": (4, [
         {"model": "gpt", "dp": 2, "tp": 2, "cluster": FAST},

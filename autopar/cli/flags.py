@@ -19,8 +19,7 @@ from typing import Any
 
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
-from autopar.knobs import schedule_name, zero_stages
-from autopar.solver.costs import RECOMPUTE_MODES
+from autopar.knobs import RECOMPUTE_MODES, schedule_name, zero_stages
 
 # --- value types --------------------------------------------------------------------------
 
@@ -198,7 +197,8 @@ def add_virtual_stages(p: argparse.ArgumentParser, default: int | None = None) -
 
 def add_recompute(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--recompute", type=mode_list, default=default, metavar="MODES",
-                   help="activation recomputation: none, selective or full; plan may be given "
+                   help="activation recomputation: none, selective, full or op (torchtitan's "
+                   "per-op policy); plan may be given "
                    "several, comma-separated, to choose from")
 
 

@@ -87,7 +87,21 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     ]
     if plan.pipeline:
         lines += ["", *format_pipeline(plan.pipeline)]
+    if p.get("ground"):
+        lines += ["", *format_ground(p["ground"], p.get("ground_margin", 0.0))]
     return "\n".join(lines)
+
+
+def format_ground(labels: list[dict], margin: float) -> list[str]:
+    """Where the cost model behind this plan was checked against measured runs."""
+    lines = ["validated ground (cost model vs measured runs; benchmarks/fidelity_*.py)"]
+    for label in labels:
+        lines.append(f"  {'validated   ' if label['validated'] else 'extrapolated'}  "
+                     f"{label['text']}")
+    if margin > 0:
+        lines.append(f"  an extrapolated plan is preferred only when predicted more than "
+                     f"{margin:.0%} faster than the best validated one")
+    return lines
 
 
 def format_pipeline(pipe: dict) -> list[str]:

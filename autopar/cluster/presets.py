@@ -106,6 +106,14 @@ _TABLE = [
     _preset("H100-80GB", memory_gib=80,
             tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
             hbm_gb_per_s=3350, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8)),
+    # H100 with 96 GB HBM2e at 2.4 TB/s, as in Meta's Grand Teton hosts (torchtitan's
+    # benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"): run at a 500 W limit, its
+    # peak "is between SXM and NVL" (ibid., footnote 2), so bf16 is the midpoint of the SXM5
+    # (989.4) and NVL (835.5 dense) datasheet figures, every dtype scaled alike (x0.922);
+    # NVLink4; 400 Gb/s RDMA per GPU.
+    _preset("H100-96GB", memory_gib=96,
+            tflops={"fp32": 61.2, "tf32": 456.2, "bf16": 912.4, "fp16": 912.4, "fp8": 1824.9},
+            hbm_gb_per_s=2400, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8)),
     # H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; NVLink4; DGX H200: 8 x NDR.
     _preset("H200", memory_gib=141,
             tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},

@@ -15,6 +15,10 @@ Recomputation (``Setting.recompute``):
   nothing.
 - ``full``: each repeated layer keeps only its inputs; its forward (with its collectives)
   runs again in backward, one layer at a time.
+- ``op`` (torchtitan's per-op selective policy): in each repeated layer the outputs of the
+  weight matmuls are kept except every second one (in program order), and attention's
+  outputs are kept; every other op of the layer runs again in backward, one layer at a time
+  (``passes/checkpoint_layers.py`` executes the same policy).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from autopar.cost_models.compute import (
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.graph_facts import META_KEY, NodeFacts
+from autopar.knobs import RECOMPUTE_MODES
 from autopar.placements import Placement, Replicate, Shard
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.options import PlanOptions
@@ -42,7 +47,14 @@ from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.strategies import Strategy
 
 _FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
-RECOMPUTE_MODES = ("none", "selective", "full")
+AUTOCAST_FP32_TARGETS = frozenset({
+    "aten.cross_entropy_loss.default", "aten.log_softmax.int", "aten._log_softmax.default",
+    "aten.nll_loss.default", "aten.nll_loss_forward.default", "aten.nll_loss_nd.default",
+})
+"""Losses ``torch.autocast`` runs in fp32 (CUDA and CPU autocast fp32 lists)."""
+MATMUL_TARGETS = ("aten.linear.default", "aten.mm.default", "aten.addmm.default")
+"""Ops the ``op`` policy counts as matmuls (a linear layer's, which the runtime sees as
+``mm``/``addmm``)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,28 @@ class CostTables:
     def in_recomputed_layer(self, d: Decision) -> bool:
         return self.setting.recompute == "full" and d.facts.layer is not None
 
+    @cached_property
+    def op_policy_saved(self) -> frozenset[str]:
+        """Nodes whose outputs the ``op`` policy keeps: in each layer, the 1st, 3rd, ...
+        matmul with a weight, and every attention op."""
+        saved, counts = set(), {}
+        for node in self.problem.gm.graph.nodes:
+            facts = node.meta.get(META_KEY)
+            if facts is None or facts.layer is None or node.op != "call_function":
+                continue
+            if "scaled_dot_product" in facts.target or node.name in self.problem.fused_attention:
+                saved.add(node.name)
+            elif facts.target in MATMUL_TARGETS and facts.fwd_flops:
+                counts[facts.layer] = counts.get(facts.layer, 0) + 1
+                if counts[facts.layer] % 2:
+                    saved.add(node.name)
+        return frozenset(saved)
+
+    def op_recomputed(self, d: Decision) -> bool:
+        """Under the ``op`` policy, is ``d`` a layer op that runs again in backward?"""
+        return (self.setting.recompute == "op" and d.facts.layer is not None
+                and d.kind == "op" and d.nodes[0].name not in self.op_policy_saved)
+
     def quadratic(self, facts: NodeFacts, output: int = 0) -> bool:
         """Does this output hold the sequence length twice (attention scores)?"""
         s = self.seq_len
@@ -188,7 +222,7 @@ class CostTables:
 
     def recomputed(self, d: Decision) -> bool:
         """Does ``d`` run again in backward instead of keeping what it saves?"""
-        if self.in_recomputed_layer(d) or self.fused_quadratic(d):
+        if self.in_recomputed_layer(d) or self.fused_quadratic(d) or self.op_recomputed(d):
             return True
         return self.setting.recompute == "selective" and self.quadratic(d.facts)
 
@@ -204,6 +238,8 @@ class CostTables:
         consumer = self.problem.decisions[use.consumer]
         if self.in_recomputed_layer(consumer):
             return not use.same_layer  # only the layer's inputs are kept
+        if self.op_recomputed(producer) and use.same_layer:
+            return False  # made again when the layer's backward recomputes it
         return True
 
     # --- per decision (one instance) ---------------------------------------------------
@@ -288,14 +324,29 @@ class CostTables:
         f, b, r = self.times(d, s)
         return f * d.count, (b + r) * d.count
 
+    def float_bytes(self, facts: NodeFacts) -> int:
+        """Bytes of one float element an op makes: the compute precision's, except for the
+        losses autocast runs in fp32 (``torch.amp``'s fp32 op list: ``log_softmax``,
+        ``nll_loss``, ``cross_entropy``), which read and keep fp32 whatever the precision."""
+        return 4 if facts.target in AUTOCAST_FP32_TARGETS else self.element_bytes
+
+    def loss_working_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of the fp32 buffer a loss keeps (its log-softmax), local to this device:
+        at backward's start its gradient is as large, the largest temporary of many steps."""
+        if d.kind != "op" or d.facts.target not in AUTOCAST_FP32_TARGETS:
+            return 0.0
+        div = self.setting.tp if sharded_compute(s) else 1
+        return d.facts.extra_saved_float_numel * 4 * self._scale(d) / div
+
     def own_activation(self, d: Decision, s: Strategy, *, recompute: bool = True) -> float:
         """Bytes one instance keeps of its own (its output, its buffers) for backward."""
         facts = d.facts
         if d.kind != "op" or not facts.requires_grad or (recompute and self.recomputed(d)):
             return 0.0
         div = self.setting.tp if sharded_compute(s) else 1
-        # Float buffers (statistics, LSEs) follow the compute precision; masks keep their bytes.
-        float_bytes = facts.extra_saved_float_numel * self.element_bytes
+        # Float buffers (statistics, LSEs) follow the compute precision, or fp32 for the ops
+        # autocast runs in fp32 (the loss's log-softmax); masks keep their bytes.
+        float_bytes = facts.extra_saved_float_numel * self.float_bytes(facts)
         total = (float_bytes + facts.extra_saved_other_bytes) * self._scale(d) / div
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)

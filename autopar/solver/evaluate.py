@@ -15,7 +15,8 @@ import torch.fx as fx
 
 from autopar.cost_models.comm import LinkSpec, axis_link, collective_time, group_collective_time
 from autopar.cost_models.compute import optimizer_step_time
-from autopar.cost_models.memory import MemoryBreakdown, ddp_buffer_bytes
+from autopar.cost_models.data_parallel import Unit, bucketed_step, fsdp_step
+from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
@@ -158,6 +159,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
         out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
+        out = max(out, tables.loss_working_bytes(d, s))
         numel = tables.trainable_numel(d, s)
         for node in d.nodes:
             k = unit_of[node.name]
@@ -302,6 +304,8 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         transient = 0.0
         if setting.recompute == "full" and layer_units:
             transient = max(u.layer_plain[i] for i in layer_units)
+        elif setting.recompute == "op" and layer_units:  # what one layer makes again
+            transient = max(u.layer_plain[i] - u.act[i] for i in layer_units)
         act = total(u.act, r)
         memory = peak_phase(tables, setting, total(u.params, r), total(u.grads, r),
                             total(u.opt, r), act * flight, transient,
@@ -328,8 +332,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         roots = sum(u.weights[i] for i in rank_units[r] if not 0 < i <= n_layers)
         layer_w = max((u.weights[i] for i in rank_units[r] if 0 < i <= n_layers), default=0.0)
         comm, exposed, buffers = data_parallel_costs(
-            tables, setting, total(u.grad_bytes, r), total(u.weights, r),
-            stage_preds[r].forward_s, stage_preds[r].backward_s, roots + 2 * layer_w)
+            tables, setting, u, rank_units[r], roots + 2 * layer_w)
         owned = total(u.trainable_numel, r) / (setting.dp if setting.zero >= 1 else 1)
         opt_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
@@ -405,36 +408,46 @@ def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
 
 
 def data_parallel_costs(
-    tables: CostTables, setting: Setting, grad_bytes: float, weight_bytes: float, fwd: float, bwd: float,
-    gathered_peak: float,
+    tables: CostTables, setting: Setting, u: UnitCosts, units: list[int], gathered_peak: float,
 ) -> tuple[float, float, float]:
-    """(dp communication, its exposed part, buffer bytes) for the setting's ZeRO stage.
+    """(dp communication per step, its exposed part, buffer bytes) of one pipeline rank
+    running ``units``, for the setting's ZeRO stage (see :mod:`autopar.cost_models.data_parallel`).
 
-    Stage 0 (DDP): one all-reduce of the gradients per step, overlapped with the last
-    microbatch's backward. Stages 1 and 2: a reduce-scatter of the gradients and an
-    all-gather of the updated weights per step, overlapped the same way. Stage 3 (FSDP2): every microbatch all-gathers the weights for
-    forward and again for backward and reduce-scatters the gradients, overlapped with that
-    microbatch's compute.
+    Stage 0 (DDP): the gradients all-reduced in buckets during the last microbatch's
+    backward. Stages 1 and 2: the buckets reduce-scattered the same way, then the updated
+    weights all-gathered after the optimizer step (exposed). Stage 3 (FSDP2): every
+    microbatch gathers each unit's weights for forward and again for backward and
+    reduce-scatters its gradients, overlapped unit by unit (prefetch one unit ahead).
+    gloo on CPU moves data with the same cores that compute (one thread per process): its
+    collectives do not overlap compute there.
     """
     if setting.dp <= 1:
         return 0.0, 0.0, 0.0
     m = setting.microbatches
+    overlap = tables.cluster.backend != "gloo"
 
     def dp_time(kind: str, nbytes: float) -> float:
-        return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
+        return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster,
+                                     algorithm="auto" if kind == "all_reduce" else "ring")
 
-    buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
-    # gloo on CPU moves data with the same cores that compute (one thread per process):
-    # its collectives do not overlap the backward pass there.
-    window = 0.0 if tables.cluster.backend == "gloo" else bwd
-    if setting.zero == 0:
-        comm = dp_time("all_reduce", grad_bytes)
-        return comm, max(0.0, comm - window), buckets
-    if setting.zero in (1, 2):
-        # Reduce-scatter the gradients, update the local shard, all-gather the weights:
-        # the volume of one all-reduce, once per step.
-        comm = dp_time("reduce_scatter", grad_bytes) + dp_time("all_gather", weight_bytes)
-        return comm, max(0.0, comm - window), buckets
-    per_micro = 2 * dp_time("all_gather", weight_bytes) + dp_time("reduce_scatter", grad_bytes)
-    exposed = m * max(0.0, per_micro - (0.0 if tables.cluster.backend == "gloo" else fwd + bwd))
-    return m * per_micro, exposed, gathered_peak
+    grad_bytes = sum(u.grad_bytes[i] for i in units)
+    if setting.zero in (0, 1, 2):
+        buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
+        kind = "all_reduce" if setting.zero == 0 else "reduce_scatter"
+        backward = sum(u.bwd[i] + u.tp_comm[i] / 2 for i in units)
+        step = bucketed_step([dp_time(kind, b) for b in bucket_sizes(grad_bytes)], backward,
+                             overlap=overlap)
+        if setting.zero == 0:
+            return step.comm_s, step.exposed_s, buckets
+        gather = dp_time("all_gather", sum(u.weights[i] for i in units))
+        return step.comm_s + gather, step.exposed_s + gather, buckets
+    n_layers = len(u.layers)
+    fsdp_units = [
+        Unit(gather_s=dp_time("all_gather", u.weights[i]),
+             reduce_s=dp_time("reduce_scatter", u.grad_bytes[i]),
+             forward_s=u.fwd[i] + u.tp_comm[i] / 2, backward_s=u.bwd[i] + u.tp_comm[i] / 2,
+             regather=0 < i <= n_layers)
+        for i in sorted(units)
+    ]
+    step = fsdp_step(fsdp_units, overlap=overlap)
+    return m * step.comm_s, m * step.exposed_s, gathered_peak

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
-from autopar.knobs import schedule_name, zero_stages
+from autopar.knobs import RECOMPUTE_MODES, SEARCHED_RECOMPUTE_MODES, schedule_name, zero_stages
 
 ZERO_STAGES_RUNNABLE = (0, 3)
 
@@ -43,7 +43,7 @@ class PlanOptions:
     precision: str = "fp32"
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] = SEARCHED_RECOMPUTE_MODES
     # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
     # splits work within each sequence only, as Megatron's does. None (the default): off
     # when tp is pinned (a pinned tp means Megatron's tensor parallelism), on when the
@@ -96,7 +96,7 @@ class PlanOptions:
                 fix=f"use one of {', '.join(OPTIMIZERS)}",
             )
         object.__setattr__(self, "zero", zero_stages(self.zero, where="PlanOptions.zero"))
-        modes = ("none", "selective", "full")
+        modes = RECOMPUTE_MODES
         if not self.recompute or any(m not in modes for m in self.recompute):
             raise AutoparError(
                 f"recompute must be a non-empty subset of {modes}, got {self.recompute}",

@@ -19,10 +19,10 @@ from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.cost_models.pipeline import ZB_V_CHUNKS
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import schedule_name
+from autopar.knobs import RECOMPUTE_MODES, schedule_name
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
-from autopar.solver.costs import RECOMPUTE_MODES, CostTables, Setting
+from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, evaluate
 from autopar.solver.fusion import Fusion

@@ -7,6 +7,7 @@ from collections import Counter
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.cost_models.ground import load_ground
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
@@ -79,6 +80,9 @@ def make_plan(
         "p2p_s": prediction.p2p_s,
         "optimizer_s": prediction.optimizer_s,
     }
+    labels = ground_labels(setting, cluster)
+    predicted["ground"] = [label.to_dict() for label in labels]
+    predicted["ground_margin"] = load_ground().margin(labels)
     cluster_dict = cluster.to_dict()
     cluster_dict["devices"] = cluster.world_size
     return Plan(
@@ -121,6 +125,13 @@ def make_plan(
         attention=attention_entries(gm, options),
         explanation=_explanation(gm, result, cluster, options),
     )
+
+
+def ground_labels(setting: Setting, cluster: Cluster) -> list:
+    """Each parallel scheme of the layout: validated (where, how well) or extrapolated."""
+    return load_ground().labels(setting.mesh, zero=setting.zero,
+                                schedule=setting.schedule if setting.pp > 1 else None,
+                                backend=cluster.backend, devices_per_node=cluster.devices_per_node)
 
 
 def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,

@@ -1,0 +1,236 @@
+"""Predicted vs published for the measured runs in ``benchmarks/data/*.csv``.
+
+Each row is a published training run (its source, table and page are on the row). A row the
+cost model can express -- a GPT or Llama model, fp16/bf16, no torch.compile, no context
+parallelism -- is traced on meta tensors at its sizes and priced by ``autopar estimate``'s
+model with the row's own layout (tp, pp, dp, ZeRO, microbatch, recomputation) on the row's
+hardware. Rows it cannot express are listed with the reason, never dropped silently.
+
+Recomputation: torchtitan's per-op selective policy is autopar's ``op`` mode; recomputing
+every k-th layer is not expressible yet (per-layer recomputation is a later issue).
+
+    python benchmarks/fidelity_published.py --sources          # every source
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from autopar.cluster import load_cluster
+from autopar.cost_models.memory import REPORT_FRAGMENTATION
+from autopar.graph_facts import graph_facts
+from autopar.models import resolve_model
+from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.trace import trace
+
+HARDWARE = (  # (words in the source's device name, autopar preset), first match wins
+    (("H100", "96GB"), "H100-96GB"), (("H100",), "H100-80GB"), (("H200",), "H200"),
+    (("A100", "40GB"), "A100-40GB"), (("A100",), "A100-80GB"), (("V100",), "V100-32GB"),
+)
+
+
+def preset_of(hardware: str | None) -> str | None:
+    """The preset for a source's device name (``H100-SXM-96GB-HBM2e-500W`` -> H100-96GB)."""
+    name = (hardware or "").upper()
+    return next((preset for words, preset in HARDWARE if all(w in name for w in words)), None)
+
+RECOMPUTE = {"none": "none", "full": "full", "selective-op": "op"}
+"""The source's recomputation -> autopar's."""
+
+GIB = 2**30
+
+ARCHITECTURES = {  # released configs (Hugging Face config.json of each model), for rows
+    # whose source names the model but not all its sizes: (layers, hidden, ffn, heads,
+    # kv_heads, vocab)
+    "llama2-7b": (32, 4096, 11008, 32, 32, 32000),      # meta-llama/Llama-2-7b-hf
+    "llama2-13b": (40, 5120, 13824, 40, 40, 32000),     # meta-llama/Llama-2-13b-hf
+    "llama2-34b": (48, 8192, 22016, 64, 8, 32000),      # codellama/CodeLlama-34b-hf (the
+    # Llama 2 34B architecture; Llama 2 34B itself was not released)
+    "llama2-70b": (80, 8192, 28672, 64, 8, 32000),      # meta-llama/Llama-2-70b-hf
+    "llama3-8b": (32, 4096, 14336, 32, 8, 128256),      # meta-llama/Meta-Llama-3-8B
+    "llama3-70b": (80, 8192, 28672, 64, 8, 128256),     # meta-llama/Meta-Llama-3-70B
+}
+_ARCH_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")
+
+
+def with_architecture(row: dict) -> dict:
+    """``row`` with the sizes it leaves empty taken from its model's released config (the
+    row's own numbers win; a filled column is named in ``filled``)."""
+    arch = ARCHITECTURES.get((row.get("model") or "").lower().replace("llama3.1", "llama3"))
+    if arch is None:
+        return row
+    out = dict(row)
+    out["filled"] = [k for k, v in zip(_ARCH_COLUMNS, arch) if row.get(k) in (None, "")]
+    for k in out["filled"]:
+        out[k] = arch[_ARCH_COLUMNS.index(k)]
+    return out
+
+
+@dataclass
+class Outcome:
+    """One row: the published figures, the predicted ones, or why it was not predicted."""
+
+    row: dict
+    skipped: str = ""
+    predicted: float = math.nan  # in the row's throughput unit
+    published: float = math.nan
+    predicted_gib: float = math.nan  # live bytes + the report's fragmentation allowance
+    published_gib: float = math.nan
+    notes: list[str] = field(default_factory=list)
+    mesh: dict = field(default_factory=dict)
+    zero: int = 0
+    schedule: str | None = None
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.published) / self.published
+
+    @property
+    def memory_error(self) -> float:
+        return (self.predicted_gib - self.published_gib) / self.published_gib
+
+
+def _num(row: dict, key: str, default: float | None = None) -> float | None:
+    value = row.get(key)
+    if value in (None, ""):
+        return default
+    return float(value)
+
+
+def expressible(row: dict) -> str:
+    """Why the cost model cannot price ``row`` ("" when it can)."""
+    precision = (row.get("precision") or "").lower()
+    if precision not in ("bf16", "fp16", "fp32"):
+        return f"precision {precision or '?'} (per-node precision is a later issue)"
+    if (row.get("compile") or "").lower() in ("yes", "true", "1"):
+        return "torch.compile (fusion it does is not modelled)"
+    if (_num(row, "cp", 1) or 1) > 1:
+        return "context parallelism (a later issue)"
+    model = (row.get("model") or "").lower()
+    if not any(k in model for k in ("llama", "gpt")):
+        return f"model {row.get('model')!r} (only GPT and Llama rows are built)"
+    if preset_of(row.get("hardware")) is None:
+        return f"hardware {row.get('hardware')!r} has no preset"
+    if (row.get("recompute") or "none") not in RECOMPUTE:
+        return f"recompute {row.get('recompute')!r}"
+    if row.get("recompute") == "selective-layer":
+        return "recomputation of every k-th layer (per-layer recomputation is a later issue)"
+    unit = (row.get("throughput_unit") or "").lower()
+    if "token" not in unit and "tflop" not in unit:
+        return f"throughput unit {row.get('throughput_unit')!r}"
+    for key in ("layers", "hidden", "heads", "vocab", "seq_len", "gpus", "global_batch"):
+        if _num(row, key) is None:
+            return f"no {key}"
+    if _num(row, "ffn_hidden") is None and "llama" in model:
+        return "no ffn_hidden"
+    return ""
+
+
+def model_spec(row: dict) -> str:
+    sizes = {k: int(_num(row, k)) for k in ("layers", "hidden", "heads", "vocab")}
+    seq, batch = int(_num(row, "seq_len")), int(_num(row, "global_batch"))
+    if "llama" in row["model"].lower():
+        kv = int(_num(row, "kv_heads", sizes["heads"]))
+        ffn = int(_num(row, "ffn_hidden"))
+        return (f"llama:layers={sizes['layers']},hidden={sizes['hidden']},heads={sizes['heads']},"
+                f"kv_heads={kv},ffn={ffn},vocab={sizes['vocab']},seq={seq}")
+    return (f"gpt:layers={sizes['layers']},hidden={sizes['hidden']},heads={sizes['heads']},"
+            f"vocab={sizes['vocab']},seq={seq},batch={batch}")
+
+
+def row_cluster(row: dict):
+    gpus = int(_num(row, "gpus"))
+    per_node = int(_num(row, "devices_per_node", 8))
+    spec: dict = {"nodes": max(1, gpus // per_node), "devices_per_node": min(per_node, gpus),
+                  "device": {"preset": preset_of(row["hardware"])}}
+    gbps = _num(row, "inter_node_gbps_per_gpu")
+    if gbps:
+        spec["inter_node_link"] = {"bandwidth_bytes_per_s": gbps / 8 * 1e9}
+    return load_cluster(spec)
+
+
+_TRACED: dict[tuple, torch.fx.GraphModule] = {}
+
+
+def predict_row(row: dict) -> Outcome:
+    row = with_architecture(row)
+    out = Outcome(row, published=_num(row, "throughput_value", math.nan),
+                  published_gib=_num(row, "memory_gib", math.nan))
+    why = expressible(row)
+    if why:
+        out.skipped = why
+        return out
+    gpus, batch = int(_num(row, "gpus")), int(_num(row, "global_batch"))
+    tp, pp = int(_num(row, "tp", 1)), int(_num(row, "pp", 1))
+    dp = int(_num(row, "dp", gpus // (tp * pp)))
+    if tp * pp * dp != gpus:
+        out.skipped = f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs"
+        return out
+    zero_text = (row.get("zero_stage") or "0").lower()
+    zero = 3 if zero_text in ("fsdp", "3", "zero-3", "zero3") else int(float(zero_text or 0))
+    local = int(_num(row, "local_batch", batch // dp))
+    micro = int(_num(row, "micro_batch", local if pp == 1 else 1))
+    recompute = RECOMPUTE[row.get("recompute") or "none"]
+    if row.get("filled"):
+        out.notes.append(f"{', '.join(row['filled'])} from the released config")
+    schedule = (row.get("schedule") or "1f1b") if pp > 1 else None
+    spec_text = model_spec(row)
+    seq = int(_num(row, "seq_len"))
+    key = (spec_text, micro)
+    if key not in _TRACED:
+        spec = resolve_model(spec_text)
+        with torch.device("meta"):
+            model = spec.build()
+        _TRACED[key] = trace(model, spec.example_inputs(micro, seq))
+    gm = _TRACED[key]
+    config = PinnedConfig(tp=tp, pp=pp, dp=dp, sp=tp > 1, microbatch=micro, global_batch=batch,
+                          recompute=recompute, precision=row["precision"].lower(), zero=zero,
+                          optimizer="adamw", schedule=schedule or "1f1b",
+                          virtual=int(_num(row, "vpp", 1)))
+    est = estimate_graph(gm, row_cluster(row), config)
+    step = est.prediction.step_time_s
+    unit = row["throughput_unit"].lower()
+    if "token" in unit:
+        out.predicted = batch * seq / step / gpus
+    else:
+        facts = graph_facts(gm)
+        flops = (facts.fwd_flops + facts.bwd_flops) * batch / (facts.batch_size or 1)
+        out.predicted = flops / step / gpus / 1e12
+    out.predicted_gib = est.prediction.peak_memory_bytes * (1 + REPORT_FRAGMENTATION) / GIB
+    out.mesh = {k: v for k, v in (("pp", pp), ("dp", dp), ("tp", tp))}
+    out.zero, out.schedule = zero, schedule
+    return out
+
+
+def ranking_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]]:
+    """Rows of one source that compare layouts or GPU counts for the same model on the same
+    hardware, in a per-GPU unit: (a, b, the model orders them as the measurements do)."""
+    done = [o for o in outcomes if not o.skipped]
+    pairs = []
+    for i, a in enumerate(done):
+        for b in done[i + 1:]:
+            same = all(a.row.get(k) == b.row.get(k)
+                       for k in ("source", "hardware", "model", "seq_len", "throughput_unit"))
+            if not same or a.published == b.published:
+                continue
+            pairs.append((a, b, (a.published > b.published) == (a.predicted > b.predicted)))
+    return pairs
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    done = [o for o in outcomes if not o.skipped]
+    errors = [abs(o.error) for o in done]
+    mem = [abs(o.memory_error) for o in done if not math.isnan(o.published_gib)]
+    pairs = ranking_pairs(outcomes)
+    return {
+        "rows": len(outcomes), "predicted": len(done),
+        "median": statistics.median(errors) if errors else math.nan,
+        "worst": max(errors) if errors else math.nan,
+        "memory_median": statistics.median(mem) if mem else math.nan,
+        "memory_worst": max(mem) if mem else math.nan,
+        "pairs": len(pairs), "agree": sum(ok for _, _, ok in pairs),
+    }

@@ -1,0 +1,135 @@
+"""Data-parallel communication per step: DDP's bucketed all-reduce and FSDP2's per-unit
+all-gathers and reduce-scatters, with the overlap each really gets (modelled).
+
+Why per unit: a fully sharded (ZeRO-3) step is not one big all-gather. FSDP2 gathers each
+``fully_shard`` unit (one transformer block, plus the root's own weights) separately before
+its forward, again before its backward (``reshard_after_forward=True``), and reduce-scatters
+its gradients after its backward. Every call pays a collective latency that grows with the
+group (a ring has ``n - 1`` steps), so at dp = 256 and above the many small calls, not the
+bytes, set the time; and overlap is bounded by the prefetch depth: the gather of unit
+``i + 1`` can only hide behind unit ``i``'s compute (FSDP2 issues one all-gather ahead in
+forward and, by default, one in backward -- ``set_modules_to_forward_prefetch`` /
+``set_modules_to_backward_prefetch`` raise it). A unit whose compute is shorter than its
+collectives leaves the difference exposed, however much compute the step has in total.
+
+The recomputation forward of a checkpointed block re-uses the weights its backward gathered
+(FSDP2 unshards in the pre-backward hook, and the checkpoint reruns the forward inside the
+backward), so full recomputation adds no gathers under FSDP2; DeepSpeed ZeRO-3 is different
+(it fetches again) and is not modelled here.
+
+DDP (ZeRO 0) and ZeRO 1/2 reduce the gradients in buckets of ``bucket_cap_mb`` as backward
+produces them; each bucket is one collective with its own latency, and the last bucket (the
+first layers' gradients) is ready only when backward ends, so it is never hidden.
+
+>>> units = [Unit(gather_s=1.0, reduce_s=1.0, forward_s=2.0, backward_s=4.0)] * 3
+>>> round(fsdp_step(units).exposed_s, 3)   # first gathers of forward and backward, last reduce
+3.0
+>>> round(fsdp_step(units, overlap=False).exposed_s, 3)   # gloo: nothing overlaps
+9.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit on one device, per microbatch: its collectives and its compute."""
+
+    gather_s: float  # all-gather of its weights (once for forward, once for backward)
+    reduce_s: float  # reduce-scatter of its gradients after its backward
+    forward_s: float
+    backward_s: float  # including recomputation
+    regather: bool = True  # gathered again for backward (False: kept from forward, the root)
+
+
+@dataclass(frozen=True)
+class CommTime:
+    """Seconds of data-parallel communication per step, and the part that is not hidden."""
+
+    comm_s: float
+    exposed_s: float
+
+
+def fsdp_step(units: Sequence[Unit], *, prefetch: int = 1, overlap: bool = True) -> CommTime:
+    """One microbatch's FSDP2 collectives on a timeline of two resources, compute and the
+    communication stream (collectives run one at a time, in the order issued).
+
+    Forward runs the units in order: unit ``i`` starts when its gather has finished and unit
+    ``i - 1`` has; the gather of unit ``i + prefetch`` is issued when unit ``i`` starts.
+    Backward runs them in reverse, re-gathering each (``regather``), issuing the gather
+    ``prefetch`` units ahead and each reduce-scatter when the unit's backward ends. The step's
+    communication is done when the last reduce-scatter is. ``overlap=False`` (gloo on CPU,
+    whose collectives use the cores that compute) serializes everything.
+    """
+    if prefetch < 0:
+        raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+    compute = sum(u.forward_s + u.backward_s for u in units)
+    comm = sum(u.gather_s * (2 if u.regather else 1) + u.reduce_s for u in units)
+    if not units:
+        return CommTime(0.0, 0.0)
+    if not overlap:
+        return CommTime(comm, comm)
+    n = len(units)
+    clock = {"comm": 0.0, "compute": 0.0}
+
+    def collective(seconds: float, ready: float) -> float:
+        clock["comm"] = max(clock["comm"], ready) + seconds
+        return clock["comm"]
+
+    # forward
+    gathered = [0.0] * n
+    issued = 0
+    for i in range(min(n, prefetch + 1)):
+        gathered[i] = collective(units[i].gather_s, 0.0)
+        issued = i + 1
+    for i, u in enumerate(units):
+        start = max(gathered[i], clock["compute"])
+        while issued < n and issued <= i + prefetch:
+            gathered[issued] = collective(units[issued].gather_s, start)
+            issued += 1
+        clock["compute"] = start + u.forward_s
+    # backward, last unit first
+    order = list(range(n - 1, -1, -1))
+    ready = {i: clock["compute"] for i in order}  # a kept (root) unit is ready at once
+    issued = 0
+    for j in range(min(n, prefetch + 1)):
+        i = order[j]
+        if units[i].regather:
+            ready[i] = collective(units[i].gather_s, clock["compute"])
+        issued = j + 1
+    done = clock["compute"]
+    for j, i in enumerate(order):
+        start = max(ready[i], clock["compute"])
+        while issued < n and issued <= j + prefetch:
+            k = order[issued]
+            if units[k].regather:
+                ready[k] = collective(units[k].gather_s, start)
+            issued += 1
+        clock["compute"] = start + units[i].backward_s
+        done = collective(units[i].reduce_s, clock["compute"])
+    end = max(done, clock["compute"])
+    return CommTime(comm, max(0.0, end - compute))
+
+
+def bucketed_step(bucket_s: Sequence[float], backward_s: float, *, overlap: bool = True
+                  ) -> CommTime:
+    """Gradient buckets reduced as backward produces them (DDP, ZeRO 1/2): bucket ``k`` of
+    ``b`` is ready after ``(k + 1) / b`` of the backward (gradients arrive at an even rate),
+    and the buckets' collectives run one at a time.
+
+    >>> round(bucketed_step([1.0, 1.0], 4.0).exposed_s, 3)   # the last bucket is exposed
+    1.0
+    """
+    comm = float(sum(bucket_s))
+    if not bucket_s:
+        return CommTime(0.0, 0.0)
+    if not overlap:
+        return CommTime(comm, comm)
+    b = len(bucket_s)
+    clock = 0.0
+    for k, seconds in enumerate(bucket_s):
+        clock = max(clock, backward_s * (k + 1) / b) + seconds
+    return CommTime(comm, max(0.0, clock - backward_s))

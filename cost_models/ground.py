@@ -170,7 +170,7 @@ def evidence_from_rows(rows: list[dict], backend: str) -> list[Evidence]:
         errors = sorted(e for _, _, e in hits)
         out.append(Evidence(scheme, backend, max(d for d, _, _ in hits),
                             tuple(sorted({s for _, s, _ in hits})), len(hits),
-                            statistics.median(errors), errors[-1]))
+                            round(statistics.median(errors), 4), round(errors[-1], 4)))
     return out
 
 

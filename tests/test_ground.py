@@ -1,0 +1,86 @@
+"""Validated ground: every plan says, per parallel scheme, whether the cost model was checked
+against measured runs there, in its text and its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autopar.cost_models.ground import (
+    DEFAULT_MARGIN,
+    Evidence,
+    Ground,
+    evidence_from_rows,
+    ground_from_dict,
+    load_ground,
+    write_ground,
+)
+
+GROUND = Ground((
+    Evidence("zero3", "nccl", 128, ("torchtitan",), 3, 0.05, 0.12),
+    Evidence("tp", "nccl", 8, ("megatron",), 10, 0.06, 0.15),
+))
+
+
+def test_labels_validated_within_the_evidence_and_extrapolated_beyond() -> None:
+    labels = GROUND.labels({"dp": 256, "tp": 8}, zero=3, schedule=None, backend="nccl",
+                           devices_per_node=8)
+    by = {label.scheme: label for label in labels}
+    assert not by["zero3"].validated and "extrapolated" in by["zero3"].text
+    assert "up to 128" in by["zero3"].text
+    assert by["tp"].validated and "median error 6%" in by["tp"].text
+    # beyond the evidence the margin is the model's worst error on that scheme
+    assert GROUND.margin(labels) == pytest.approx(0.12)
+
+
+def test_unknown_scheme_or_backend_is_extrapolated_with_the_default_margin() -> None:
+    labels = GROUND.labels({"pp": 4, "dp": 2, "tp": 1}, zero=0, schedule="zb_v",
+                           backend="gloo", devices_per_node=2)
+    assert [label.validated for label in labels] == [False, False]
+    assert GROUND.margin(labels) == DEFAULT_MARGIN
+    assert GROUND.margin([]) == 0.0
+
+
+def test_tp_across_nodes_is_its_own_scheme() -> None:
+    labels = GROUND.labels({"dp": 1, "tp": 16}, zero=0, schedule=None, backend="nccl",
+                           devices_per_node=8)
+    assert [(label.scheme, label.validated) for label in labels] == [("tp-cross-node", False)]
+
+
+def test_evidence_round_trips_through_the_file(tmp_path) -> None:
+    rows = [{"source": "s", "mesh": {"dp": 8, "tp": 1}, "zero": 3, "devices_per_node": 8,
+             "error": 0.1},
+            {"source": "s", "mesh": {"dp": 64, "tp": 1}, "zero": 3, "devices_per_node": 8,
+             "error": -0.2}]
+    evidence = evidence_from_rows(rows, "nccl")
+    assert [(e.scheme, e.max_degree, e.rows) for e in evidence] == [("zero3", 64, 2)]
+    assert evidence[0].median_error == pytest.approx(0.15)
+    assert evidence[0].worst_error == pytest.approx(0.2)
+    path = write_ground(evidence, tmp_path / "ground.json")
+    assert load_ground(str(path)).evidence == tuple(evidence)
+    with pytest.raises(ValueError, match="version"):
+        ground_from_dict({**json.loads(path.read_text()), "version": 99})
+
+
+def test_plans_label_every_scheme_in_json_and_text() -> None:
+    from autopar import plan
+    from autopar.cli.summary import format_plan
+    from autopar.models import resolve_model
+    from autopar.plan import Plan
+    from autopar.trace import trace
+
+    spec = resolve_model("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,batch=4")
+    import torch
+
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(4, 32))
+    p = plan(gm, "2xcpu", dp=2, tp=1, pp=1, zero=0)
+    labels = p.predicted["ground"]
+    assert [label["scheme"] for label in labels] == ["dp"]
+    assert isinstance(labels[0]["validated"], bool)
+    again = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert again.predicted["ground"] == labels
+    text = format_plan(p, "gpt")
+    assert "validated ground" in text and labels[0]["text"] in text

@@ -65,6 +65,7 @@ class Label:
     validated: bool
     text: str
     evidence: Evidence | None = None
+    backend: str = "nccl"
 
     def to_dict(self) -> dict:
         out = {"scheme": self.scheme, "degree": self.degree, "validated": self.validated,
@@ -113,28 +114,38 @@ class Ground:
                                       devices_per_node=devices_per_node):
             e = self.best(scheme, backend)
             if e is not None and degree <= e.max_degree:
-                out.append(Label(scheme, degree, True, f"{scheme}={degree}: {e.describe()}", e))
+                out.append(Label(scheme, degree, True, f"{scheme}={degree}: {e.describe()}", e,
+                                 backend))
             elif e is not None:
                 out.append(Label(scheme, degree, False,
                                  f"{scheme}={degree}: not validated, extrapolated ({e.describe()})",
-                                 e))
+                                 e, backend))
             else:
                 out.append(Label(scheme, degree, False,
-                                 f"{scheme}={degree}: not validated on {backend}, extrapolated"))
+                                 f"{scheme}={degree}: not validated on {backend}, extrapolated",
+                                 None, backend))
         return out
 
-    def margin(self, labels: list[Label], floor: float | None = None) -> float:
+    def margin(self, labels: list[Label], fixed: float | None = None) -> float:
         """How much faster (a fraction) a plan with these labels must be predicted than the
-        best validated plan to be preferred: 0 on validated ground; otherwise the worst error
-        the model has on the extrapolated schemes' evidence at lower degrees, or
-        :data:`DEFAULT_MARGIN` without any; at least ``floor`` when given."""
-        out = 0.0
-        for label in labels:
-            if label.validated:
-                continue
-            err = label.evidence.worst_error if label.evidence is not None else DEFAULT_MARGIN
-            out = max(out, err, floor or 0.0)
-        return out
+        best validated plan to be preferred: 0 on validated ground; otherwise ``fixed`` when
+        given (0: no preference), else the worst error the model has on the extrapolated
+        schemes' evidence at lower degrees, or :data:`DEFAULT_MARGIN` without any. Where
+        nothing at all was validated on the plan's interconnect there is no validated plan
+        to prefer, and the margin is 0."""
+        extrapolated = [label for label in labels if not label.validated]
+        if not extrapolated:
+            return 0.0
+        if fixed is not None:
+            return fixed
+        if not any(e.backend == self._backend_of(labels) for e in self.evidence):
+            return 0.0
+        return max(label.evidence.worst_error if label.evidence is not None else DEFAULT_MARGIN
+                   for label in extrapolated)
+
+    @staticmethod
+    def _backend_of(labels: list[Label]) -> str | None:
+        return labels[0].backend if labels else None
 
 
 def ground_from_dict(data: Mapping) -> Ground:

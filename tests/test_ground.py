@@ -38,7 +38,12 @@ def test_unknown_scheme_or_backend_is_extrapolated_with_the_default_margin() -> 
     labels = GROUND.labels({"pp": 4, "dp": 2, "tp": 1}, zero=0, schedule="zb_v",
                            backend="gloo", devices_per_node=2)
     assert [label.validated for label in labels] == [False, False]
-    assert GROUND.margin(labels) == DEFAULT_MARGIN
+    # nothing was validated on gloo: no validated plan to prefer, no margin
+    assert GROUND.margin(labels) == 0.0
+    nccl = GROUND.labels({"pp": 4, "dp": 2, "tp": 1}, zero=0, schedule="zb_v",
+                         backend="nccl", devices_per_node=8)
+    assert GROUND.margin(nccl) == DEFAULT_MARGIN
+    assert GROUND.margin(nccl, fixed=0.0) == 0.0
     assert GROUND.margin([]) == 0.0
 
 

@@ -30,6 +30,10 @@ class PlanOptions:
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
+    - ``extrapolation_margin``: how much faster (a fraction) a plan using a scheme beyond
+      the cost model's validated ground must be predicted than the best validated plan to
+      be chosen (``autopar.cost_models.ground``); ``None``: the model's own worst error
+      there; 0: no preference.
     """
 
     global_batch: int | None = None
@@ -53,6 +57,7 @@ class PlanOptions:
     fuse_attention: bool = True
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
+    extrapolation_margin: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "dp", "tp", "pp", "virtual_stages", "microbatch",
@@ -120,6 +125,14 @@ class PlanOptions:
                 where="PlanOptions.memory_fraction",
                 fix="e.g. 0.9 leaves 10% headroom",
             )
+        margin = self.extrapolation_margin
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                                   or not math.isfinite(margin) or margin < 0):
+            raise AutoparError(
+                f"extrapolation_margin must be a fraction >= 0 or None, got {margin!r}",
+                where="PlanOptions.extrapolation_margin",
+                fix="e.g. 0.1 (an extrapolated plan must be predicted 10% faster), 0 for none, "
+                "or None for the model's own error")
         if self.time_limit_s <= 0:
             raise AutoparError(
                 f"time_limit_s must be positive, got {self.time_limit_s}",

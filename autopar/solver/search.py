@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from autopar.cluster import Cluster
 from autopar.cost_models.comm import axis_link
+from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
@@ -292,10 +293,22 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         candidates.append(cand)
         step = prediction.step_time_s
         fastest = step if fastest is None else min(fastest, step)
-        key = (step, pp, setting.tp, setting.zero)
+        # Validated ground first: a layout beyond it must win by the model's error there.
+        key = (step * (1 + ground_margin(variant, cluster, tables.options)), pp, setting.tp,
+               setting.zero)
         if best is None or key < best[:4]:
             best = (*key, cand, problem, tables, batch)
     return fastest, best
+
+
+def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:
+    """The handicap of ``setting`` for being beyond validated ground (see
+    :mod:`autopar.cost_models.ground`)."""
+    ground = load_ground()
+    labels = ground.labels(setting.mesh, zero=setting.zero,
+                           schedule=setting.schedule if setting.pp > 1 else None,
+                           backend=cluster.backend, devices_per_node=cluster.devices_per_node)
+    return ground.margin(labels, options.extrapolation_margin)
 
 
 def lower_bounds(tables: CostTables, state_scale: float = 1.0,

@@ -82,7 +82,7 @@ def make_plan(
     }
     labels = ground_labels(setting, cluster)
     predicted["ground"] = [label.to_dict() for label in labels]
-    predicted["ground_margin"] = load_ground().margin(labels)
+    predicted["ground_margin"] = load_ground().margin(labels, options.extrapolation_margin)
     cluster_dict = cluster.to_dict()
     cluster_dict["devices"] = cluster.world_size
     return Plan(

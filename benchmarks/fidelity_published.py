@@ -1,14 +1,22 @@
-"""Predicted vs published: Megatron-LM's GPT runs (Narayanan et al., SC'21, Table 1).
+"""Predicted vs published: Megatron-LM's GPT runs (Narayanan et al., SC'21, Table 1), then
+every measured run in ``benchmarks/data/*.csv`` (torchtitan, the IBM/PyTorch FSDP blog, ...).
 
 Each row of ../shared/anchors/megatron_sc21_table1.csv is evaluated with its published
 settings (A100-80GB, its TP/PP/DP, micro and global batch, interleaving, sequence 2048,
 vocabulary 51200, fp16, full activation recomputation; the GPT with explicit softmax
 attention and 0.1 dropout, as Megatron ran it in 2021) by ``autopar estimate``'s model, and
 the predicted TFLOP/s per GPU — hardware FLOPs, counting the recomputed forward as the paper
-does — is printed next to the published figure.
+does — is printed next to the published figure. The other sources follow, each row priced
+with its own layout and hardware (``benchmarks/fidelity_sources.py``), with per source the
+median and worst throughput error, the memory error where the source gives memory, and
+ranking agreement (does the model order the source's rows as the measurements do?).
 
-    python benchmarks/fidelity_published.py            # all rows (a few minutes)
-    python benchmarks/fidelity_published.py --rows 3   # the first three
+``--write-ground`` records, per parallel scheme, up to which degree and how well the model
+was validated (``cost_models/ground.json``); plans cite it and the planner prefers it.
+
+    python benchmarks/fidelity_published.py                  # everything (~15 minutes)
+    python benchmarks/fidelity_published.py --table1-only --rows 3
+    python benchmarks/fidelity_published.py --source torchtitan_llama3_h100_202412
 """
 
 from __future__ import annotations
@@ -130,7 +138,7 @@ def sources(names: list[str] | None) -> list[dict]:
             label = (row.get("scheme") or "")[:34]
             table = (row.get("table_or_figure") or "")[:10]
             if o.skipped:
-                print(f"  {table:<10} {label:<34} {row.get('gpus', ''):>5} "
+                print(f"  {table:<10} {label:<34} {str(row.get('gpus') or ''):>5} "
                       f"{o.published:>10.1f}   not predicted: {o.skipped}")
                 continue
             mem = (f"{o.published_gib:>7.1f} {o.predicted_gib:>8.1f} {o.memory_error:>+7.1%}"
@@ -146,14 +154,16 @@ def sources(names: list[str] | None) -> list[dict]:
         print(f"  {name}: {s['predicted']}/{s['rows']} rows predicted; throughput error median "
               f"{s['median']:.1%}, worst {s['worst']:.1%}; memory error median "
               f"{s['memory_median']:.1%}, worst {s['memory_worst']:.1%}; rankings agree "
-              f"{s['agree']}/{s['pairs']}")
-    print("\nper source (targets: median <= 10%, worst <= 25%, rankings agree)")
+              f"{s['agree']}/{s['pairs']}; runs predicted not to fit: {s['not_fit']}")
+    print("\nper source (targets: median <= 10%, worst <= 25%, rankings agree, no run that "
+          "ran predicted not to fit; memory in GiB includes a 10% allocator allowance, "
+          "REPORT_FRAGMENTATION, against the sources' reserved memory)")
     print(f"  {'source':<40} {'rows':>5} {'median':>7} {'worst':>7} {'mem med':>8} "
-          f"{'mem worst':>9} {'ranking':>8}")
+          f"{'mem worst':>9} {'ranking':>8} {'no-fit':>6}")
     for name, s in summaries:
         print(f"  {name:<40} {s['predicted']:>2}/{s['rows']:<2} {s['median']:>7.1%} "
               f"{s['worst']:>7.1%} {s['memory_median']:>8.1%} {s['memory_worst']:>9.1%} "
-              f"{s['agree']:>3}/{s['pairs']:<4}")
+              f"{s['agree']:>3}/{s['pairs']:<4} {s['not_fit']:>6}")
     return compared
 
 

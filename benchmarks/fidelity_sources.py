@@ -81,6 +81,7 @@ class Outcome:
     predicted_gib: float = math.nan  # live bytes + the report's fragmentation allowance
     published_gib: float = math.nan
     notes: list[str] = field(default_factory=list)
+    fits: bool = True  # the model's live bytes within the device's memory (estimate's test)
     mesh: dict = field(default_factory=dict)
     zero: int = 0
     schedule: str | None = None
@@ -201,6 +202,9 @@ def predict_row(row: dict) -> Outcome:
         flops = (facts.fwd_flops + facts.bwd_flops) * batch / (facts.batch_size or 1)
         out.predicted = flops / step / gpus / 1e12
     out.predicted_gib = est.prediction.peak_memory_bytes * (1 + REPORT_FRAGMENTATION) / GIB
+    out.fits = est.prediction.peak_memory_bytes <= est.tables.cluster.device.memory_bytes
+    if not out.fits:
+        out.notes.append("PREDICTED NOT TO FIT, though the run ran")
     out.mesh = {k: v for k, v in (("pp", pp), ("dp", dp), ("tp", tp))}
     out.zero, out.schedule = zero, schedule
     return out
@@ -233,4 +237,5 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "memory_median": statistics.median(mem) if mem else math.nan,
         "memory_worst": max(mem) if mem else math.nan,
         "pairs": len(pairs), "agree": sum(ok for _, _, ok in pairs),
+        "not_fit": sum(not o.fits for o in done),
     }

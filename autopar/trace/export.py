@@ -17,6 +17,7 @@ from types import TracebackType
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from autopar.errors import TraceError
 
@@ -28,7 +29,10 @@ def export_model(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphM
     try:
         # torch.export prints the partial graph of a failed trace to stderr; the error
         # autopar raises says what matters, so keep that dump out of the user's terminal.
-        with contextlib.redirect_stderr(io.StringIO()):
+        # Lazy graph modules: export rebuilds the graph module many times, and each rebuild
+        # would compile its Python code (seconds for an 80-layer model) though only the
+        # final module's code is ever run.
+        with contextlib.redirect_stderr(io.StringIO()), _use_lazy_graph_module(True):
             program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as export_error:  # noqa: BLE001 - every failure is translated below
         gm = _symbolic_fallback(model, args, kwargs)

@@ -116,10 +116,10 @@ def export_repeated(model: nn.Module, args: tuple, kwargs: dict,
     finally:
         setattr(parent, attr, stack)
     try:
-        three = _repeat(graphs[2], model, path, 2, 3)
+        three = _repeat(graphs[2], path, 2, 3)
         if three is None or not _same(three, graphs[3].graph):
             return None
-        graph = _repeat(graphs[2], model, path, 2, n)
+        graph = _repeat(graphs[2], path, 2, n)
     except Exception:  # noqa: BLE001 - anything unexpected: export the whole model
         return None
     if graph is None:
@@ -164,7 +164,7 @@ def _swap(text: str, stack: str, old: int, new: int) -> str:
     return text
 
 
-def _repeat(gm: fx.GraphModule, model: nn.Module, stack: str, k: int, n: int
+def _repeat(gm: fx.GraphModule, stack: str, k: int, n: int
             ) -> fx.Graph | None:
     """The graph of ``gm`` (a ``k``-layer export) with its last layer repeated up to ``n``
     layers; nodes are named as export names them (counters in graph order)."""

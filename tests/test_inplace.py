@@ -132,8 +132,8 @@ def heads_forced(head_buffer, monkeypatch):
     _, _, gm = head_buffer
     name, real = _first_slice(gm), search.build_problem
 
-    def build(gm, tp, batch):
-        problem = real(gm, tp, batch)
+    def build(gm, tp, batch, *skeleton):
+        problem = real(gm, tp, batch, *skeleton)
         restrict_to(problem, frozenset({name}), lambda s: s.inputs[0] == Shard(2))
         return problem
 

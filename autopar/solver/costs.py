@@ -141,6 +141,10 @@ class CostTables:
         self.tp_link: LinkSpec = axis_link(cluster, setting.mesh, "tp")
         self.dp_link: LinkSpec = axis_link(cluster, setting.mesh, "dp")
         self.element_bytes = activation_bytes_per_element(options.precision)
+        # The solver, the bounds and every evaluation of a layout ask for the same
+        # coefficients again: each is computed once per setting.
+        self._times: dict[tuple, tuple[float, float, float]] = {}
+        self._moves: dict[tuple, float] = {}
 
     # --- sizes -----------------------------------------------------------------------
     def _scale(self, d: Decision, output: int = 0) -> float:
@@ -245,6 +249,12 @@ class CostTables:
     # --- per decision (one instance) ---------------------------------------------------
     def times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         """(forward, backward, recompute) seconds of one instance of ``d`` under ``s``."""
+        key = (d.index, s)
+        if key not in self._times:
+            self._times[key] = self._compute_times(d, s)
+        return self._times[key]
+
+    def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts
         if d.kind != "op":
             return 0.0, 0.0, 0.0
@@ -405,6 +415,12 @@ class CostTables:
     def redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         """Forward + backward seconds of one instance's redistribution; a value made inside a
         fully recomputed layer is redistributed again when the layer reruns."""
+        memo = (key, src, dst)
+        if memo not in self._moves:
+            self._moves[memo] = self._redistribution(key, src, dst)
+        return self._moves[memo]
+
+    def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         n, link = self.setting.tp, self.tp_link
         nbytes = self.value_bytes(key)
         backend = self.cluster.backend

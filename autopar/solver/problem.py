@@ -100,46 +100,67 @@ def graph_facts_blocks(node: fx.Node) -> list:
     return graph_facts(gm).blocks if gm is not None else []
 
 
-def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy]) -> Problem:
-    """Group nodes into decisions, list tp candidates compatible with the dp placements,
-    and record every value's uses."""
+@dataclass(frozen=True)
+class Skeleton:
+    """What a problem holds that does not depend on the tp degree: the decisions' nodes,
+    and every value's uses. Built once per graph and shared by the problems of every mesh
+    (each problem gets its own decisions, whose candidates differ)."""
+
+    groups: tuple[tuple[fx.Node, ...], ...]
+    decision_of: dict[str, int]
+    values: dict[ValueKey, ValueInfo]
+
+
+def problem_skeleton(gm: fx.GraphModule) -> Skeleton:
+    """Group nodes into decisions and record every value's uses (see :func:`build_problem`)."""
     groups: dict[object, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if is_decision(node):
             groups.setdefault(decision_key(node), []).append(node)
-
-    decisions: list[Decision] = []
     decision_of: dict[str, int] = {}
-    for nodes in groups.values():
-        d = Decision(len(decisions), nodes, [], batch[nodes[0].name])
-        decisions.append(d)
+    for index, nodes in enumerate(groups.values()):
         for n in nodes:
-            decision_of[n.name] = d.index
+            decision_of[n.name] = index
 
-    problem = Problem(gm, tp, decisions, {}, decision_of)
+    def value_key(node: fx.Node) -> ValueKey:
+        producer, index = value_of(node)
+        return decision_of[producer.name], index
+
     uses: dict[ValueKey, dict[tuple[int, int], list]] = defaultdict(dict)
     tied = ties(gm.graph)
-    for d in decisions:
-        for node in d.nodes:
+    for index, nodes in enumerate(groups.values()):
+        for node in nodes:
             saved = set(node.meta[META_KEY].saved_inputs)
             layer = node.meta[META_KEY].layer
             for slot, a in enumerate(tensor_inputs(node)):
-                key = problem.value_key(a)
+                key = value_key(a)
                 producer_layer = value_of(a)[0].meta[META_KEY].layer
                 same = layer is not None and producer_layer == layer
-                entry = uses[key].setdefault((d.index, slot), [0, False, same, False])
+                entry = uses[key].setdefault((index, slot), [0, False, same, False])
                 entry[0] += 1
                 entry[1] = entry[1] or slot in saved
                 entry[3] = entry[3] or (node, slot) in tied
     for producer, index in output_values(gm.graph):
         uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False, False])
 
+    values: dict[ValueKey, ValueInfo] = {}
     for key in sorted(uses):
         info = ValueInfo(key)
         for (consumer, slot), (count, saves, same, tie) in sorted(uses[key].items()):
             info.uses.append(Use(consumer, slot, count, saves, same, tie))
-        problem.values[key] = info
+        values[key] = info
+    return Skeleton(tuple(tuple(nodes) for nodes in groups.values()), decision_of, values)
 
+
+def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy],
+                  skeleton: Skeleton | None = None) -> Problem:
+    """Group nodes into decisions, list tp candidates compatible with the dp placements,
+    and record every value's uses. ``skeleton``: the graph's :func:`problem_skeleton`,
+    when the caller builds problems for several tp degrees (it is the same for all)."""
+    skeleton = skeleton or problem_skeleton(gm)
+    decisions = [Decision(index, list(nodes), [], batch[nodes[0].name])
+                 for index, nodes in enumerate(skeleton.groups)]
+    problem = Problem(gm, tp, decisions, skeleton.values, skeleton.decision_of)
     for d in decisions:
         if d.kind == "op":
             _op_candidates(d, tp)

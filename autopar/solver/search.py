@@ -29,7 +29,13 @@ from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, 
 from autopar.solver.fusion import Fusion
 from autopar.solver.options import PlanOptions
 from autopar.solver.pin_conflicts import Conflict, conflict, pinned
-from autopar.solver.problem import Problem, build_problem, forbid_splitting_batch
+from autopar.solver.problem import (
+    Problem,
+    Skeleton,
+    build_problem,
+    forbid_splitting_batch,
+    problem_skeleton,
+)
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
 from autopar.units import format_bytes
 
@@ -125,6 +131,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
+    skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
     for pp, dp, tp in shapes:
         if global_batch % dp:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
@@ -138,7 +145,9 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             splits_batch = options.tp_splits_batch and microbatch % tp == 0
             key = (tp, splits_batch)  # shared by every dp and pp
             if key not in problems:
-                problem = fusion.apply(build_problem(gm, tp, batch))
+                if not skeleton:
+                    skeleton.append(problem_skeleton(gm))
+                problem = fusion.apply(build_problem(gm, tp, batch, skeleton[0]))
                 if not splits_batch and tp > 1:
                     forbid_splitting_batch(problem, traced)
                 if adjust is not None:
@@ -419,13 +428,14 @@ def lowest_memory(
     batch = batch_strategies(gm, traced)
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     problems: dict[int, Problem] = {}  # per tp: the same for every dp and pp
+    skeleton = problem_skeleton(gm)
     for pp, dp, tp in mesh_shapes(cluster, options, n_layers_of(gm)):
         if global_batch % dp or global_batch // dp < pp:
             continue
         zero = max(options.zero) if dp > 1 else 0
         setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
         if tp not in problems:
-            problems[tp] = fusion.apply(build_problem(gm, tp, batch))
+            problems[tp] = fusion.apply(build_problem(gm, tp, batch, skeleton))
         problem = problems[tp]
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [

@@ -17,27 +17,41 @@ from types import TracebackType
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from autopar.errors import TraceError
 
 _LIB_MARKERS = ("site-packages/torch/", "/torch/_", "<string>", "autopar/trace/")
 
 
-def export_model(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule, str]:
-    """The model's graph, and which tracer made it."""
+def export_model(model: nn.Module, args: tuple, kwargs: dict, repeat: bool = True
+                 ) -> tuple[fx.GraphModule, str]:
+    """The model's graph, and which tracer made it. ``repeat``: a deep stack of alike layers
+    may be exported at two and three layers and repeated (:mod:`autopar.trace.repeat`)."""
+    from autopar.trace.repeat import export_repeated
+
+    gm = export_repeated(model, args, kwargs, _export) if repeat else None
+    if gm is not None:
+        return gm, "torch.export"
     try:
-        # torch.export prints the partial graph of a failed trace to stderr; the error
-        # autopar raises says what matters, so keep that dump out of the user's terminal.
-        with contextlib.redirect_stderr(io.StringIO()):
-            program = torch.export.export(model, args, kwargs, strict=False)
+        gm = _export(model, args, kwargs)
     except Exception as export_error:  # noqa: BLE001 - every failure is translated below
         gm = _symbolic_fallback(model, args, kwargs)
         if gm is None:
             raise translate_trace_error(export_error, model) from export_error
         return gm, "symbolic_trace"
-    gm = program.module()
     canonicalize(gm)
     return gm, "torch.export"
+
+
+def _export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """``torch.export`` (non-strict), as a GraphModule with parameters as get_attr nodes."""
+    # torch.export prints the partial graph of a failed trace to stderr; the error autopar
+    # raises says what matters, so keep that dump out of the user's terminal. Lazy graph
+    # modules: export rebuilds the graph module many times, and each rebuild would compile
+    # its Python code (seconds for an 80-layer model) though only the final one is run.
+    with contextlib.redirect_stderr(io.StringIO()), _use_lazy_graph_module(True):
+        return torch.export.export(model, args, kwargs, strict=False).module()
 
 
 def canonicalize(gm: fx.GraphModule) -> None:

@@ -230,6 +230,30 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     read_run(tmp_path / "run")
 
 
+def test_runs_planned_with_a_refitted_profile_fit_together(tmp_path):
+    """A second run planned with the first's refitted device (the same device, k x slower
+    in every time term) brings its modelled time back to the first run's numbers."""
+    a = read_run(synthetic_run(tmp_path / "a"))
+    first = fit_runs([a])
+    b_dir = synthetic_run(tmp_path / "b")
+    k = 2.0
+    slower = dict(BASE_DEVICE, peak_flops={d: v / k for d, v in BASE_DEVICE["peak_flops"].items()},
+                  memory_bandwidth_bytes_per_s=BASE_DEVICE["memory_bandwidth_bytes_per_s"] / k,
+                  kernel_floor_s=BASE_DEVICE["kernel_floor_s"] * k,
+                  allocation_s_per_byte=BASE_DEVICE["allocation_s_per_byte"] * k)
+
+    def replan(doc):
+        doc["plan"]["cluster"]["device"] = slower
+        for key in ("compute_s", "optimizer_s"):
+            doc["plan"]["predicted"][key] *= k
+
+    for rank in (0, 1):
+        _edit(b_dir, rank, replan)
+    both = fit_runs([a, read_run(b_dir)])
+    assert both.device_scale == pytest.approx(first.device_scale, rel=1e-9)
+    assert len(both.device_points) == 14
+
+
 def test_plan_dict_is_not_mutated_by_fitting(tmp_path):
     before = copy.deepcopy(PLAN)
     fit_runs([read_run(synthetic_run(tmp_path / "run"))])

@@ -21,7 +21,8 @@ The refit fits the cost model's own time terms to those measurements, by least s
   the floor and allocation cost multiplied by it. So the modelled device time of a step is
   ``a * D``, ``D = predicted.compute_s + predicted.optimizer_s``, and ``a`` is the least
   squares solution of ``measured_device_s[i] ~ a * D`` over the recorded steps (of every
-  run given), where a step's measured device time is the slowest rank's wall time net of
+  run given: runs planned with the same device at another speed, as a refitted profile
+  makes, are brought to the first run's device numbers), where a step's measured device time is the slowest rank's wall time net of
   its own waits on collectives and pipeline transfers.
 
 The warm-up steps at the start of a recording are left out. The refitted profile carries
@@ -63,6 +64,7 @@ class RankRecord:
     host: Mapping[str, Any]
     warmup_steps: int
     steps: tuple[Mapping[str, Any], ...]
+    timed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class Run:
         (FSDP2 runs them: ZeRO-3, and data parallelism of pipeline stages): the fit takes
         the model's figure for them."""
         mesh, zero = self.plan.get("mesh", {}), self.plan.get("training", {}).get("zero", 0)
-        if mesh.get("dp", 1) > 1 and (zero == 3 or mesh.get("pp", 1) > 1):
+        fsdp = mesh.get("dp", 1) > 1 and (zero == 3 or mesh.get("pp", 1) > 1)
+        if fsdp and "fsdp" not in self.ranks[0].timed:
             return self.predicted("dp_exposed_s")
         return 0.0
 
@@ -248,8 +251,11 @@ def _read_rank(path: Path) -> RankRecord:
                 raise bad(f"{cw}.group_size", "must be an integer >= 2")
             if not _is_number(c.get("seconds")) or c["seconds"] < 0:
                 raise bad(f"{cw}.seconds", "must be seconds >= 0")
+    timed = data.get("timed", [])
+    if not isinstance(timed, list) or not all(isinstance(t, str) for t in timed):
+        raise bad("timed", "must be a list of names")
     return RankRecord(path, data["rank"], data["world_size"], plan, host,
-                      data["warmup_steps"], tuple(steps))
+                      data["warmup_steps"], tuple(steps), tuple(timed))
 
 
 def _is_int(value: Any) -> bool:
@@ -303,16 +309,21 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
     if not runs:
         raise CalibrationError("no run to fit", where="--from-run", fix="name a run directory")
     base = runs[0].plan["cluster"]
+    slower = [1.0]
     for run in runs[1:]:
-        if run.plan["cluster"].get("device") != base["device"]:
+        k = relative_time(run.plan["cluster"]["device"], base["device"])
+        if k is None:
             raise CalibrationError(
                 f"run '{run.directory}' was planned with other device numbers than "
-                f"'{runs[0].directory}', so one device speed cannot be fitted to both",
+                f"'{runs[0].directory}' (not the same device at another speed), so one device "
+                "speed cannot be fitted to both",
                 where=str(run.directory),
-                fix="fit runs planned with the same cluster together, or the latest run alone")
+                fix="fit runs planned with the same cluster (or with profiles refitted from one "
+                "another) together, or the latest run alone")
+        slower.append(k)
     device_points = []
-    for run in runs:
-        modelled = run.modelled_device_s()
+    for run, k in zip(runs, slower):
+        modelled = run.modelled_device_s() / k  # at the first run's device numbers
         if not modelled > 0:
             raise CalibrationError(
                 f"run '{run.directory}': its plan models no device time", where=str(run.directory),
@@ -339,6 +350,32 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
                  if k in ("bandwidth_bytes_per_s", "latency_s")}
     return RunFit(scale, residual, tuple(device_points), link, tuple(points),
                   base["device"], base_link)
+
+
+def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
+    """``k`` when ``device`` is ``base`` with every time term ``k`` times longer (peak FLOP/s
+    and bandwidth divided by ``k``, floor and allocation cost multiplied: what a refit
+    writes), so its modelled device times are ``k`` times ``base``'s; None otherwise."""
+    if device == base:
+        return 1.0
+    try:
+        peaks, base_peaks = device["peak_flops"], base["peak_flops"]
+        if set(peaks) != set(base_peaks):
+            return None
+        ratios = [float(base_peaks[d]) / float(peaks[d]) for d in peaks]
+        ratios += [float(base[k]) / float(device[k]) for k in _DEVICE_RATE_KEYS]
+        ratios += [float(device.get(k, 0.0)) / float(base[k]) for k in _DEVICE_TIME_KEYS
+                   if float(base.get(k, 0.0) or 0.0) > 0]
+        if any(float(device.get(k, 0.0) or 0.0) > 0 for k in _DEVICE_TIME_KEYS
+               if not float(base.get(k, 0.0) or 0.0) > 0):
+            return None
+        kept = all(device.get(k) == base.get(k) for k in _DEVICE_KEPT_KEYS)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    k = statistics.fmean(ratios)
+    if not kept or not k > 0 or any(abs(r / k - 1) > 1e-6 for r in ratios):
+        return None
+    return k
 
 
 def _link_points(runs: Iterable[Run]) -> list[CollectivePoint]:

@@ -154,7 +154,11 @@ def run_demo(args: argparse.Namespace) -> int:
 def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: int, tmp: str,
                      fit_runs, read_run, refit_profile, write_profile) -> list[str]:
     """Predicted next to measured step time, and the prediction once refitted to this run."""
-    run = read_run(record)
+    try:
+        run = read_run(record)
+    except AutoparError as err:
+        return [f"step time: predicted {plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled,"
+                f" planned with {source}); no measured step after the warm-up ({err.what})"]
     steps = list(run.fitted_steps)
     measured = run.measured_step_s()
     lines = ["step time: predicted (modelled) vs measured, per step",

@@ -18,12 +18,15 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
     (``autopar.comm_ops``) and the loss average, timed around the blocking call;
   - ``ddp``: DDP's gradient buckets, from the bucket's launch to its completion (a comm hook
     that runs DDP's own all-reduce: same result);
+  - ``fsdp``: FSDP2's all-gathers and reduce-scatters (ZeRO-3, and data parallelism of
+    pipeline stages), run to completion where FSDP2 asked for an asynchronous one (always
+    correct; it gives up only the overlap, which gloo's collectives on the cores that
+    compute hardly have);
 
 - ``p2p_wait_s``: time the pipeline schedule waited on its sends and receives (transfers and
   the bubble; no sizes, so they are not link points).
 
-FSDP2's collectives (ZeRO-3 and pipelined data parallelism) run inside FSDP2 and are not
-timed: they count as compute in such a run.
+``timed`` lists the sources a recording timed, so a reader knows what is missing.
 
 A run is JSON (``rank{r}.json``, format ``autopar-run``, a schema version), never a pickle;
 :mod:`autopar.calibrate.from_run` reads and validates it.
@@ -62,9 +65,10 @@ class _TimedDist:
     """Stands in for ``torch.distributed`` inside ``autopar.comm_ops`` while recording: the
     blocking collectives it calls are timed; everything else passes through."""
 
-    def __init__(self, real: Any, recorder: RunRecorder):
+    def __init__(self, real: Any, recorder: RunRecorder, source: str = "autopar"):
         self._real = real
         self._recorder = recorder
+        self._source = source
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -73,7 +77,7 @@ class _TimedDist:
         start = time.perf_counter()
         out = call()
         self._recorder.collective(kind, nbytes, _group_size(group),
-                                  time.perf_counter() - start, "autopar")
+                                  time.perf_counter() - start, self._source)
         return out
 
     def all_reduce(self, tensor, op=None, group=None, async_op=False):
@@ -95,6 +99,25 @@ class _TimedDist:
                                                 async_op=True, **kwargs)
         return self._timed("all_to_all", _nbytes(input), group, lambda: (
             self._real.all_to_all_single(output, input, *args, group=group, **kwargs)))
+
+    def all_gather_single(self, output_tensor, input_tensor, group=None, async_op=False,
+                          **kwargs):
+        # FSDP2's all-gather: run to completion and timed; None tells FSDP2 it is done
+        # (waiting at once is always correct; it only gives up overlap, which gloo's
+        # collectives on the computing cores hardly have).
+        real = getattr(self._real, "all_gather_single", None) or self._real.all_gather_into_tensor
+        self._timed("all_gather", _nbytes(output_tensor), group, lambda: real(
+            output_tensor, input_tensor, group=group, **kwargs))
+        return None
+
+    def reduce_scatter_single(self, output, input, op=None, group=None, async_op=False,
+                              **kwargs):
+        real = getattr(self._real, "reduce_scatter_single", None) or self._real.reduce_scatter_tensor
+        if op is not None:
+            kwargs["op"] = op
+        self._timed("reduce_scatter", _nbytes(input), group, lambda: real(
+            output, input, group=group, **kwargs))
+        return None
 
     def broadcast(self, tensor, src=None, group=None, async_op=False, **kwargs):
         if async_op:
@@ -126,6 +149,7 @@ class RunRecorder:
         self._in_step = False
         self._started = time.perf_counter()
         self._restore: list[Callable[[], None]] = []
+        self.timed: list[str] = []  # which sources of collectives this recording times
 
     # --- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> RunRecorder:
@@ -174,6 +198,7 @@ class RunRecorder:
                 "threads_per_process": torch.get_num_threads(),
             },
             "warmup_steps": WARMUP_STEPS,
+            "timed": list(self.timed),
             "plan": self.module.plan.to_dict(),
             "steps": steps,
         }
@@ -231,7 +256,27 @@ class RunRecorder:
             comm_ops.dist, comm_ops._all_gather_single = real_dist, real_gather
 
         self._restore.append(restore_comm_ops)
+        self.timed = ["autopar", "ddp"]
+        self._patch_fsdp()
         self._patch_pipeline_waits()
+
+    def _patch_fsdp(self) -> None:
+        """Time FSDP2's all-gathers and reduce-scatters (ZeRO-3, and data parallelism of
+        pipeline stages): its collectives module calls them through its ``dist``."""
+        try:
+            from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fsdp
+        except ImportError:
+            return
+        real = getattr(fsdp, "dist", None)
+        if real is None:
+            return
+        fsdp.dist = _TimedDist(real, self, source="fsdp")
+
+        def restore() -> None:
+            fsdp.dist = real
+
+        self._restore.append(restore)
+        self.timed.append("fsdp")
 
     def _patch_pipeline_waits(self) -> None:
         """Time the schedule's waits on its sends and receives (torch's pipelining calls
@@ -251,6 +296,7 @@ class RunRecorder:
             return out
 
         schedules._wait_batch_p2p = timed_wait
+        self.timed.append("p2p")
 
         def restore() -> None:
             schedules._wait_batch_p2p = real

@@ -20,10 +20,12 @@ The refit fits the cost model's own time terms to those measurements, by least s
   plan's device numbers give when peak FLOP/s and memory bandwidth are divided by ``a`` and
   the floor and allocation cost multiplied by it. So the modelled device time of a step is
   ``a * D``, ``D = predicted.compute_s + predicted.optimizer_s``, and ``a`` is the least
-  squares solution of ``measured_device_s[i] ~ a * D`` over the recorded steps (of every
-  run given: runs planned with the same device at another speed, as a refitted profile
-  makes, are brought to the first run's device numbers), where a step's measured device time is the slowest rank's wall time net of
-  its own waits on collectives and pipeline transfers.
+  squares solution of ``step_s[i] - p2p_wait_s[i] - sum(link(c) for c in collectives[i])
+  ~ a * D`` (the slowest rank's) over the recorded steps, with each collective at the
+  fitted link's time: the step is the model's device and link terms, and what the link does
+  not explain (ranks waiting for each other) is the device's. Several runs fit together
+  when they were planned with the same device at other speeds (as a refitted profile
+  makes): their ``D`` is brought to the first run's device numbers.
 
 The warm-up steps at the start of a recording are left out. The refitted profile carries
 the plan's device numbers scaled by ``a``, the fitted link, and the points and residuals
@@ -41,7 +43,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autopar.calibrate.collectives import KINDS, CalibrationError, CollectivePoint, LinkFit, fit_link
+from autopar.calibrate.collectives import (
+    KINDS,
+    CalibrationError,
+    CollectivePoint,
+    LinkFit,
+    fit_link,
+)
 from autopar.cluster.profile import _HOST_KEYS, Profile
 from autopar.errors import ClusterError
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
@@ -126,13 +134,21 @@ class Run:
             merged = [c for cs in per_rank for c in cs]
         return merged, waits
 
-    def measured_device_s(self, i: int) -> float:
-        """Step ``i``'s device time (measured): the slowest rank's wall time net of its own
-        waits on collectives and pipeline transfers (and of the modelled time of those the
-        recording could not time, :meth:`untimed_comm_s`)."""
-        _, waits = self.collective_seconds(i)
-        return max(float(r.steps[i]["step_s"]) - w - float(r.steps[i].get("p2p_wait_s", 0.0))
-                   for r, w in zip(self.ranks, waits)) - self.untimed_comm_s()
+    def measured_device_s(self, i: int, link: Any | None = None) -> float:
+        """Step ``i``'s device time: its wall time net of the collectives and pipeline waits
+        (measured), for the slowest rank. With ``link`` (``predict(kind, bytes, n)``), each
+        collective is taken at the link's time for it, not at its measured time, so what
+        the fitted link does not explain (ranks waiting for one another) stays in the step
+        as device time, where the model can put it. Collectives the recording could not
+        time are taken out at their modelled time (:meth:`untimed_comm_s`)."""
+        def comm(c: Mapping[str, Any]) -> float:
+            if link is None:
+                return float(c["seconds"])
+            return link.predict(c["kind"], c["bytes"], c["group_size"])
+
+        return max(float(r.steps[i]["step_s"]) - float(r.steps[i].get("p2p_wait_s", 0.0))
+                   - sum(comm(c) for c in r.steps[i]["collectives"])
+                   for r in self.ranks) - self.untimed_comm_s()
 
     def measured_comm_s(self, i: int) -> float:
         """Step ``i``'s collectives at their cost (measured)."""
@@ -297,6 +313,10 @@ class RunFit:
                 out[key] = base[key]
         return out
 
+    def step_link(self) -> Any:
+        """The link that prices the recorded collectives in the device fit."""
+        return self.link or _BaseLink(self.base_link)
+
     def link_dict(self) -> dict[str, float]:
         if self.link is None:
             return dict(self.base_link)
@@ -321,24 +341,6 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
                 fix="fit runs planned with the same cluster (or with profiles refitted from one "
                 "another) together, or the latest run alone")
         slower.append(k)
-    device_points = []
-    for run, k in zip(runs, slower):
-        modelled = run.modelled_device_s() / k  # at the first run's device numbers
-        if not modelled > 0:
-            raise CalibrationError(
-                f"run '{run.directory}': its plan models no device time", where=str(run.directory),
-                fix="record a run of a plan made by this autopar")
-        for i in run.fitted_steps:
-            device_points.append((modelled, run.measured_device_s(i)))
-    d = [p[0] for p in device_points]
-    y = [p[1] for p in device_points]
-    scale = sum(di * yi for di, yi in zip(d, y)) / sum(di * di for di in d)
-    if not scale > 0:
-        raise CalibrationError(
-            "the recorded steps leave no device time once the collectives are taken out",
-            where=", ".join(str(r.directory) for r in runs),
-            fix="record more steps, on a quieter machine")
-    residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
     points = _link_points(runs)
     link = None
     if len({p.nbytes for p in points}) >= 2 and int(base.get("nodes", 1)) == 1:
@@ -348,8 +350,41 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
             link = None
     base_link = {k: float(v) for k, v in base.get("intra_node_link", {}).items()
                  if k in ("bandwidth_bytes_per_s", "latency_s")}
+    step_link = link or _BaseLink(base_link)
+    device_points = []
+    for run, k in zip(runs, slower):
+        modelled = run.modelled_device_s() / k  # at the first run's device numbers
+        if not modelled > 0:
+            raise CalibrationError(
+                f"run '{run.directory}': its plan models no device time", where=str(run.directory),
+                fix="record a run of a plan made by this autopar")
+        for i in run.fitted_steps:
+            device_points.append((modelled, run.measured_device_s(i, step_link)))
+    d = [p[0] for p in device_points]
+    y = [p[1] for p in device_points]
+    scale = sum(di * yi for di, yi in zip(d, y)) / sum(di * di for di in d)
+    if not scale > 0:
+        raise CalibrationError(
+            "the recorded steps leave no device time once the collectives are taken out",
+            where=", ".join(str(r.directory) for r in runs),
+            fix="record more steps, on a quieter machine")
+    residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
     return RunFit(scale, residual, tuple(device_points), link, tuple(points),
                   base["device"], base_link)
+
+
+class _BaseLink:
+    """The plan's own link, priced as the ring model prices it (when none was fitted)."""
+
+    def __init__(self, link: Mapping[str, float]):
+        self.latency_s = float(link.get("latency_s", 0.0))
+        self.bandwidth_bytes_per_s = float(link.get("bandwidth_bytes_per_s", 0.0)) or math.inf
+
+    def predict(self, kind: str, nbytes: float, n: int) -> float:
+        from autopar.calibrate.collectives import ring_factors
+
+        steps, frac = ring_factors(kind, n)
+        return steps * self.latency_s + frac * nbytes / self.bandwidth_bytes_per_s
 
 
 def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
@@ -427,6 +462,7 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
     for run in runs:
         steps = list(run.fitted_steps)
         dev = statistics.median(run.measured_device_s(i) for i in steps)
+        net = statistics.median(run.measured_device_s(i, fit.step_link()) for i in steps)
         comm = statistics.median(run.measured_comm_s(i) for i in steps)
         p = run.plan.get("predicted", {})
         mesh = " x ".join(f"{k}{v}" for k, v in run.plan.get("mesh", {}).items() if v > 1) or "1"
@@ -438,6 +474,9 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
             f"  {'device (compute+opt)':<22} {_ms(run.modelled_device_s()):>10} {_ms(dev):>10}"
             + ("   (net of FSDP2's collectives as modelled: not timed)"
                if run.untimed_comm_s() else ""),
+            f"  {'  with collectives at':<22} {'':>10} {_ms(net):>10}   (what the device fit "
+            "uses: step net of the fitted link's time",
+            f"  {'  the fitted link':<22} {'':>10} {'':>10}    for the recorded collectives)",
             f"  {'collectives':<22} "
             f"{_ms(float(p.get('tp_comm_s', 0)) + float(p.get('dp_exposed_s', 0))):>10} "
             f"{_ms(comm):>10}",

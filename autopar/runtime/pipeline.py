@@ -11,10 +11,9 @@ step, as Megatron does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
-
-import time
 
 import torch
 import torch.distributed as dist

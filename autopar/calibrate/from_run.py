@@ -10,7 +10,8 @@ The refit fits the cost model's own time terms to those measurements, by least s
 
 - **link** (latency, bus bandwidth): the ring model the communication cost model uses,
   ``steps(kind, n) * latency + frac(kind, n) * bytes / bandwidth``, fitted to the run's
-  collectives (:func:`autopar.calibrate.collectives.fit_link`, relative errors). A
+  collectives (:func:`fit_link_to_steps`: seconds, each collective weighted by how often a
+  step runs it, so the fit reproduces a step's time in collectives). A
   collective ends when its last rank arrives, so the time it costs is what the last rank to
   arrive waited: for each collective the ranks ran alike, the least time over ranks counts
   (the rest is other ranks' compute). It needs two message sizes at least; with fewer, the
@@ -48,7 +49,7 @@ from autopar.calibrate.collectives import (
     CalibrationError,
     CollectivePoint,
     LinkFit,
-    fit_link,
+    ring_factors,
 )
 from autopar.cluster.profile import _HOST_KEYS, Profile
 from autopar.errors import ClusterError
@@ -341,13 +342,10 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
                 fix="fit runs planned with the same cluster (or with profiles refitted from one "
                 "another) together, or the latest run alone")
         slower.append(k)
-    points = _link_points(runs)
+    points, weights = _link_points(runs)
     link = None
     if len({p.nbytes for p in points}) >= 2 and int(base.get("nodes", 1)) == 1:
-        try:
-            link = fit_link(points)
-        except CalibrationError:
-            link = None
+        link = fit_link_to_steps(points, weights)
     base_link = {k: float(v) for k, v in base.get("intra_node_link", {}).items()
                  if k in ("bandwidth_bytes_per_s", "latency_s")}
     step_link = link or _BaseLink(base_link)
@@ -381,8 +379,6 @@ class _BaseLink:
         self.bandwidth_bytes_per_s = float(link.get("bandwidth_bytes_per_s", 0.0)) or math.inf
 
     def predict(self, kind: str, nbytes: float, n: int) -> float:
-        from autopar.calibrate.collectives import ring_factors
-
         steps, frac = ring_factors(kind, n)
         return steps * self.latency_s + frac * nbytes / self.bandwidth_bytes_per_s
 
@@ -413,17 +409,49 @@ def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float |
     return k
 
 
-def _link_points(runs: Iterable[Run]) -> list[CollectivePoint]:
-    """One point per (kind, bytes, group size): the median over steps of its cost."""
+def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float]]:
+    """One point per (kind, bytes, group size): the mean of its cost over the steps, and
+    how many times a step runs it (its weight). Least squares on these is least squares on
+    every recorded collective: the fit reproduces the time steps spent in collectives."""
     times: dict[tuple[str, int, int], list[float]] = {}
+    steps = 0
     for run in runs:
         for i in run.fitted_steps:
+            steps += 1
             for c in run.collective_seconds(i)[0]:
                 if c["seconds"] > 0:
                     times.setdefault((c["kind"], c["bytes"], c["group_size"]), []).append(
                         float(c["seconds"]))
-    return [CollectivePoint(kind, nbytes, n, statistics.median(ts))
-            for (kind, nbytes, n), ts in sorted(times.items())]
+    keys = sorted(times)
+    points = [CollectivePoint(kind, nbytes, n, statistics.fmean(times[(kind, nbytes, n)]))
+              for kind, nbytes, n in keys]
+    return points, [len(times[k]) / max(steps, 1) for k in keys]
+
+
+def fit_link_to_steps(points: Sequence[CollectivePoint], weights: Sequence[float]
+                      ) -> LinkFit | None:
+    """Latency and bus bandwidth of the ring model by least squares on the points' seconds
+    (not relative errors, as :func:`fit_link` fits a sweep of sizes), each point weighted by
+    how often a step runs it: the fitted link reproduces the time a step spends in its
+    collectives, which the large messages dominate. None when no positive bandwidth fits."""
+    import numpy as np
+
+    rows = np.array([ring_factors(p.kind, p.world_size)[0] for p in points], dtype=float)
+    moved = np.array([ring_factors(p.kind, p.world_size)[1] * p.nbytes for p in points])
+    t = np.array([p.seconds for p in points])
+    w = np.sqrt(np.asarray(weights, dtype=float))
+    a = np.stack([rows, moved], axis=1) * w[:, None]
+    latency, inverse_bw = np.linalg.lstsq(a, t * w, rcond=None)[0]
+    if latency < 0:
+        latency = 0.0
+        inverse_bw = float((a[:, 1] @ (t * w)) / (a[:, 1] @ a[:, 1]))
+    if not inverse_bw > 0:
+        return None
+    fit = LinkFit(float(latency), float(1 / inverse_bw), 0.0, 0.0, len(points))
+    errors = [abs(fit.predict(p.kind, p.nbytes, p.world_size) - p.seconds) / p.seconds
+              for p in points]
+    return LinkFit(fit.latency_s, fit.bandwidth_bytes_per_s, statistics.median(errors),
+                   max(errors), len(points))
 
 
 def refit_profile(runs: Sequence[Run], fit: RunFit | None = None) -> Profile:

@@ -1,5 +1,13 @@
 """``autopar demo``: plan a small GPT for 2 local CPU processes, train it on gloo, and
-print the single-device and parallel losses side by side."""
+print the single-device and parallel losses side by side, then the predicted step time next
+to the measured one.
+
+The demo records its run (``ParallelModule.record_run``) and refits this machine's profile
+from it (:mod:`autopar.calibrate.from_run`), keeping the result in the user's cache
+(``$XDG_CACHE_HOME/autopar``, per host and process count): the first demo on a machine plans
+with the ``cpu`` preset (another machine's numbers) and says so; later ones plan with the
+numbers measured here. It prints the refitted prediction of the same configuration too.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +23,10 @@ from pathlib import Path
 
 import torch
 
+from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import BATCH, SEQ, demo_batches, demo_model
 from autopar.cli.summary import format_plan
+from autopar.cluster.profile import read_profile, write_profile
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 
@@ -113,9 +123,6 @@ def why_chosen(plan: Plan) -> list[str]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
-    from autopar.cluster.profile import read_profile, write_profile
-
     print(f"autopar demo: a {sum(p.numel() for p in demo_model().parameters()) / 1e6:.2f}M-"
           f"parameter GPT, batch {BATCH} x {SEQ} bytes, {args.steps} AdamW steps\n")
     cache = demo_profile_cache(args.nproc)
@@ -146,13 +153,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\nlargest difference {worst:.2e}; single-device {ref_s:.2f} s, parallel steps "
               f"{sum(result['step_s']):.2f} s (measured, this machine)")
         print()
-        print("\n".join(step_time_report(plan, source, record, cache, args.nproc, tmp,
-                                         fit_runs, read_run, refit_profile, write_profile)))
+        print("\n".join(step_time_report(plan, source, record, cache, args.nproc, tmp)))
     return 0 if worst < 1e-4 else 1
 
 
-def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: int, tmp: str,
-                     fit_runs, read_run, refit_profile, write_profile) -> list[str]:
+def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: int,
+                     tmp: str) -> list[str]:
     """Predicted next to measured step time, and the prediction once refitted to this run."""
     try:
         run = read_run(record)

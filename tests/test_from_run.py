@@ -184,23 +184,31 @@ def test_other_plans_device_numbers_are_not_fitted_together(tmp_path):
         fit_runs([a, read_run(b_dir)])
 
 
-@pytest.mark.slow
-def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
+def _record_demo(tmp_path: Path, steps: int, **pins) -> Path:
+    """Run the demo's model on 2 gloo processes with a plan pinned by ``pins``, recorded."""
     import autopar
     from autopar.cli.demo_data import demo_batches, demo_model
 
-    plan = autopar.plan(demo_model(), "2xcpu", demo_batches(1)[0], dp=2, zero=0)
+    plan = autopar.plan(demo_model(), "2xcpu", demo_batches(1)[0], **pins)
     plan.save(tmp_path / "plan.json")
     record = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           f"--master-port={free_port()}", "-m", "autopar.cli.demo_worker", "--steps", "4",
+           f"--master-port={free_port()}", "-m", "autopar.cli.demo_worker", "--steps", str(steps),
            "--out", str(tmp_path / "result.json"), "--cluster", "2xcpu",
            "--plan", str(tmp_path / "plan.json"), "--record-run", str(record)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    run = read_run(record)
+    return record
+
+
+@pytest.mark.slow
+def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
+    from autopar.cli.demo_data import demo_model
+
+    run = read_run(_record_demo(tmp_path, 4, dp=2, zero=0))
     assert run.world_size == 2 and len(run.ranks[0].steps) == 4
+    assert set(run.ranks[0].timed) >= {"autopar", "ddp", "fsdp"}
     grads = 4 * sum(p.numel() for p in demo_model().parameters())
     for rank in run.ranks:
         for step in rank.steps:
@@ -213,6 +221,21 @@ def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
             assert step["step_s"] >= step["train_step_s"] > 0
     fit = fit_runs([run])
     assert fit.device_scale > 0 and fit.link is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pins", [dict(dp=2, zero=3), dict(pp=2, microbatches=4, schedule="1f1b")],
+                         ids=["zero3", "pipeline"])
+def test_recorder_times_fsdp_and_pipelines(tmp_path, pins):
+    run = read_run(_record_demo(tmp_path, 3, **pins))
+    for rank in run.ranks:
+        for step in rank.steps:
+            sources = {(c["source"], c["kind"]) for c in step["collectives"]}
+            if "pp" in pins:
+                assert step["p2p_wait_s"] > 0 and ("autopar", "broadcast") in sources
+            else:
+                assert {("fsdp", "all_gather"), ("fsdp", "reduce_scatter")} <= sources
+    assert fit_runs([run]).device_scale > 0
 
 
 @pytest.mark.slow

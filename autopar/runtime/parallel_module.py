@@ -84,6 +84,8 @@ class ParallelModule(nn.Module):
                     where="ParallelModule.record_run",
                     fix="call record_run before the first train_step") from None
             self._ddp_hooked = True
+        if self._ddp_hooked:
+            recorder.timed.append("ddp")
         self._recorder = recorder.start()
         return recorder
 

@@ -34,6 +34,7 @@ A run is JSON (``rank{r}.json``, format ``autopar-run``, a schema version), neve
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -131,7 +132,7 @@ class RunRecorder:
 
     Made by :meth:`ParallelModule.record_run`; a context manager (closing on exit)."""
 
-    def __init__(self, module: Any, directory: str | os.PathLike[str]):
+    def __init__(self, module: Any, directory: str | os.PathLike[str], max_steps: int = 1000):
         self.module = module
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
@@ -144,12 +145,13 @@ class RunRecorder:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.steps: list[dict[str, Any]] = []
+        self.max_steps = max_steps  # later steps run unrecorded (a long job's file stays small)
         self.active = False
         self._current: dict[str, Any] | None = None
         self._in_step = False
         self._started = time.perf_counter()
         self._restore: list[Callable[[], None]] = []
-        self.timed: list[str] = []  # which sources of collectives this recording times
+        self.timed: list[str] = ["autopar"]  # which sources of collectives it times
 
     # --- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> RunRecorder:
@@ -164,6 +166,7 @@ class RunRecorder:
             return self
         self.active = True
         self._patch()
+        atexit.register(self.close)  # a process that ends without closing still writes
         return self
 
     def close(self) -> Path | None:
@@ -171,6 +174,7 @@ class RunRecorder:
         if not self.active:
             return None
         self.active = False
+        atexit.unregister(self.close)
         now = time.perf_counter()
         if self.steps and self.steps[-1]["step_s"] is None:
             self.steps[-1]["step_s"] = now - self.steps[-1]["_start"]
@@ -213,6 +217,9 @@ class RunRecorder:
         now = time.perf_counter()
         if self.steps and self.steps[-1]["step_s"] is None:
             self.steps[-1]["step_s"] = now - self.steps[-1]["_start"]
+        if len(self.steps) >= self.max_steps:
+            self._current, self._in_step = None, False
+            return
         self._current = {"step": len(self.steps), "step_s": None, "train_step_s": None,
                          "p2p_wait_s": 0.0, "collectives": [], "_start": now}
         self.steps.append(self._current)
@@ -256,7 +263,6 @@ class RunRecorder:
             comm_ops.dist, comm_ops._all_gather_single = real_dist, real_gather
 
         self._restore.append(restore_comm_ops)
-        self.timed = ["autopar", "ddp"]
         self._patch_fsdp()
         self._patch_pipeline_waits()
 

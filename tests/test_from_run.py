@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from autopar.calibrate import CalibrationError, ring_factors
+from autopar.calibrate import CalibrationError
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.main import main
 from autopar.cluster import load_cluster
 from autopar.cluster.profile import read_profile
+from autopar.cluster.spec import LinkSpec
+from autopar.cost_models.comm import collective_time
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
 from tests.distributed import ROOT, free_port
 
@@ -38,8 +40,8 @@ SCALE, LATENCY, BANDWIDTH = 2.5, 1.0e-4, 1.0e9  # what the synthetic run is made
 
 
 def ring(kind: str, nbytes: int, n: int = 2) -> float:
-    steps, frac = ring_factors(kind, n)
-    return steps * LATENCY + frac * nbytes / BANDWIDTH
+    """The communication cost model's time (on gloo: all-gathers priced as all-reduces)."""
+    return collective_time(kind, nbytes, n, LinkSpec(BANDWIDTH, LATENCY), backend="gloo")
 
 
 def synthetic_run(directory: Path, steps: int = 8, world: int = 2) -> Path:
@@ -106,6 +108,15 @@ def test_calibrate_from_run_writes_a_profile_clusters_read(tmp_path, capsys):
     cluster = load_cluster(cluster_file)
     assert cluster.device.peak("fp32") == pytest.approx(profile.device["peak_flops"]["fp32"])
     assert cluster.intra_node.bandwidth_bytes_per_s == pytest.approx(BANDWIDTH, rel=0.05)
+
+
+def test_a_step_stretched_by_another_process_is_left_out(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run")
+    for rank in (0, 1):
+        _edit(run_dir, rank, lambda d: d["steps"][4].update(step_s=d["steps"][4]["step_s"] * 8))
+    run = read_run(run_dir)
+    assert 4 not in run.kept_steps and len(run.kept_steps) == 6
+    assert fit_runs([run]).device_scale == pytest.approx(SCALE, rel=0.02)
 
 
 def test_one_message_size_keeps_the_link(tmp_path):

@@ -8,8 +8,9 @@ plan's own ``cluster`` numbers).
 
 The refit fits the cost model's own time terms to those measurements, by least squares:
 
-- **link** (latency, bus bandwidth): the ring model the communication cost model uses,
-  ``steps(kind, n) * latency + frac(kind, n) * bytes / bandwidth``, fitted to the run's
+- **link** (latency, bus bandwidth): the communication cost model's collective time,
+  ``latencies(kind, n) * latency + bytes(kind, n) / bandwidth`` (ring collectives; on gloo
+  all-gathers and reduce-scatters priced as all-reduces), fitted to the run's
   collectives (:func:`fit_link_to_steps`: seconds, each collective weighted by how often a
   step runs it, so the fit reproduces a step's time in collectives). A
   collective ends when its last rank arrives, so the time it costs is what the last rank to
@@ -28,7 +29,8 @@ The refit fits the cost model's own time terms to those measurements, by least s
   when they were planned with the same device at other speeds (as a refitted profile
   makes): their ``D`` is brought to the first run's device numbers.
 
-The warm-up steps at the start of a recording are left out. The refitted profile carries
+The warm-up steps at the start of a recording are left out, and so are steps whose time is
+an outlier (Tukey's fences; a busy machine stretches some steps several-fold). The refitted profile carries
 the plan's device numbers scaled by ``a``, the fitted link, and the points and residuals
 under ``measurements.from_run``.
 """
@@ -44,14 +46,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autopar.calibrate.collectives import (
-    KINDS,
-    CalibrationError,
-    CollectivePoint,
-    LinkFit,
-    ring_factors,
-)
+from autopar.calibrate.collectives import KINDS, CalibrationError, CollectivePoint
 from autopar.cluster.profile import _HOST_KEYS, Profile
+from autopar.cluster.spec import LinkSpec
+from autopar.cost_models.comm import collective_time
 from autopar.errors import ClusterError
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
 
@@ -96,6 +94,18 @@ class Run:
         """Indices of the steps the fit uses (past the warm-up; every rank recorded them)."""
         n = min(len(r.steps) for r in self.ranks)
         return range(min(self.ranks[0].warmup_steps, n), n)
+
+    @property
+    def kept_steps(self) -> list[int]:
+        """The fitted steps the fit keeps: with four or more, those whose step time is within
+        Tukey's fences (1.5 interquartile ranges past the quartiles), so a step stretched by
+        another process on a busy machine does not pull the fit."""
+        steps = list(self.fitted_steps)
+        if len(steps) < 4:
+            return steps
+        q1, _, q3 = statistics.quantiles([self.step_s(i) for i in steps], n=4)
+        low, high = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+        return [i for i in steps if low <= self.step_s(i) <= high]
 
     def step_s(self, i: int) -> float:
         """Step ``i``'s wall time (measured): the median over ranks."""
@@ -292,10 +302,11 @@ class RunFit:
     device_scale: float  # measured device time / modelled (least squares)
     device_residual: float  # median |fit - measured| / measured over the steps
     device_points: tuple[tuple[float, float], ...]  # (modelled D, measured) per step
-    link: LinkFit | None  # None: fewer than two message sizes, link kept
+    link: ModelLink | None  # None: fewer than two message sizes, link kept
     link_points: tuple[CollectivePoint, ...]
     base_device: Mapping[str, Any]
     base_link: Mapping[str, float]
+    backend: str = "gloo"
 
     def device(self) -> dict[str, Any]:
         """The profile's device section: the plan's device numbers, every time term scaled
@@ -316,7 +327,7 @@ class RunFit:
 
     def step_link(self) -> Any:
         """The link that prices the recorded collectives in the device fit."""
-        return self.link or _BaseLink(self.base_link)
+        return self.link or _base_link(self.base_link, self.backend)
 
     def link_dict(self) -> dict[str, float]:
         if self.link is None:
@@ -330,6 +341,7 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
     if not runs:
         raise CalibrationError("no run to fit", where="--from-run", fix="name a run directory")
     base = runs[0].plan["cluster"]
+    backend = str(base.get("backend", "gloo"))
     slower = [1.0]
     for run in runs[1:]:
         k = relative_time(run.plan["cluster"]["device"], base["device"])
@@ -345,10 +357,10 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
     points, weights = _link_points(runs)
     link = None
     if len({p.nbytes for p in points}) >= 2 and int(base.get("nodes", 1)) == 1:
-        link = fit_link_to_steps(points, weights)
+        link = fit_link_to_steps(points, weights, backend)
     base_link = {k: float(v) for k, v in base.get("intra_node_link", {}).items()
                  if k in ("bandwidth_bytes_per_s", "latency_s")}
-    step_link = link or _BaseLink(base_link)
+    step_link = link or _base_link(base_link, backend)
     device_points = []
     for run, k in zip(runs, slower):
         modelled = run.modelled_device_s() / k  # at the first run's device numbers
@@ -356,7 +368,7 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
             raise CalibrationError(
                 f"run '{run.directory}': its plan models no device time", where=str(run.directory),
                 fix="record a run of a plan made by this autopar")
-        for i in run.fitted_steps:
+        for i in run.kept_steps:
             device_points.append((modelled, run.measured_device_s(i, step_link)))
     d = [p[0] for p in device_points]
     y = [p[1] for p in device_points]
@@ -368,19 +380,43 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
             fix="record more steps, on a quieter machine")
     residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
     return RunFit(scale, residual, tuple(device_points), link, tuple(points),
-                  base["device"], base_link)
+                  base["device"], base_link, backend)
 
 
-class _BaseLink:
-    """The plan's own link, priced as the ring model prices it (when none was fitted)."""
+@dataclass(frozen=True)
+class ModelLink:
+    """A link priced as the communication cost model prices it (ring collectives; on gloo,
+    all-gathers and reduce-scatters as all-reduces), with how well it fits the points."""
 
-    def __init__(self, link: Mapping[str, float]):
-        self.latency_s = float(link.get("latency_s", 0.0))
-        self.bandwidth_bytes_per_s = float(link.get("bandwidth_bytes_per_s", 0.0)) or math.inf
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    backend: str = "gloo"
+    median_error: float = 0.0
+    max_error: float = 0.0
+    points: int = 0
 
     def predict(self, kind: str, nbytes: float, n: int) -> float:
-        steps, frac = ring_factors(kind, n)
-        return steps * self.latency_s + frac * nbytes / self.bandwidth_bytes_per_s
+        return collective_time(kind, nbytes, n, LinkSpec(self.bandwidth_bytes_per_s,
+                                                         self.latency_s), backend=self.backend)
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {"latency_s": self.latency_s, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+                "backend": self.backend, "median_error": self.median_error,
+                "max_error": self.max_error, "points": self.points}
+
+
+def _base_link(link: Mapping[str, float], backend: str) -> ModelLink:
+    return ModelLink(float(link.get("latency_s", 0.0)),
+                     float(link.get("bandwidth_bytes_per_s", 0.0)) or 1e300, backend)
+
+
+def model_terms(kind: str, nbytes: float, n: int, backend: str) -> tuple[float, float]:
+    """``(latencies, bytes)`` with ``time = latencies * latency + bytes / bandwidth`` in the
+    communication cost model (:func:`autopar.cost_models.comm.collective_time`, the one
+    source of the formula), read off it at two links."""
+    latencies = collective_time(kind, nbytes, n, LinkSpec(1e300, 1.0), backend=backend)
+    moved = collective_time(kind, nbytes, n, LinkSpec(1.0, 0.0), backend=backend)
+    return latencies, moved
 
 
 def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
@@ -416,7 +452,7 @@ def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float
     times: dict[tuple[str, int, int], list[float]] = {}
     steps = 0
     for run in runs:
-        for i in run.fitted_steps:
+        for i in run.kept_steps:
             steps += 1
             for c in run.collective_seconds(i)[0]:
                 if c["seconds"] > 0:
@@ -428,30 +464,30 @@ def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float
     return points, [len(times[k]) / max(steps, 1) for k in keys]
 
 
-def fit_link_to_steps(points: Sequence[CollectivePoint], weights: Sequence[float]
-                      ) -> LinkFit | None:
-    """Latency and bus bandwidth of the ring model by least squares on the points' seconds
-    (not relative errors, as :func:`fit_link` fits a sweep of sizes), each point weighted by
-    how often a step runs it: the fitted link reproduces the time a step spends in its
-    collectives, which the large messages dominate. None when no positive bandwidth fits."""
+def fit_link_to_steps(points: Sequence[CollectivePoint], weights: Sequence[float],
+                      backend: str = "gloo") -> ModelLink | None:
+    """Latency and bus bandwidth by least squares of the cost model's collective times
+    (:func:`model_terms`) on the points' seconds (not relative errors, as :func:`fit_link`
+    fits a sweep of sizes), each point weighted by how often a step runs it: the fitted link
+    reproduces the time a step spends in its collectives, which the large messages
+    dominate. None when no positive bandwidth fits."""
     import numpy as np
 
-    rows = np.array([ring_factors(p.kind, p.world_size)[0] for p in points], dtype=float)
-    moved = np.array([ring_factors(p.kind, p.world_size)[1] * p.nbytes for p in points])
+    terms = np.array([model_terms(p.kind, p.nbytes, p.world_size, backend) for p in points])
     t = np.array([p.seconds for p in points])
     w = np.sqrt(np.asarray(weights, dtype=float))
-    a = np.stack([rows, moved], axis=1) * w[:, None]
+    a = terms * w[:, None]
     latency, inverse_bw = np.linalg.lstsq(a, t * w, rcond=None)[0]
     if latency < 0:
         latency = 0.0
         inverse_bw = float((a[:, 1] @ (t * w)) / (a[:, 1] @ a[:, 1]))
     if not inverse_bw > 0:
         return None
-    fit = LinkFit(float(latency), float(1 / inverse_bw), 0.0, 0.0, len(points))
+    fit = ModelLink(float(latency), float(1 / inverse_bw), backend)
     errors = [abs(fit.predict(p.kind, p.nbytes, p.world_size) - p.seconds) / p.seconds
               for p in points]
-    return LinkFit(fit.latency_s, fit.bandwidth_bytes_per_s, statistics.median(errors),
-                   max(errors), len(points))
+    return ModelLink(fit.latency_s, fit.bandwidth_bytes_per_s, backend,
+                     statistics.median(errors), max(errors), len(points))
 
 
 def refit_profile(runs: Sequence[Run], fit: RunFit | None = None) -> Profile:
@@ -496,7 +532,9 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
         mesh = " x ".join(f"{k}{v}" for k, v in run.plan.get("mesh", {}).items() if v > 1) or "1"
         lines += [
             f"run {run.directory}: {run.world_size} ranks, mesh {mesh}, {len(steps)} steps "
-            f"fitted (of {min(len(r.steps) for r in run.ranks)}; warm-up left out)",
+            f"fitted (of {min(len(r.steps) for r in run.ranks)}; warm-up left out"
+            + (f"; {len(steps) - len(run.kept_steps)} outlier(s) too" if len(steps) > len(
+                run.kept_steps) else "") + ")",
             f"  {'':<22} {'modelled':>10} {'measured':>10}",
             f"  {'step time':<22} {_ms(run.predicted()):>10} {_ms(run.measured_step_s()):>10}",
             f"  {'device (compute+opt)':<22} {_ms(run.modelled_device_s()):>10} {_ms(dev):>10}"
@@ -515,7 +553,7 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
     if fit.link is not None:
         lines.append(
             f"  link: latency {fit.link.latency_s * 1e6:.1f} µs, bus bandwidth "
-            f"{fit.link.bandwidth_bytes_per_s / 1e9:.3f} GB/s (ring model, "
+            f"{fit.link.bandwidth_bytes_per_s / 1e9:.3f} GB/s (the cost model's collectives, "
             f"{fit.link.points} points, median error {fit.link.median_error:.0%})")
         for p in fit.link_points:
             lines.append(f"    {p.kind:<14} {p.nbytes:>12,} B over {p.world_size}: measured "

@@ -20,6 +20,7 @@ within 10% after.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,12 +32,14 @@ from autopar.cluster.profile import write_profile
 
 
 def run_and_record(nproc: int, steps: int, cluster: str, tmp: Path, name: str):
+    """Train and record one run; the run, and the 1-minute load average after it (other
+    processes on the machine stretch a step as much as anything modelled)."""
     record = tmp / name
-    result = run_workers(nproc, steps, cluster, str(tmp / f"{name}.json"), str(record))
-    return read_run(record), result
+    run_workers(nproc, steps, cluster, str(tmp / f"{name}.json"), str(record))
+    return read_run(record), os.getloadavg()[0]
 
 
-def row(label: str, run) -> str:
+def row(label: str, run, load: float) -> str:
     mesh = " x ".join(f"{k}{v}" for k, v in run.plan["mesh"].items() if v > 1) or "1"
     extra = ""
     if run.plan.get("pipeline"):
@@ -44,7 +47,7 @@ def row(label: str, run) -> str:
     extra += f" ZeRO-{run.plan['training']['zero']}"
     predicted, measured = run.predicted(), run.measured_step_s()
     return (f"{label:<28} {mesh + extra:<22} {predicted * 1e3:>9.1f} {measured * 1e3:>9.1f} "
-            f"{(predicted - measured) / measured:>+8.1%}")
+            f"{(predicted - measured) / measured:>+8.1%} {load:>6.1f}")
 
 
 def shape(run) -> tuple:
@@ -79,15 +82,16 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "autopar.cli.main", "calibrate", "--quick",
                             "--nproc", str(args.nproc), "--out", str(profile)],
                            check=True, capture_output=True)
-        runs, labels = [], []
+        runs, labels, loads = [], [], []
         for k in range(args.rounds + 1):
             folder = tmp / f"round{k}"
             folder.mkdir(exist_ok=True)
             cluster, _ = demo_cluster(args.nproc, profile, str(folder))
             print(f"round {k}: plan with {source}; train {args.steps} steps, recorded",
                   flush=True)
-            run, _ = run_and_record(args.nproc, args.steps, cluster, folder, "run")
+            run, load = run_and_record(args.nproc, args.steps, cluster, folder, "run")
             runs.append(run)
+            loads.append(load)
             labels.append("before refit (calibrated)" if k == 0 and not args.preset else
                           "before refit (preset)" if k == 0 else f"after refit {k}")
             if k and shape(run) == shape(runs[-2]) or k == args.rounds:
@@ -98,11 +102,13 @@ def main() -> int:
             print("  autopar calibrate --from-run " + " ".join(str(r.directory) for r in runs))
             print("    " + format_fit(runs, fit).replace("\n", "\n    "), flush=True)
         print(f"\ndemo GPT, {args.nproc} gloo processes, {args.steps} steps per run "
-              "(measured: median of steps 2 on, on this machine as it was)\n")
-        print(f"{'':<28} {'plan':<22} {'modelled':>9} {'measured':>9} {'error':>8}")
-        print(f"{'':<28} {'':<22} {'step ms':>9} {'step ms':>9}")
-        for label, run in zip(labels, runs):
-            print(row(label, run))
+              "(measured: median of steps 2 on, on this machine as it was; load: its 1-minute "
+              f"load average after the run, on {os.cpu_count()} cores)\n")
+        print(f"{'':<28} {'plan':<22} {'modelled':>9} {'measured':>9} {'error':>8} "
+              f"{'load':>6}")
+        print(f"{'':<28} {'':<22} {'step ms':>9} {'step ms':>9} {'':>8} {'(1 min)':>6}")
+        for label, run, load in zip(labels, runs, loads):
+            print(row(label, run, load))
 
         def error(run) -> float:
             return abs(run.predicted() - run.measured_step_s()) / run.measured_step_s()

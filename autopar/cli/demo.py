@@ -163,8 +163,9 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
     try:
         run = read_run(record)
     except AutoparError as err:
-        return [f"step time: predicted {plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled,"
-                f" planned with {source}); no measured step after the warm-up ({err.what})"]
+        return [f"step time: predicted {plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled, "
+                f"planned with {source}); measured: nothing past the warm-up step to compare "
+                f"({err.fix or err.what})"]
     steps = list(run.fitted_steps)
     measured = run.measured_step_s()
     lines = ["step time: predicted (modelled) vs measured, per step",
@@ -181,12 +182,13 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
     again = pinned_prediction(plan, refit_cluster)
     error = (plan.predicted["step_time_s"] - measured) / measured
     after = (again.predicted["step_time_s"] - measured) / measured
-    link = ("link refitted" if fit.link is not None else
-            "link kept (one message size recorded)")
+    sizes = len({p.nbytes for p in fit.link_points})
+    link = ("link" if fit.link is not None else
+            f"not the link (kept: {sizes} message size{'s' if sizes != 1 else ''} recorded)")
     lines += [
         f"  refitted    {again.predicted['step_time_s'] * 1e3:8.1f} ms   modelled, same "
-        f"configuration, device speed ({fit.device_scale:.2f}x the plan's) and {link} "
-        "fitted to this run",
+        f"configuration; device speed ({fit.device_scale:.2f}x the plan's) and {link} "
+        "refitted to this run",
         f"  error       {error:+8.1%} before the refit, {after:+.1%} after",
         f"refitted profile saved to {cache}; the next `autopar demo` plans with it "
         f"(`autopar calibrate --from-run DIR` does the same for any recorded run)",

@@ -292,3 +292,14 @@ def test_plan_dict_is_not_mutated_by_fitting(tmp_path):
     before = copy.deepcopy(PLAN)
     fit_runs([read_run(synthetic_run(tmp_path / "run"))])
     assert before == PLAN
+
+
+def test_huber_scale_is_least_squares_on_clean_data_and_resists_a_stretched_step():
+    from autopar.calibrate.from_run import huber_scale
+
+    d = [1.0, 2.0, 3.0, 1.5, 2.5, 1.0, 2.0, 3.0]
+    y = [2.0 * x * (1 + 0.01 * (i % 3 - 1)) for i, x in enumerate(d)]
+    least_squares = sum(a * b for a, b in zip(d, y)) / sum(a * a for a in d)
+    assert huber_scale(d, y) == pytest.approx(least_squares, rel=1e-3)
+    y[3] *= 10  # another process stretched one step tenfold
+    assert huber_scale(d, y) == pytest.approx(2.0, rel=0.05)

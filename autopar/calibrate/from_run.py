@@ -21,8 +21,8 @@ The refit fits the cost model's own time terms to those measurements, by least s
   traffic, the kernel floor, first-touch allocation, the optimizer) is ``a`` times what the
   plan's device numbers give when peak FLOP/s and memory bandwidth are divided by ``a`` and
   the floor and allocation cost multiplied by it. So the modelled device time of a step is
-  ``a * D``, ``D = predicted.compute_s + predicted.optimizer_s``, and ``a`` is the least
-  squares solution of ``step_s[i] - p2p_wait_s[i] - sum(link(c) for c in collectives[i])
+  ``a * D``, ``D = predicted.compute_s + predicted.optimizer_s``, and ``a`` is the
+  (Huber-weighted, :func:`huber_scale`) least squares solution of ``step_s[i] - p2p_wait_s[i] - sum(link(c) for c in collectives[i])
   ~ a * D`` (the slowest rank's) over the recorded steps, with each collective at the
   fitted link's time: the step is the model's device and link terms, and what the link does
   not explain (ranks waiting for each other) is the device's. Several runs fit together
@@ -372,7 +372,7 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
             device_points.append((modelled, run.measured_device_s(i, step_link)))
     d = [p[0] for p in device_points]
     y = [p[1] for p in device_points]
-    scale = sum(di * yi for di, yi in zip(d, y)) / sum(di * di for di in d)
+    scale = huber_scale(d, y)
     if not scale > 0:
         raise CalibrationError(
             "the recorded steps leave no device time once the collectives are taken out",
@@ -381,6 +381,30 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
     residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
     return RunFit(scale, residual, tuple(device_points), link, tuple(points),
                   base["device"], base_link, backend)
+
+
+def huber_scale(d: Sequence[float], y: Sequence[float], k: float = 1.345,
+                iterations: int = 20) -> float:
+    """``a`` minimizing the Huber loss of ``y - a * d``: least squares, with steps whose
+    residual exceeds ``k`` robust standard deviations (1.4826 x the median absolute
+    residual) weighted down to a linear loss (iteratively reweighted least squares). A step
+    that another process stretched several-fold then counts like a step a little slow, not
+    quadratically; on clean data it is plain least squares."""
+    w = [1.0] * len(d)
+    a = 0.0
+    for _ in range(iterations):
+        den = sum(wi * di * di for wi, di in zip(w, d))
+        if not den > 0:
+            return 0.0
+        new = sum(wi * di * yi for wi, di, yi in zip(w, d, y)) / den
+        residuals = [yi - new * di for di, yi in zip(d, y)]
+        sigma = 1.4826 * statistics.median(abs(r) for r in residuals)
+        converged = abs(new - a) <= 1e-9 * abs(new)
+        a = new
+        if converged or not sigma > 0:
+            break
+        w = [1.0 if abs(r) <= k * sigma else k * sigma / abs(r) for r in residuals]
+    return a
 
 
 @dataclass(frozen=True)
@@ -547,7 +571,8 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
             f"{_ms(float(p.get('tp_comm_s', 0)) + float(p.get('dp_exposed_s', 0))):>10} "
             f"{_ms(comm):>10}",
         ]
-    lines += ["", "fitted (least squares of the cost model's terms to the measurements)",
+    lines += ["", "fitted (least squares of the cost model's terms to the measurements; the "
+              "device's Huber-weighted)",
               f"  device speed: measured device time = {fit.device_scale:.3f} x modelled "
               f"(median error {fit.device_residual:.1%} over {len(fit.device_points)} steps)"]
     if fit.link is not None:

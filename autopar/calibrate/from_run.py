@@ -15,7 +15,9 @@ The refit fits the cost model's own time terms to those measurements, by least s
   step runs it, so the fit reproduces a step's time in collectives). A
   collective ends when its last rank arrives, so the time it costs is what the last rank to
   arrive waited: for each collective the ranks ran alike, the least time over ranks counts
-  (the rest is other ranks' compute). It needs two message sizes at least; with fewer, the
+  (the rest is other ranks' compute). A DDP bucket launched before the backward pass ended
+  ran partly beside it: it is no link point, and only its exposed part counts as a wait.
+  It needs two message sizes at least; with fewer, the
   plan's link is kept, and the report says so.
 - **device speed** ``a``: every device time term of the compute model (matmuls, elementwise
   traffic, the kernel floor, first-touch allocation, the optimizer) is ``a`` times what the
@@ -136,11 +138,14 @@ class Run:
         """Step ``i``'s collectives, each at its cost (the least time over ranks when every
         rank ran the same sequence), and each rank's own time waiting on them."""
         per_rank = [list(r.steps[i]["collectives"]) for r in self.ranks]
-        waits = [sum(float(c["seconds"]) for c in cs) for cs in per_rank]
+        waits = [sum(float(c.get("exposed_s", c["seconds"])) for c in cs) for cs in per_rank]
         shapes = {tuple((c["kind"], c["bytes"], c["group_size"]) for c in cs) for cs in per_rank}
         if len(shapes) == 1 and len(per_rank) > 1:
             merged = [dict(cs[0], seconds=min(float(c["seconds"]) for c in cs))
                       for cs in zip(*per_rank)]
+            for m, cs in zip(merged, zip(*per_rank)):
+                if all("exposed_s" in c for c in cs):
+                    m["exposed_s"] = min(float(c["exposed_s"]) for c in cs)
         else:
             merged = [c for cs in per_rank for c in cs]
         return merged, waits
@@ -153,8 +158,8 @@ class Run:
         as device time, where the model can put it. Collectives the recording could not
         time are taken out at their modelled time (:meth:`untimed_comm_s`)."""
         def comm(c: Mapping[str, Any]) -> float:
-            if link is None:
-                return float(c["seconds"])
+            if link is None or _overlapped(c):
+                return float(c.get("exposed_s", c["seconds"]))
             return link.predict(c["kind"], c["bytes"], c["group_size"])
 
         return max(float(r.steps[i]["step_s"]) - float(r.steps[i].get("p2p_wait_s", 0.0))
@@ -162,8 +167,8 @@ class Run:
                    for r in self.ranks) - self.untimed_comm_s()
 
     def measured_comm_s(self, i: int) -> float:
-        """Step ``i``'s collectives at their cost (measured)."""
-        return sum(float(c["seconds"]) for c in self.collective_seconds(i)[0])
+        """Step ``i``'s collectives at their cost (measured; what held the step up)."""
+        return sum(float(c.get("exposed_s", c["seconds"])) for c in self.collective_seconds(i)[0])
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -278,6 +283,8 @@ def _read_rank(path: Path) -> RankRecord:
                 raise bad(f"{cw}.group_size", "must be an integer >= 2")
             if not _is_number(c.get("seconds")) or c["seconds"] < 0:
                 raise bad(f"{cw}.seconds", "must be seconds >= 0")
+            if "exposed_s" in c and (not _is_number(c["exposed_s"]) or c["exposed_s"] < 0):
+                raise bad(f"{cw}.exposed_s", "must be seconds >= 0")
     timed = data.get("timed", [])
     if not isinstance(timed, list) or not all(isinstance(t, str) for t in timed):
         raise bad("timed", "must be a list of names")
@@ -469,6 +476,12 @@ def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float |
     return k
 
 
+def _overlapped(c: Mapping[str, Any]) -> bool:
+    """A collective that ran partly beside compute (a DDP bucket launched before backward
+    ended): its time is not the link's, so it is no link point; its exposed part is a wait."""
+    return "exposed_s" in c and float(c["exposed_s"]) < 0.999 * float(c["seconds"])
+
+
 def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float]]:
     """One point per (kind, bytes, group size): the mean of its cost over the steps, and
     how many times a step runs it (its weight). Least squares on these is least squares on
@@ -479,7 +492,7 @@ def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float
         for i in run.kept_steps:
             steps += 1
             for c in run.collective_seconds(i)[0]:
-                if c["seconds"] > 0:
+                if c["seconds"] > 0 and not _overlapped(c):
                     times.setdefault((c["kind"], c["bytes"], c["group_size"]), []).append(
                         float(c["seconds"]))
     keys = sorted(times)

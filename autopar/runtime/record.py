@@ -17,7 +17,8 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
   - ``autopar``: the tensor-parallel collectives the rewritten graph calls
     (``autopar.comm_ops``) and the loss average, timed around the blocking call;
   - ``ddp``: DDP's gradient buckets, from the bucket's launch to its completion (a comm hook
-    that runs DDP's own all-reduce: same result);
+    that runs DDP's own all-reduce: same result), and ``exposed_s``, the part after the
+    backward pass ended (the last bucket's launch): the rest ran beside backward;
   - ``fsdp``: FSDP2's all-gathers and reduce-scatters (ZeRO-3, and data parallelism of
     pipeline stages), run to completion where FSDP2 asked for an asynchronous one (always
     correct; it gives up only the overlap, which gloo's collectives on the cores that
@@ -228,14 +229,18 @@ class RunRecorder:
     def step_end(self) -> None:
         if self._current is not None:
             self._current["train_step_s"] = time.perf_counter() - self._current["_start"]
+            _exposed(self._current["collectives"])
         self._in_step = False
 
     def collective(self, kind: str, nbytes: int, group_size: int, seconds: float,
-                   source: str) -> None:
+                   source: str, span: tuple[float, float] | None = None) -> None:
         if self.active and self._in_step and self._current is not None and group_size > 1:
-            self._current["collectives"].append({
+            entry: dict[str, Any] = {
                 "kind": kind, "bytes": int(nbytes), "group_size": int(group_size),
-                "seconds": float(seconds), "source": source})
+                "seconds": float(seconds), "source": source}
+            if span is not None:
+                entry["_span"] = span
+            self._current["collectives"].append(entry)
 
     def p2p_wait(self, seconds: float) -> None:
         if self.active and self._in_step and self._current is not None:
@@ -310,6 +315,20 @@ class RunRecorder:
         self._restore.append(restore)
 
 
+def _exposed(collectives: list[dict[str, Any]]) -> None:
+    """``exposed_s`` of asynchronous collectives (DDP's buckets): the part of each after the
+    backward pass ended, which is when the last bucket was launched (it holds the first
+    layers' gradients). A bucket launched earlier ran beside the backward pass; only what
+    it took past the end of backward held the step up."""
+    spans = [c for c in collectives if "_span" in c]
+    if not spans:
+        return
+    backward_end = max(c["_span"][0] for c in spans)
+    for c in spans:
+        start, end = c.pop("_span")
+        c["exposed_s"] = max(0.0, end - max(start, backward_end))
+
+
 def ddp_timing_hook(recorder_of: Callable[[], RunRecorder | None]) -> Callable:
     """A DDP comm hook that runs DDP's own all-reduce (divide by the group size, sum) and
     times each bucket from launch to completion for the active recorder, if any."""
@@ -324,8 +343,9 @@ def ddp_timing_hook(recorder_of: Callable[[], RunRecorder | None]) -> Callable:
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             if recorder is not None:
+                end = time.perf_counter()
                 recorder.collective("all_reduce", _nbytes(tensor), group.size(),
-                                    time.perf_counter() - start, "ddp")
+                                    end - start, "ddp", span=(start, end))
             return f.value()[0]
 
         return fut.then(done)

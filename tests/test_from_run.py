@@ -225,7 +225,7 @@ def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
         for step in rank.steps:
             kinds = {(c["source"], c["kind"]) for c in step["collectives"]}
             assert ("ddp", "all_reduce") in kinds  # DDP's gradient buckets
-            assert ("autopar", "all_reduce") in kinds  # the loss average
+            assert ("loss", "all_reduce") in kinds  # the loss average
             ddp = [c for c in step["collectives"] if c["source"] == "ddp"]
             assert sum(c["bytes"] for c in ddp) == grads
             assert all(c["group_size"] == 2 for c in step["collectives"])
@@ -243,7 +243,7 @@ def test_recorder_times_fsdp_and_pipelines(tmp_path, pins):
         for step in rank.steps:
             sources = {(c["source"], c["kind"]) for c in step["collectives"]}
             if "pp" in pins:
-                assert step["p2p_wait_s"] > 0 and ("autopar", "broadcast") in sources
+                assert step["p2p_wait_s"] > 0 and ("loss", "broadcast") in sources
             else:
                 assert {("fsdp", "all_gather"), ("fsdp", "reduce_scatter")} <= sources
     assert fit_runs([run]).device_scale > 0

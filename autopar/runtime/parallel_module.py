@@ -174,7 +174,7 @@ class ParallelModule(nn.Module):
             if self._recorder is not None:
                 self._recorder.collective("all_reduce", loss.numel() * loss.element_size(),
                                           dist.get_world_size(group),
-                                          time.perf_counter() - start, "autopar")
+                                          time.perf_counter() - start, "loss")
             loss /= dist.get_world_size(group)
         return loss
 

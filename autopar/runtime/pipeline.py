@@ -223,7 +223,7 @@ class PipelineRunner:
             recorder = self.recorder_of()
             if recorder is not None:
                 recorder.collective("broadcast", loss.numel() * loss.element_size(),
-                                    group.size(), time.perf_counter() - start, "autopar")
+                                    group.size(), time.perf_counter() - start, "loss")
         return loss
 
     def _sum_tied_grads(self) -> None:

@@ -15,7 +15,9 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
   convention), ``group_size``, ``seconds`` and ``source``:
 
   - ``autopar``: the tensor-parallel collectives the rewritten graph calls
-    (``autopar.comm_ops``) and the loss average, timed around the blocking call;
+    (``autopar.comm_ops``), timed around the blocking call;
+  - ``loss``: the loss averaged over data-parallel ranks (or sent from the last pipeline
+    stage) for the caller, which the plan does not price;
   - ``ddp``: DDP's gradient buckets, from the bucket's launch to its completion (a comm hook
     that runs DDP's own all-reduce: same result), and ``exposed_s``, the part after the
     backward pass ended (the last bucket's launch): the rest ran beside backward;
@@ -152,7 +154,7 @@ class RunRecorder:
         self._in_step = False
         self._started = time.perf_counter()
         self._restore: list[Callable[[], None]] = []
-        self.timed: list[str] = ["autopar"]  # which sources of collectives it times
+        self.timed: list[str] = ["autopar", "loss"]  # which sources of collectives it times
 
     # --- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> RunRecorder:

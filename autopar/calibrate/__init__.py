@@ -2,12 +2,17 @@
 
     autopar calibrate --out cpu-profile.json            # a few minutes
     autopar calibrate --quick --out cpu-profile.json    # under a minute
+    autopar calibrate --from-run runs/today --out cpu-profile.json   # refit from training
 
 measures one device (``matmul``: matmul rates by size, elementwise bandwidth, per-op floor)
 and the collectives between ``--nproc`` local processes (``collectives``: gloo on CPU, NCCL
 on GPUs, fitted to the ring model), and writes them as a profile
 (``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
 device and intra-node link take the measured numbers over the preset's.
+
+``--from-run`` measures nothing itself: it refits the device speed and the link to the step
+times and collectives a real training run recorded (``ParallelModule.record_run``), by
+least squares of the cost model's own terms (``autopar.calibrate.from_run``).
 """
 
 from __future__ import annotations

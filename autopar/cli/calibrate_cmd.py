@@ -3,6 +3,7 @@
     autopar calibrate --quick --out cpu-profile.json     # under a minute on 2 cores
     autopar calibrate --out cpu-profile.json --nproc 4   # a few minutes
     autopar calibrate --device cuda --nproc 8 --out h100-profile.json
+    autopar calibrate --from-run runs/today --out cpu-profile.json   # refit from training
 
 Every number printed here is measured (or fitted to measurements, and labelled so).
 """
@@ -35,6 +36,8 @@ from autopar.units import format_bytes, format_seconds
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Measure the device and the collectives, print both tables, write ``args.out``."""
+    if getattr(args, "from_run", None):
+        return run_calibrate_from_run(args.from_run, args.out)
     device_type = getattr(args, "device", "cpu") or "cpu"
     threads = getattr(args, "threads", None) or 1
     quick = bool(getattr(args, "quick", False))
@@ -58,6 +61,23 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "
         f"'profile: {path}'"
     )
+    return 0
+
+
+def run_calibrate_from_run(directories: Sequence[str], out: str | Path) -> int:
+    """Refit the profile from recorded runs, print the fit, write ``out``."""
+    from autopar.calibrate.from_run import fit_runs, format_fit, read_run, refit_profile
+
+    out = Path(out)
+    if out.is_dir():
+        raise CalibrationError(f"--out {out} is a directory", where="--out",
+                               fix=f"name a file, e.g. --out {out / 'profile.json'}")
+    runs = [read_run(d) for d in directories]
+    fit = fit_runs(runs)
+    print(f"autopar calibrate --from-run: {len(runs)} run(s)\n")
+    print(format_fit(runs, fit))
+    path = write_profile(refit_profile(runs, fit), out)
+    print(f"\nwrote {path}; a cluster file uses it with 'profile: {path}'")
     return 0
 
 

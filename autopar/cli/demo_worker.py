@@ -21,6 +21,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cluster", default=None)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--record-run", default=None, help="record the steps into this directory")
+    ap.add_argument("--plan", default=None, help="run this plan (JSON) instead of planning")
     args = ap.parse_args()
 
     model = demo_model()
@@ -30,10 +32,11 @@ def main() -> None:
     )
     cluster = args.cluster or f"{world}xcpu"
     started = time.perf_counter()
-    pm = autopar.parallelize(model, cluster, batches[0])
+    pm = autopar.parallelize(model, cluster, batches[0], plan=args.plan)
     setup_s = time.perf_counter() - started
     opt = torch.optim.AdamW(pm.parameters(), lr=3e-3)
     losses, step_s = [], []
+    recorder = pm.record_run(args.record_run) if args.record_run else None
     for inputs in batches:
         t = time.perf_counter()
         a, k = pm.shard_batch(*inputs)
@@ -41,6 +44,8 @@ def main() -> None:
         losses.append(pm.train_step(*a, **k).item())
         opt.step()
         step_s.append(time.perf_counter() - t)
+    if recorder is not None:
+        recorder.close()
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "step_s": step_s, "setup_s": setup_s,

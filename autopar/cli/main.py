@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "calibrate", "measure this machine and write a cluster profile")
     p.add_argument("--out", required=True, type=flags.output_file, help="profile JSON to write")
+    p.add_argument("--from-run", nargs="+", metavar="DIR", default=None,
+                   help="refit from recorded training runs (pm.record_run(DIR), or "
+                   "autopar demo --record-run DIR) instead of measuring")
     p.add_argument("--nproc", type=flags.positive_int, default=2,
                    help="processes for the collective tests")
     p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
@@ -107,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=5, help="AdamW steps")
     p.add_argument("--nproc", type=int, choices=DEMO_NPROC, default=2,
                    help="gloo processes (divisors of the demo's batch of 8)")
+    p.add_argument("--record-run", metavar="DIR", default=None,
+                   help="keep the run's recording here (for autopar calibrate --from-run)")
+    p.add_argument("--profile", metavar="PROFILE", default=None,
+                   help="plan with this profile (default: the one the last demo refitted, "
+                   "else the cpu preset)")
     return parser
 
 

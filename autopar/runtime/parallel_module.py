@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,7 @@ from autopar.placements import Shard
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.pipeline import PipelineRunner
+from autopar.runtime.record import RunRecorder, ddp_timing_hook
 
 
 def find_loss(outputs: Any) -> torch.Tensor:
@@ -56,6 +59,35 @@ class ParallelModule(nn.Module):
         self._program = program  # the per-rank fx program (printable with .code)
         self._pipeline = pipeline
         self._input_shards = self._input_placements(program)
+        self._recorder: RunRecorder | None = None
+        self._ddp_hooked = False
+        if pipeline is not None:
+            pipeline.recorder_of = lambda: self._recorder
+
+    def record_run(self, directory: str | os.PathLike[str]) -> RunRecorder:
+        """Record this rank's training steps and collectives until the returned recorder is
+        closed (or its ``with`` block ends), then write ``directory/rank{r}.json`` for
+        ``autopar calibrate --from-run DIRECTORY``. Start it before the first
+        ``train_step`` (DDP takes its timing hook only then)."""
+        if self._recorder is not None:
+            raise RuntimeSetupError(
+                "this module is already recording a run",
+                where="ParallelModule.record_run",
+                fix="close the first recorder (or leave its with-block) before starting another")
+        recorder = RunRecorder(self, directory)
+        if hasattr(self.wrapped, "register_comm_hook") and not self._ddp_hooked:
+            try:
+                self.wrapped.register_comm_hook(None, ddp_timing_hook(lambda: self._recorder))
+            except RuntimeError as err:
+                raise RuntimeSetupError(
+                    f"cannot time DDP's gradient all-reduces: {err}",
+                    where="ParallelModule.record_run",
+                    fix="call record_run before the first train_step") from None
+            self._ddp_hooked = True
+        if self._ddp_hooked:
+            recorder.timed.append("ddp")
+        self._recorder = recorder.start()
+        return recorder
 
     @property
     def code(self) -> str:
@@ -108,6 +140,16 @@ class ParallelModule(nn.Module):
         # FSDP2 moves gradients into its shards during backward, so weights' tp partial sums
         # must happen there; with DDP (or none) they wait for one bucketed all-reduce.
         # (Pipeline stages use FSDP2 for data parallelism, so they sum them in backward.)
+        recorder = self._recorder
+        if recorder is None:
+            return self._train_step(args, kwargs)
+        recorder.step_begin()
+        try:
+            return self._train_step(args, kwargs)
+        finally:
+            recorder.step_end()
+
+    def _train_step(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self._pipeline is not None:
             return self._mean_over_dp(self._pipeline.step(self._named_inputs(args, kwargs)))
         defer = self.plan.training.get("zero", 0) == 0
@@ -127,7 +169,12 @@ class ParallelModule(nn.Module):
     def _mean_over_dp(self, loss: torch.Tensor) -> torch.Tensor:
         group = self.mesh_context.group("dp")
         if group is not None:
+            start = time.perf_counter()
             dist.all_reduce(loss, group=group)
+            if self._recorder is not None:
+                self._recorder.collective("all_reduce", loss.numel() * loss.element_size(),
+                                          dist.get_world_size(group),
+                                          time.perf_counter() - start, "loss")
             loss /= dist.get_world_size(group)
         return loss
 

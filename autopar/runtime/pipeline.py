@@ -11,6 +11,7 @@ step, as Megatron does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -192,6 +193,7 @@ class PipelineRunner:
         self._params = list(unique.values())
         self.holds_first = 0 in self.mine
         self.last_rank = ranks[-1]
+        self.recorder_of: Callable[[], Any] = lambda: None  # set by ParallelModule
 
     def step(self, inputs: dict[str, Any]) -> torch.Tensor:
         """Forward and backward over the microbatches; the mean loss, on every pp rank."""
@@ -216,7 +218,12 @@ class PipelineRunner:
             loss = torch.zeros((), dtype=dtype, device=self.ctx.device)
         group = self.ctx.group("pp")
         if group is not None:  # the last stage's loss, everywhere
+            start = time.perf_counter()
             dist.broadcast(loss, src=dist.get_global_rank(group, self.last_rank), group=group)
+            recorder = self.recorder_of()
+            if recorder is not None:
+                recorder.collective("broadcast", loss.numel() * loss.element_size(),
+                                    group.size(), time.perf_counter() - start, "loss")
         return loss
 
     def _sum_tied_grads(self) -> None:

@@ -1,0 +1,611 @@
+"""Refit a machine profile from a recorded training run (``autopar calibrate --from-run``).
+
+A run directory holds one ``rank{r}.json`` per rank, written by
+``ParallelModule.record_run`` (see :mod:`autopar.runtime.record`): each step's wall time,
+its forward and backward, and every collective with its kind, bytes, group size and
+seconds, plus the plan that ran (whose ``predicted`` terms the cost model gave under the
+plan's own ``cluster`` numbers).
+
+The refit fits the cost model's own time terms to those measurements, by least squares:
+
+- **link** (latency, bus bandwidth): the communication cost model's collective time,
+  ``latencies(kind, n) * latency + bytes(kind, n) / bandwidth`` (ring collectives; on gloo
+  all-gathers and reduce-scatters priced as all-reduces), fitted to the run's
+  collectives (:func:`fit_link_to_steps`: seconds, each collective weighted by how often a
+  step runs it, so the fit reproduces a step's time in collectives). A
+  collective ends when its last rank arrives, so the time it costs is what the last rank to
+  arrive waited: for each collective the ranks ran alike, the least time over ranks counts
+  (the rest is other ranks' compute). A DDP bucket launched before the backward pass ended
+  ran partly beside it: it is no link point, and only its exposed part counts as a wait.
+  It needs two message sizes at least; with fewer, the
+  plan's link is kept, and the report says so.
+- **device speed** ``a``: every device time term of the compute model (matmuls, elementwise
+  traffic, the kernel floor, first-touch allocation, the optimizer) is ``a`` times what the
+  plan's device numbers give when peak FLOP/s and memory bandwidth are divided by ``a`` and
+  the floor and allocation cost multiplied by it. So the modelled device time of a step is
+  ``a * D``, ``D = predicted.compute_s + predicted.optimizer_s``, and ``a`` is the
+  (Huber-weighted, :func:`huber_scale`) least squares solution of ``step_s[i] - p2p_wait_s[i] - sum(link(c) for c in collectives[i])
+  ~ a * D`` (the slowest rank's) over the recorded steps, with each collective at the
+  fitted link's time: the step is the model's device and link terms, and what the link does
+  not explain (ranks waiting for each other), and what the plan does not price (the loss
+  averaged for the caller), is the device's. Several runs fit together
+  when they were planned with the same device at other speeds (as a refitted profile
+  makes): their ``D`` is brought to the first run's device numbers.
+
+The warm-up steps at the start of a recording are left out, and so are steps whose time is
+an outlier (Tukey's fences; a busy machine stretches some steps several-fold). The refitted profile carries
+the plan's device numbers scaled by ``a``, the fitted link, and the points and residuals
+under ``measurements.from_run``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from autopar.calibrate.collectives import KINDS, CalibrationError, CollectivePoint
+from autopar.cluster.profile import _HOST_KEYS, Profile
+from autopar.cluster.spec import LinkSpec
+from autopar.cost_models.comm import collective_time
+from autopar.errors import ClusterError
+from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
+
+_RECORD_FIX = ("record one with `pm.record_run(DIR)` around the training loop "
+               "(or `autopar demo --record-run DIR`)")
+_DEVICE_TIME_KEYS = ("kernel_floor_s", "allocation_s_per_byte")
+_DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
+_DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency")
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank's validated file."""
+
+    path: Path
+    rank: int
+    world_size: int
+    plan: Mapping[str, Any]
+    host: Mapping[str, Any]
+    warmup_steps: int
+    steps: tuple[Mapping[str, Any], ...]
+    timed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """A validated run directory: every rank's record, the same plan on each."""
+
+    directory: Path
+    ranks: tuple[RankRecord, ...]
+
+    @property
+    def plan(self) -> Mapping[str, Any]:
+        return self.ranks[0].plan
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks[0].world_size
+
+    @property
+    def fitted_steps(self) -> range:
+        """Indices of the steps the fit uses (past the warm-up; every rank recorded them)."""
+        n = min(len(r.steps) for r in self.ranks)
+        return range(min(self.ranks[0].warmup_steps, n), n)
+
+    @property
+    def kept_steps(self) -> list[int]:
+        """The fitted steps the fit keeps: with four or more, those whose step time is within
+        Tukey's fences (1.5 interquartile ranges past the quartiles), so a step stretched by
+        another process on a busy machine does not pull the fit."""
+        steps = list(self.fitted_steps)
+        if len(steps) < 4:
+            return steps
+        q1, _, q3 = statistics.quantiles([self.step_s(i) for i in steps], n=4)
+        low, high = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+        return [i for i in steps if low <= self.step_s(i) <= high]
+
+    def step_s(self, i: int) -> float:
+        """Step ``i``'s wall time (measured): the median over ranks."""
+        return statistics.median(float(r.steps[i]["step_s"]) for r in self.ranks)
+
+    def measured_step_s(self) -> float:
+        """The run's step time (measured): the median over the fitted steps."""
+        return statistics.median(self.step_s(i) for i in self.fitted_steps)
+
+    def predicted(self, key: str = "step_time_s") -> float:
+        return float(self.plan.get("predicted", {}).get(key, 0.0) or 0.0)
+
+    def modelled_device_s(self) -> float:
+        """The plan's device time per step (modelled): compute and optimizer."""
+        return self.predicted("compute_s") + self.predicted("optimizer_s")
+
+    def untimed_comm_s(self) -> float:
+        """The plan's modelled data-parallel collectives that the recording could not time
+        (FSDP2 runs them: ZeRO-3, and data parallelism of pipeline stages): the fit takes
+        the model's figure for them."""
+        mesh, zero = self.plan.get("mesh", {}), self.plan.get("training", {}).get("zero", 0)
+        fsdp = mesh.get("dp", 1) > 1 and (zero == 3 or mesh.get("pp", 1) > 1)
+        if fsdp and "fsdp" not in self.ranks[0].timed:
+            return self.predicted("dp_exposed_s")
+        return 0.0
+
+    def collective_seconds(self, i: int) -> tuple[list[dict[str, Any]], list[float]]:
+        """Step ``i``'s collectives, each at its cost (the least time over ranks when every
+        rank ran the same sequence), and each rank's own time waiting on them."""
+        per_rank = [list(r.steps[i]["collectives"]) for r in self.ranks]
+        waits = [sum(float(c.get("exposed_s", c["seconds"])) for c in cs) for cs in per_rank]
+        shapes = {tuple((c["kind"], c["bytes"], c["group_size"]) for c in cs) for cs in per_rank}
+        if len(shapes) == 1 and len(per_rank) > 1:
+            merged = [dict(cs[0], seconds=min(float(c["seconds"]) for c in cs))
+                      for cs in zip(*per_rank)]
+            for m, cs in zip(merged, zip(*per_rank)):
+                if all("exposed_s" in c for c in cs):
+                    m["exposed_s"] = min(float(c["exposed_s"]) for c in cs)
+        else:
+            merged = [c for cs in per_rank for c in cs]
+        return merged, waits
+
+    def measured_device_s(self, i: int, link: Any | None = None) -> float:
+        """Step ``i``'s device time: its wall time net of the collectives and pipeline waits
+        (measured), for the slowest rank. With ``link`` (``predict(kind, bytes, n)``), each
+        collective is taken at the link's time for it, not at its measured time, so what
+        the fitted link does not explain (ranks waiting for one another) stays in the step
+        as device time, where the model can put it. Collectives the recording could not
+        time are taken out at their modelled time (:meth:`untimed_comm_s`)."""
+        def comm(c: Mapping[str, Any]) -> float:
+            if c.get("source") == "loss":  # the plan does not price it: the device's time
+                return 0.0
+            if link is None or _overlapped(c):
+                return float(c.get("exposed_s", c["seconds"]))
+            return link.predict(c["kind"], c["bytes"], c["group_size"])
+
+        return max(float(r.steps[i]["step_s"]) - float(r.steps[i].get("p2p_wait_s", 0.0))
+                   - sum(comm(c) for c in r.steps[i]["collectives"])
+                   for r in self.ranks) - self.untimed_comm_s()
+
+    def measured_comm_s(self, i: int) -> float:
+        """Step ``i``'s collectives at their cost (measured; what held the step up)."""
+        return sum(float(c.get("exposed_s", c["seconds"])) for c in self.collective_seconds(i)[0])
+
+
+# --- reading -----------------------------------------------------------------------------------
+def read_run(directory: str | os.PathLike[str]) -> Run:
+    """Read and validate a run directory; every problem is a :class:`CalibrationError`
+    saying which file and field, and what to do."""
+    path = Path(directory)
+    shown = str(path)
+    if not path.exists():
+        raise CalibrationError(f"run directory '{shown}' not found", where=shown,
+                               fix=f"check the path; {_RECORD_FIX}")
+    if not path.is_dir():
+        raise CalibrationError(f"'{shown}' is a file, not a run directory", where=shown,
+                               fix="pass the directory holding rank0.json, rank1.json, ...")
+    files = sorted(path.glob("rank*.json"))
+    if not files:
+        raise CalibrationError(f"run directory '{shown}' holds no rank*.json files",
+                               where=shown, fix=_RECORD_FIX)
+    records = [_read_rank(f) for f in files]
+    records.sort(key=lambda r: r.rank)
+    world = records[0].world_size
+    ranks = [r.rank for r in records]
+    if ranks != list(range(world)) or any(r.world_size != world for r in records):
+        missing = sorted(set(range(world)) - set(ranks))
+        raise CalibrationError(
+            f"run '{shown}' has files for ranks {ranks} of a {world}-rank run"
+            + (f" (missing rank {', '.join(map(str, missing))})" if missing else ""),
+            where=shown,
+            fix="copy every rank's rank{r}.json into one directory (each rank writes its own)")
+    first = records[0]
+    for r in records[1:]:
+        if r.plan != first.plan:
+            raise CalibrationError(
+                f"{r.path.name} ran another plan than {first.path.name}", where=str(r.path),
+                fix="one directory per run: record each run into an empty directory")
+    if not any(len(r.steps) > r.warmup_steps for r in records) or min(
+            len(r.steps) for r in records) <= first.warmup_steps:
+        raise CalibrationError(
+            f"run '{shown}' recorded {min(len(r.steps) for r in records)} step(s); the first "
+            f"{first.warmup_steps} is warm-up, so nothing is left to fit",
+            where=shown, fix="record more training steps (10 or more)")
+    return Run(path, tuple(records))
+
+
+def _read_rank(path: Path) -> RankRecord:
+    from autopar.cluster.text import parse_json, read_text
+
+    shown = str(path)
+    try:
+        data = parse_json(read_text(path, "run record", _RECORD_FIX), "run record", shown,
+                          "one rank's record written by `pm.record_run(DIR)`")
+    except ClusterError as err:
+        raise CalibrationError(err.what, where=err.where, fix=err.fix) from None
+
+    def bad(field: str, what: str) -> CalibrationError:
+        return CalibrationError(f"run record '{shown}': {field} {what}",
+                                where=f"{shown}: {field}",
+                                fix=f"the file is damaged or was edited; {_RECORD_FIX}")
+
+    if not isinstance(data, dict):
+        raise bad("(top level)", f"must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != RUN_FORMAT:
+        raise CalibrationError(
+            f"'{shown}' is not an autopar run record (format {data.get('format')!r}, "
+            f"expected {RUN_FORMAT!r})", where=f"{shown}: format", fix=_RECORD_FIX)
+    if data.get("version") != RUN_VERSION:
+        raise CalibrationError(
+            f"run record '{shown}' has version {data.get('version')!r}; this autopar reads "
+            f"version {RUN_VERSION}", where=f"{shown}: version",
+            fix="record the run again with this autopar")
+    for key in ("rank", "world_size", "warmup_steps"):
+        if not _is_int(data.get(key)) or data[key] < 0:
+            raise bad(key, f"must be a non-negative integer, got {data.get(key)!r}")
+    if data["world_size"] < 1 or data["rank"] >= data["world_size"]:
+        raise bad("rank", f"{data['rank']} is not a rank of a {data['world_size']}-rank run")
+    if not path.name == f"rank{data['rank']}.json":
+        raise bad("rank", f"is {data['rank']}, but the file is named {path.name}")
+    plan = data.get("plan")
+    if not isinstance(plan, dict) or not isinstance(plan.get("predicted"), dict):
+        raise bad("plan", "must be the plan that ran (with its predicted step time)")
+    for key in ("step_time_s", "compute_s"):
+        if not _is_number(plan["predicted"].get(key)):
+            raise bad(f"plan.predicted.{key}", "must be a number")
+    if not isinstance(plan.get("cluster"), dict) or not isinstance(
+            plan["cluster"].get("device"), dict):
+        raise bad("plan.cluster.device", "must describe the device the plan was made for")
+    host = data.get("host", {})
+    if not isinstance(host, dict):
+        raise bad("host", "must be an object")
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        raise bad("steps", "must be a list")
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if not isinstance(step, dict):
+            raise bad(where, "must be an object")
+        for key in ("step_s", "train_step_s"):
+            if not _is_number(step.get(key)) or step[key] < 0:
+                raise bad(f"{where}.{key}", f"must be seconds >= 0, got {step.get(key)!r}")
+        if not _is_number(step.get("p2p_wait_s", 0.0)) or step.get("p2p_wait_s", 0.0) < 0:
+            raise bad(f"{where}.p2p_wait_s", "must be seconds >= 0")
+        collectives = step.get("collectives")
+        if not isinstance(collectives, list):
+            raise bad(f"{where}.collectives", "must be a list")
+        for j, c in enumerate(collectives):
+            cw = f"{where}.collectives[{j}]"
+            if not isinstance(c, dict) or c.get("kind") not in KINDS:
+                raise bad(f"{cw}.kind", f"must be one of {', '.join(KINDS)}")
+            if not _is_int(c.get("bytes")) or c["bytes"] <= 0:
+                raise bad(f"{cw}.bytes", "must be a positive integer")
+            if not _is_int(c.get("group_size")) or c["group_size"] < 2:
+                raise bad(f"{cw}.group_size", "must be an integer >= 2")
+            if not _is_number(c.get("seconds")) or c["seconds"] < 0:
+                raise bad(f"{cw}.seconds", "must be seconds >= 0")
+            if "exposed_s" in c and (not _is_number(c["exposed_s"]) or c["exposed_s"] < 0):
+                raise bad(f"{cw}.exposed_s", "must be seconds >= 0")
+    timed = data.get("timed", [])
+    if not isinstance(timed, list) or not all(isinstance(t, str) for t in timed):
+        raise bad("timed", "must be a list of names")
+    return RankRecord(path, data["rank"], data["world_size"], plan, host,
+                      data["warmup_steps"], tuple(steps), tuple(timed))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+# --- fitting -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFit:
+    """What the runs say about the machine (fitted to measurements)."""
+
+    device_scale: float  # measured device time / modelled (least squares)
+    device_residual: float  # median |fit - measured| / measured over the steps
+    device_points: tuple[tuple[float, float], ...]  # (modelled D, measured) per step
+    link: ModelLink | None  # None: fewer than two message sizes, link kept
+    link_points: tuple[CollectivePoint, ...]
+    base_device: Mapping[str, Any]
+    base_link: Mapping[str, float]
+    backend: str = "gloo"
+
+    def device(self) -> dict[str, Any]:
+        """The profile's device section: the plan's device numbers, every time term scaled
+        by ``device_scale``."""
+        a = self.device_scale
+        base = self.base_device
+        out: dict[str, Any] = {"peak_flops": {k: float(v) / a for k, v in
+                                              base["peak_flops"].items()}}
+        for key in _DEVICE_RATE_KEYS:
+            out[key] = float(base[key]) / a
+        for key in _DEVICE_TIME_KEYS:
+            if key in base:
+                out[key] = float(base[key]) * a
+        for key in _DEVICE_KEPT_KEYS:
+            if key in base and base[key] not in (None, [], ()):
+                out[key] = base[key]
+        return out
+
+    def step_link(self) -> Any:
+        """The link that prices the recorded collectives in the device fit."""
+        return self.link or _base_link(self.base_link, self.backend)
+
+    def link_dict(self) -> dict[str, float]:
+        if self.link is None:
+            return dict(self.base_link)
+        return {"bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
+                "latency_s": self.link.latency_s}
+
+
+def fit_runs(runs: Sequence[Run]) -> RunFit:
+    """Least-squares device speed and link over ``runs`` (all planned for one device)."""
+    if not runs:
+        raise CalibrationError("no run to fit", where="--from-run", fix="name a run directory")
+    base = runs[0].plan["cluster"]
+    backend = str(base.get("backend", "gloo"))
+    slower = [1.0]
+    for run in runs[1:]:
+        k = relative_time(run.plan["cluster"]["device"], base["device"])
+        if k is None:
+            raise CalibrationError(
+                f"run '{run.directory}' was planned with other device numbers than "
+                f"'{runs[0].directory}' (not the same device at another speed), so one device "
+                "speed cannot be fitted to both",
+                where=str(run.directory),
+                fix="fit runs planned with the same cluster (or with profiles refitted from one "
+                "another) together, or the latest run alone")
+        slower.append(k)
+    points, weights = _link_points(runs)
+    link = None
+    if len({p.nbytes for p in points}) >= 2 and int(base.get("nodes", 1)) == 1:
+        link = fit_link_to_steps(points, weights, backend)
+    base_link = {k: float(v) for k, v in base.get("intra_node_link", {}).items()
+                 if k in ("bandwidth_bytes_per_s", "latency_s")}
+    step_link = link or _base_link(base_link, backend)
+    device_points = []
+    for run, k in zip(runs, slower):
+        modelled = run.modelled_device_s() / k  # at the first run's device numbers
+        if not modelled > 0:
+            raise CalibrationError(
+                f"run '{run.directory}': its plan models no device time", where=str(run.directory),
+                fix="record a run of a plan made by this autopar")
+        for i in run.kept_steps:
+            device_points.append((modelled, run.measured_device_s(i, step_link)))
+    d = [p[0] for p in device_points]
+    y = [p[1] for p in device_points]
+    scale = huber_scale(d, y)
+    if not scale > 0:
+        raise CalibrationError(
+            "the recorded steps leave no device time once the collectives are taken out",
+            where=", ".join(str(r.directory) for r in runs),
+            fix="record more steps, on a quieter machine")
+    residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
+    return RunFit(scale, residual, tuple(device_points), link, tuple(points),
+                  base["device"], base_link, backend)
+
+
+def huber_scale(d: Sequence[float], y: Sequence[float], k: float = 1.345,
+                iterations: int = 20) -> float:
+    """``a`` minimizing the Huber loss of ``y - a * d``: least squares, with steps whose
+    residual exceeds ``k`` robust standard deviations (1.4826 x the median absolute
+    residual) weighted down to a linear loss (iteratively reweighted least squares). A step
+    that another process stretched several-fold then counts like a step a little slow, not
+    quadratically; on clean data it is plain least squares."""
+    w = [1.0] * len(d)
+    a = 0.0
+    for _ in range(iterations):
+        den = sum(wi * di * di for wi, di in zip(w, d))
+        if not den > 0:
+            return 0.0
+        new = sum(wi * di * yi for wi, di, yi in zip(w, d, y)) / den
+        residuals = [yi - new * di for di, yi in zip(d, y)]
+        sigma = 1.4826 * statistics.median(abs(r) for r in residuals)
+        converged = abs(new - a) <= 1e-9 * abs(new)
+        a = new
+        if converged or not sigma > 0:
+            break
+        w = [1.0 if abs(r) <= k * sigma else k * sigma / abs(r) for r in residuals]
+    return a
+
+
+@dataclass(frozen=True)
+class ModelLink:
+    """A link priced as the communication cost model prices it (ring collectives; on gloo,
+    all-gathers and reduce-scatters as all-reduces), with how well it fits the points."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    backend: str = "gloo"
+    median_error: float = 0.0
+    max_error: float = 0.0
+    points: int = 0
+
+    def predict(self, kind: str, nbytes: float, n: int) -> float:
+        return collective_time(kind, nbytes, n, LinkSpec(self.bandwidth_bytes_per_s,
+                                                         self.latency_s), backend=self.backend)
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {"latency_s": self.latency_s, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+                "backend": self.backend, "median_error": self.median_error,
+                "max_error": self.max_error, "points": self.points}
+
+
+def _base_link(link: Mapping[str, float], backend: str) -> ModelLink:
+    return ModelLink(float(link.get("latency_s", 0.0)),
+                     float(link.get("bandwidth_bytes_per_s", 0.0)) or 1e300, backend)
+
+
+def model_terms(kind: str, nbytes: float, n: int, backend: str) -> tuple[float, float]:
+    """``(latencies, bytes)`` with ``time = latencies * latency + bytes / bandwidth`` in the
+    communication cost model (:func:`autopar.cost_models.comm.collective_time`, the one
+    source of the formula), read off it at two links."""
+    latencies = collective_time(kind, nbytes, n, LinkSpec(1e300, 1.0), backend=backend)
+    moved = collective_time(kind, nbytes, n, LinkSpec(1.0, 0.0), backend=backend)
+    return latencies, moved
+
+
+def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
+    """``k`` when ``device`` is ``base`` with every time term ``k`` times longer (peak FLOP/s
+    and bandwidth divided by ``k``, floor and allocation cost multiplied: what a refit
+    writes), so its modelled device times are ``k`` times ``base``'s; None otherwise."""
+    if device == base:
+        return 1.0
+    try:
+        peaks, base_peaks = device["peak_flops"], base["peak_flops"]
+        if set(peaks) != set(base_peaks):
+            return None
+        ratios = [float(base_peaks[d]) / float(peaks[d]) for d in peaks]
+        ratios += [float(base[k]) / float(device[k]) for k in _DEVICE_RATE_KEYS]
+        ratios += [float(device.get(k, 0.0)) / float(base[k]) for k in _DEVICE_TIME_KEYS
+                   if float(base.get(k, 0.0) or 0.0) > 0]
+        if any(float(device.get(k, 0.0) or 0.0) > 0 for k in _DEVICE_TIME_KEYS
+               if not float(base.get(k, 0.0) or 0.0) > 0):
+            return None
+        kept = all(device.get(k) == base.get(k) for k in _DEVICE_KEPT_KEYS)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    k = statistics.fmean(ratios)
+    if not kept or not k > 0 or any(abs(r / k - 1) > 1e-6 for r in ratios):
+        return None
+    return k
+
+
+def _overlapped(c: Mapping[str, Any]) -> bool:
+    """A collective that ran partly beside compute (a DDP bucket launched before backward
+    ended): its time is not the link's, so it is no link point; its exposed part is a wait."""
+    return "exposed_s" in c and float(c["exposed_s"]) < 0.999 * float(c["seconds"])
+
+
+def _link_points(runs: Iterable[Run]) -> tuple[list[CollectivePoint], list[float]]:
+    """One point per (kind, bytes, group size): the mean of its cost over the steps, and
+    how many times a step runs it (its weight). Least squares on these is least squares on
+    every recorded collective: the fit reproduces the time steps spent in collectives."""
+    times: dict[tuple[str, int, int], list[float]] = {}
+    steps = 0
+    for run in runs:
+        for i in run.kept_steps:
+            steps += 1
+            for c in run.collective_seconds(i)[0]:
+                if c["seconds"] > 0 and not _overlapped(c):
+                    times.setdefault((c["kind"], c["bytes"], c["group_size"]), []).append(
+                        float(c["seconds"]))
+    keys = sorted(times)
+    points = [CollectivePoint(kind, nbytes, n, statistics.fmean(times[(kind, nbytes, n)]))
+              for kind, nbytes, n in keys]
+    return points, [len(times[k]) / max(steps, 1) for k in keys]
+
+
+def fit_link_to_steps(points: Sequence[CollectivePoint], weights: Sequence[float],
+                      backend: str = "gloo") -> ModelLink | None:
+    """Latency and bus bandwidth by least squares of the cost model's collective times
+    (:func:`model_terms`) on the points' seconds (not relative errors, as :func:`fit_link`
+    fits a sweep of sizes), each point weighted by how often a step runs it: the fitted link
+    reproduces the time a step spends in its collectives, which the large messages
+    dominate. None when no positive bandwidth fits."""
+    import numpy as np
+
+    terms = np.array([model_terms(p.kind, p.nbytes, p.world_size, backend) for p in points])
+    t = np.array([p.seconds for p in points])
+    w = np.sqrt(np.asarray(weights, dtype=float))
+    a = terms * w[:, None]
+    latency, inverse_bw = np.linalg.lstsq(a, t * w, rcond=None)[0]
+    if latency < 0:
+        latency = 0.0
+        inverse_bw = float((a[:, 1] @ (t * w)) / (a[:, 1] @ a[:, 1]))
+    if not inverse_bw > 0:
+        return None
+    fit = ModelLink(float(latency), float(1 / inverse_bw), backend)
+    errors = [abs(fit.predict(p.kind, p.nbytes, p.world_size) - p.seconds) / p.seconds
+              for p in points]
+    return ModelLink(fit.latency_s, fit.bandwidth_bytes_per_s, backend,
+                     statistics.median(errors), max(errors), len(points))
+
+
+def refit_profile(runs: Sequence[Run], fit: RunFit | None = None) -> Profile:
+    """The profile the runs imply: the plan's device scaled, the fitted link, the points."""
+    fit = fit or fit_runs(runs)
+    host = {k: v for k, v in runs[0].ranks[0].host.items()
+            if k in _HOST_KEYS and isinstance(v, (str, int, float, bool))}
+    host["nproc"] = runs[0].world_size
+    host["backend"] = runs[0].plan["cluster"].get("backend", "gloo")
+    measurements = {
+        "from_run": {
+            "runs": [str(r.directory) for r in runs],
+            "device_scale": fit.device_scale,
+            "device_fit_median_error": fit.device_residual,
+            "device_points": [{"modelled_device_s_at_plan": dm, "measured_device_s": ym}
+                              for dm, ym in fit.device_points],
+            "link_points": [{"kind": p.kind, "bytes": p.nbytes, "group_size": p.world_size,
+                             "seconds": p.seconds} for p in fit.link_points],
+            "link_fit": fit.link.as_dict() if fit.link else None,
+            "runs_step_s": [{"predicted": r.predicted(), "measured": r.measured_step_s()}
+                            for r in runs],
+        }
+    }
+    return Profile(
+        device=fit.device(),
+        intra_node_link=fit.link_dict(),
+        host=host,
+        measurements=measurements,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
+    """What was measured, what the plan modelled, and what was fitted (each labelled)."""
+    lines = []
+    for run in runs:
+        steps = list(run.fitted_steps)
+        dev = statistics.median(run.measured_device_s(i) for i in steps)
+        net = statistics.median(run.measured_device_s(i, fit.step_link()) for i in steps)
+        comm = statistics.median(run.measured_comm_s(i) for i in steps)
+        p = run.plan.get("predicted", {})
+        mesh = " x ".join(f"{k}{v}" for k, v in run.plan.get("mesh", {}).items() if v > 1) or "1"
+        lines += [
+            f"run {run.directory}: {run.world_size} ranks, mesh {mesh}, {len(steps)} steps "
+            f"fitted (of {min(len(r.steps) for r in run.ranks)}; warm-up left out"
+            + (f"; {len(steps) - len(run.kept_steps)} outlier(s) too" if len(steps) > len(
+                run.kept_steps) else "") + ")",
+            f"  {'':<22} {'modelled':>10} {'measured':>10}",
+            f"  {'step time':<22} {_ms(run.predicted()):>10} {_ms(run.measured_step_s()):>10}",
+            f"  {'device (compute+opt)':<22} {_ms(run.modelled_device_s()):>10} {_ms(dev):>10}"
+            + ("   (net of FSDP2's collectives as modelled: not timed)"
+               if run.untimed_comm_s() else ""),
+            f"  {'  with collectives at':<22} {'':>10} {_ms(net):>10}   (what the device fit "
+            "uses: step net of the fitted link's time",
+            f"  {'  the fitted link':<22} {'':>10} {'':>10}    for the recorded collectives)",
+            f"  {'collectives':<22} "
+            f"{_ms(float(p.get('tp_comm_s', 0)) + float(p.get('dp_exposed_s', 0))):>10} "
+            f"{_ms(comm):>10}",
+        ]
+    lines += ["", "fitted (least squares of the cost model's terms to the measurements; the "
+              "device's Huber-weighted)",
+              f"  device speed: measured device time = {fit.device_scale:.3f} x modelled "
+              f"(median error {fit.device_residual:.1%} over {len(fit.device_points)} steps)"]
+    if fit.link is not None:
+        lines.append(
+            f"  link: latency {fit.link.latency_s * 1e6:.1f} µs, bus bandwidth "
+            f"{fit.link.bandwidth_bytes_per_s / 1e9:.3f} GB/s (the cost model's collectives, "
+            f"{fit.link.points} points, median error {fit.link.median_error:.0%})")
+        for p in fit.link_points:
+            lines.append(f"    {p.kind:<14} {p.nbytes:>12,} B over {p.world_size}: measured "
+                         f"{p.seconds * 1e6:9.1f} µs, fitted "
+                         f"{fit.link.predict(p.kind, p.nbytes, p.world_size) * 1e6:9.1f} µs")
+    else:
+        sizes = len({p.nbytes for p in fit.link_points})
+        lines.append(f"  link: kept from the plan's cluster ({sizes} message size(s) recorded; "
+                     "a latency and a bandwidth need two)")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

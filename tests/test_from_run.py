@@ -1,0 +1,305 @@
+"""Closed-loop calibration: recording a run, reading it back, refitting the profile."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autopar.calibrate import CalibrationError
+from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
+from autopar.cli.main import main
+from autopar.cluster import load_cluster
+from autopar.cluster.profile import read_profile
+from autopar.cluster.spec import LinkSpec
+from autopar.cost_models.comm import collective_time
+from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
+from tests.distributed import ROOT, free_port
+
+BASE_DEVICE = {
+    "name": "cpu", "memory_bytes": 8 * 2**30, "peak_flops": {"fp32": 2.0e11, "bf16": 1.0e11},
+    "memory_bandwidth_bytes_per_s": 3.0e10, "matmul_efficiency": 1.0,
+    "matmul_efficiency_curve": [[1e5, 0.5], [1e9, 1.0]], "kernel_floor_s": 2e-6,
+    "memory_efficiency": 0.5, "allocation_s_per_byte": 3e-10,
+}
+PLAN = {
+    "mesh": {"dp": 2, "tp": 1},
+    "training": {"zero": 0},
+    "predicted": {"step_time_s": 0.02, "compute_s": 0.012, "optimizer_s": 0.002,
+                  "tp_comm_s": 0.0, "dp_exposed_s": 0.006},
+    "cluster": {"name": "2xcpu", "nodes": 1, "devices_per_node": 2, "backend": "gloo",
+                "device": BASE_DEVICE,
+                "intra_node_link": {"bandwidth_bytes_per_s": 1.5e9, "latency_s": 1.4e-4}},
+}
+SCALE, LATENCY, BANDWIDTH = 2.5, 1.0e-4, 1.0e9  # what the synthetic run is made of
+
+
+def ring(kind: str, nbytes: int, n: int = 2) -> float:
+    """The communication cost model's time (on gloo: all-gathers priced as all-reduces)."""
+    return collective_time(kind, nbytes, n, LinkSpec(BANDWIDTH, LATENCY), backend="gloo")
+
+
+def synthetic_run(directory: Path, steps: int = 8, world: int = 2) -> Path:
+    """A run whose device time is SCALE x the plan's and whose collectives follow the ring
+    model with LATENCY and BANDWIDTH; the faster rank waits longer in each collective."""
+    directory.mkdir(parents=True, exist_ok=True)
+    device = SCALE * (PLAN["predicted"]["compute_s"] + PLAN["predicted"]["optimizer_s"])
+    sizes = [("all_reduce", 4), ("all_reduce", 4 * 2**20), ("all_gather", 2**20)]
+    for rank in range(world):
+        records = []
+        for i in range(steps):
+            skew = 0.001 * (world - 1 - rank) * (1 + i % 3)  # rank 0 computes faster
+            noise = 1 + 0.01 * ((i * 7 + rank) % 5 - 2)
+            collectives = []
+            for j, (kind, nbytes) in enumerate(sizes):
+                wait = skew if j == len(sizes) - 1 else 0.0
+                collectives.append({"kind": kind, "bytes": nbytes, "group_size": world,
+                                    "seconds": ring(kind, nbytes) * noise + wait,
+                                    "source": "ddp"})
+            comm = sum(c["seconds"] for c in collectives)
+            compute = device * noise - (skew if rank == 0 else 0.0)
+            step = compute + comm + (0.5 if i == 0 else 0.0)  # step 0: warm-up
+            records.append({"step": i, "step_s": step, "train_step_s": step - 0.002,
+                            "p2p_wait_s": 0.0, "collectives": collectives})
+        doc = {"format": RUN_FORMAT, "version": RUN_VERSION, "rank": rank, "world_size": world,
+               "backend": "gloo", "host": {"hostname": "test", "cpu_count": 2},
+               "warmup_steps": 1, "plan": PLAN, "steps": records}
+        (directory / f"rank{rank}.json").write_text(json.dumps(doc))
+    return directory
+
+
+def test_refit_recovers_known_parameters(tmp_path):
+    run = read_run(synthetic_run(tmp_path / "run"))
+    fit = fit_runs([run])
+    assert fit.device_scale == pytest.approx(SCALE, rel=0.02)
+    assert fit.link is not None
+    assert fit.link.latency_s == pytest.approx(LATENCY, rel=0.05)
+    assert fit.link.bandwidth_bytes_per_s == pytest.approx(BANDWIDTH, rel=0.05)
+    # the warm-up step is left out, and each collective costs what its last rank waited
+    assert len(fit.device_points) == 7
+    assert {p.nbytes for p in fit.link_points} == {4, 2**20, 4 * 2**20}
+
+    profile = refit_profile([run], fit)
+    device = profile.device
+    assert device["peak_flops"]["fp32"] == pytest.approx(2.0e11 / fit.device_scale)
+    assert device["memory_bandwidth_bytes_per_s"] == pytest.approx(3.0e10 / fit.device_scale)
+    assert device["kernel_floor_s"] == pytest.approx(2e-6 * fit.device_scale)
+    assert device["allocation_s_per_byte"] == pytest.approx(3e-10 * fit.device_scale)
+    assert device["memory_efficiency"] == 0.5  # efficiencies are shapes, not speeds
+    assert profile.intra_node_link["latency_s"] == pytest.approx(fit.link.latency_s)
+    assert profile.measurements["from_run"]["device_scale"] == fit.device_scale
+
+
+def test_calibrate_from_run_writes_a_profile_clusters_read(tmp_path, capsys):
+    run = synthetic_run(tmp_path / "run")
+    out = tmp_path / "refit.json"
+    assert main(["calibrate", "--from-run", str(run), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "modelled" in text and "measured" in text and "device speed" in text
+    profile = read_profile(out)
+    cluster_file = tmp_path / "c.yaml"
+    cluster_file.write_text(f"nodes: 1\ndevices_per_node: 2\nprofile: {out}\n"
+                            "device: {preset: cpu}\n")
+    cluster = load_cluster(cluster_file)
+    assert cluster.device.peak("fp32") == pytest.approx(profile.device["peak_flops"]["fp32"])
+    assert cluster.intra_node.bandwidth_bytes_per_s == pytest.approx(BANDWIDTH, rel=0.05)
+
+
+def test_a_step_stretched_by_another_process_is_left_out(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run")
+    for rank in (0, 1):
+        _edit(run_dir, rank, lambda d: d["steps"][4].update(step_s=d["steps"][4]["step_s"] * 8))
+    run = read_run(run_dir)
+    assert 4 not in run.kept_steps and len(run.kept_steps) == 6
+    assert fit_runs([run]).device_scale == pytest.approx(SCALE, rel=0.02)
+
+
+def test_one_message_size_keeps_the_link(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run")
+    for f in run_dir.glob("rank*.json"):
+        doc = json.loads(f.read_text())
+        for step in doc["steps"]:
+            step["collectives"] = step["collectives"][:1]
+        f.write_text(json.dumps(doc))
+    fit = fit_runs([read_run(run_dir)])
+    assert fit.link is None
+    assert fit.link_dict() == PLAN["cluster"]["intra_node_link"]
+
+
+def _edit(run_dir: Path, rank: int, change) -> None:
+    f = run_dir / f"rank{rank}.json"
+    doc = json.loads(f.read_text())
+    change(doc)
+    f.write_text(json.dumps(doc))
+
+
+BAD_RUNS = [
+    ("missing", None, "not found"),
+    ("a file", "file", "is a file, not a run directory"),
+    ("empty", "empty", "holds no rank*.json"),
+    ("corrupt", lambda d: None, "not valid JSON"),
+    ("format", lambda d: d.update(format="autopar-profile"), "not an autopar run record"),
+    ("version", lambda d: d.update(version=99), "version 99"),
+    ("step field", lambda d: d["steps"][2].update(step_s="fast"), "steps[2].step_s"),
+    ("collective kind", lambda d: d["steps"][1]["collectives"][0].update(kind="gossip"),
+     "steps[1].collectives[0].kind"),
+    ("no plan", lambda d: d.pop("plan"), "plan must be the plan that ran"),
+    ("too few steps", lambda d: d.update(steps=d["steps"][:1]), "nothing is left to fit"),
+]
+
+
+@pytest.mark.parametrize("case,change,message", BAD_RUNS, ids=[c[0] for c in BAD_RUNS])
+def test_bad_run_directories_say_what_where_and_fix(tmp_path, case, change, message):
+    run_dir = tmp_path / "run"
+    if case == "a file":
+        run_dir.write_text("{}")
+    elif case == "empty":
+        run_dir.mkdir()
+    elif change is not None:
+        synthetic_run(run_dir)
+        if case == "corrupt":
+            (run_dir / "rank1.json").write_text('{"format": "autopar-run", "steps": [')
+        elif case == "too few steps":
+            for rank in (0, 1):
+                _edit(run_dir, rank, change)
+        else:
+            _edit(run_dir, 1, change)
+    with pytest.raises(CalibrationError) as info:
+        read_run(run_dir)
+    err = info.value
+    assert message in str(err)
+    assert err.where and err.fix
+
+
+def test_missing_rank_and_cli_exit_status(tmp_path, capsys):
+    run_dir = synthetic_run(tmp_path / "run", world=3)
+    (run_dir / "rank1.json").unlink()
+    with pytest.raises(CalibrationError, match="missing rank 1"):
+        read_run(run_dir)
+    assert main(["calibrate", "--from-run", str(tmp_path / "nope"), "--out",
+                 str(tmp_path / "p.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_other_plans_device_numbers_are_not_fitted_together(tmp_path):
+    a = read_run(synthetic_run(tmp_path / "a"))
+    b_dir = synthetic_run(tmp_path / "b")
+    for rank in (0, 1):
+        _edit(b_dir, rank, lambda d: d["plan"]["cluster"]["device"].update(kernel_floor_s=1e-6))
+    with pytest.raises(CalibrationError, match="other device numbers"):
+        fit_runs([a, read_run(b_dir)])
+
+
+def _record_demo(tmp_path: Path, steps: int, **pins) -> Path:
+    """Run the demo's model on 2 gloo processes with a plan pinned by ``pins``, recorded."""
+    import autopar
+    from autopar.cli.demo_data import demo_batches, demo_model
+
+    plan = autopar.plan(demo_model(), "2xcpu", demo_batches(1)[0], **pins)
+    plan.save(tmp_path / "plan.json")
+    record = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           f"--master-port={free_port()}", "-m", "autopar.cli.demo_worker", "--steps", str(steps),
+           "--out", str(tmp_path / "result.json"), "--cluster", "2xcpu",
+           "--plan", str(tmp_path / "plan.json"), "--record-run", str(record)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return record
+
+
+@pytest.mark.slow
+def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
+    from autopar.cli.demo_data import demo_model
+
+    run = read_run(_record_demo(tmp_path, 4, dp=2, zero=0))
+    assert run.world_size == 2 and len(run.ranks[0].steps) == 4
+    assert set(run.ranks[0].timed) >= {"autopar", "ddp", "fsdp"}
+    grads = 4 * sum(p.numel() for p in demo_model().parameters())
+    for rank in run.ranks:
+        for step in rank.steps:
+            kinds = {(c["source"], c["kind"]) for c in step["collectives"]}
+            assert ("ddp", "all_reduce") in kinds  # DDP's gradient buckets
+            assert ("loss", "all_reduce") in kinds  # the loss average
+            ddp = [c for c in step["collectives"] if c["source"] == "ddp"]
+            assert sum(c["bytes"] for c in ddp) == grads
+            assert all(c["group_size"] == 2 for c in step["collectives"])
+            assert step["step_s"] >= step["train_step_s"] > 0
+    fit = fit_runs([run])
+    assert fit.device_scale > 0 and fit.link is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pins", [dict(dp=2, zero=3), dict(pp=2, microbatches=4, schedule="1f1b")],
+                         ids=["zero3", "pipeline"])
+def test_recorder_times_fsdp_and_pipelines(tmp_path, pins):
+    run = read_run(_record_demo(tmp_path, 3, **pins))
+    for rank in run.ranks:
+        for step in rank.steps:
+            sources = {(c["source"], c["kind"]) for c in step["collectives"]}
+            if "pp" in pins:
+                assert step["p2p_wait_s"] > 0 and ("loss", "broadcast") in sources
+            else:
+                assert {("fsdp", "all_gather"), ("fsdp", "reduce_scatter")} <= sources
+    assert fit_runs([run]).device_scale > 0
+
+
+@pytest.mark.slow
+def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(["demo", "--steps", "3", "--record-run", str(tmp_path / "run")]) == 0
+    text = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")
+             and line.split()[:1] and line.split()[0] in ("predicted", "measured", "refitted")}
+    assert "modelled" in lines["predicted"] and "ms" in lines["predicted"]
+    assert "measured" in lines["measured"] and "ms" in lines["measured"]
+    assert "modelled" in lines["refitted"]
+    assert "why this plan" in text and "single device vs 2 gloo processes" in text
+    assert list((tmp_path / "cache" / "autopar").glob("demo-profile-*.json"))
+    read_run(tmp_path / "run")
+
+
+def test_runs_planned_with_a_refitted_profile_fit_together(tmp_path):
+    """A second run planned with the first's refitted device (the same device, k x slower
+    in every time term) brings its modelled time back to the first run's numbers."""
+    a = read_run(synthetic_run(tmp_path / "a"))
+    first = fit_runs([a])
+    b_dir = synthetic_run(tmp_path / "b")
+    k = 2.0
+    slower = dict(BASE_DEVICE, peak_flops={d: v / k for d, v in BASE_DEVICE["peak_flops"].items()},
+                  memory_bandwidth_bytes_per_s=BASE_DEVICE["memory_bandwidth_bytes_per_s"] / k,
+                  kernel_floor_s=BASE_DEVICE["kernel_floor_s"] * k,
+                  allocation_s_per_byte=BASE_DEVICE["allocation_s_per_byte"] * k)
+
+    def replan(doc):
+        doc["plan"]["cluster"]["device"] = slower
+        for key in ("compute_s", "optimizer_s"):
+            doc["plan"]["predicted"][key] *= k
+
+    for rank in (0, 1):
+        _edit(b_dir, rank, replan)
+    both = fit_runs([a, read_run(b_dir)])
+    assert both.device_scale == pytest.approx(first.device_scale, rel=1e-9)
+    assert len(both.device_points) == 14
+
+
+def test_plan_dict_is_not_mutated_by_fitting(tmp_path):
+    before = copy.deepcopy(PLAN)
+    fit_runs([read_run(synthetic_run(tmp_path / "run"))])
+    assert before == PLAN
+
+
+def test_huber_scale_is_least_squares_on_clean_data_and_resists_a_stretched_step():
+    from autopar.calibrate.from_run import huber_scale
+
+    d = [1.0, 2.0, 3.0, 1.5, 2.5, 1.0, 2.0, 3.0]
+    y = [2.0 * x * (1 + 0.01 * (i % 3 - 1)) for i, x in enumerate(d)]
+    least_squares = sum(a * b for a, b in zip(d, y)) / sum(a * a for a in d)
+    assert huber_scale(d, y) == pytest.approx(least_squares, rel=1e-3)
+    y[3] *= 10  # another process stretched one step tenfold
+    assert huber_scale(d, y) == pytest.approx(2.0, rel=0.05)

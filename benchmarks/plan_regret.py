@@ -16,7 +16,7 @@ layout's predicted step (modelled, with a calibrated ``cpu`` profile as
 layout kind.
 
     python benchmarks/plan_regret.py                        # calibrates first (~1-2 min)
-    python benchmarks/plan_regret.py --profile p.json --json regret.json
+    python benchmarks/plan_regret.py --profile p.json --profile-4 p4.json --json regret.json
     python benchmarks/plan_regret.py --quick                # smoke run: 2 models, 3 rounds
 
 Models (``benchmarks/workers/regret_worker.py``): the demo GPT, a tiny HF Llama (random
@@ -211,6 +211,8 @@ def print_report(summary: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="a profile from `autopar calibrate` (default: make one)")
+    ap.add_argument("--profile-4", help="a profile from `autopar calibrate --nproc 4` for the "
+                    "links of 4 processes (default: make one, --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: the demo and wide models, 3 rounds")
     ap.add_argument("--models", default=None, help=f"comma-separated, of {', '.join(MODEL_ORDER)}")
@@ -237,7 +239,9 @@ def main() -> None:
             print("calibrating this machine (autopar calibrate) ...", flush=True)
             calibrate(profile, 2, quick=args.quick)
         links = {1: profile, 2: profile}
-        if 4 in ranks:
+        if 4 in ranks and args.profile_4:
+            links[4] = Path(args.profile_4).resolve()
+        elif 4 in ranks:
             print("calibrating the link with 4 processes (autopar calibrate --quick) ...",
                   flush=True)
             links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)

@@ -127,3 +127,16 @@ def test_fewer_devices_on_a_sub_mesh(tmp_path: Path) -> None:
         for r in records:
             assert r["ok"], r
             assert r["used"] == 2 and r["active"] == (rank < 2), r
+
+
+def test_plan_on_fewer_devices_runs_on_just_those(slow_plan: Plan) -> None:
+    """The plan says "or launch 1 process with this plan": one process (no torchrun) runs it,
+    while a plan for all 2 devices refuses a launch of 1."""
+    model, batch = tiny_gpt()
+    _, expected = model(*batch)
+    pm = autopar.parallelize(model, SLOW, batch, plan=slow_plan)
+    args, kwargs = pm.shard_batch(*batch)
+    assert torch.allclose(pm.train_step(*args, **kwargs), expected.detach())
+    whole = autopar.plan(*tiny_gpt()[:1], SLOW, batch, devices=2, time_limit_s=5)
+    with pytest.raises(AutoparError, match="needs 2 processes but 1 was launched"):
+        autopar.parallelize(tiny_gpt()[0], SLOW, batch, plan=whole)

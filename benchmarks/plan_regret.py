@@ -19,6 +19,11 @@ layout kind.
     python benchmarks/plan_regret.py --profile p.json --profile-4 p4.json --json regret.json
     python benchmarks/plan_regret.py --quick                # smoke run: 2 models, 3 rounds
 
+Read the "fewer ranks" rows with this in mind: this machine's cluster description shares
+its cores among all launched processes (``fidelity_measured.cluster_file``: compute x
+cores / processes), while a plan on fewer ranks leaves the others idle (blocked in a
+broadcast, not computing), so its ranks really get more of the machine than modelled.
+
 Models (``benchmarks/workers/regret_worker.py``): the demo GPT, a tiny HF Llama (random
 weights), a deep narrow GPT, and a wide GPT planned with fast links
 (``benchmarks/data/fast-links.yaml``), where tensor parallelism should win.
@@ -245,6 +250,8 @@ def main() -> None:
             print("calibrating the link with 4 processes (autopar calibrate --quick) ...",
                   flush=True)
             links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
+        # the calibrated profiles the clusters name, kept with the results (they are temporary)
+        profiles = {str(n): json.loads(Path(p).read_text()) for n, p in links.items()}
         results = []
         for model in models:
             for nproc in ranks:
@@ -264,7 +271,8 @@ def main() -> None:
         data = {"label": "step times: predicted_* modelled, measured_* measured (this machine, "
                 "gloo, OMP_NUM_THREADS=1)", "machine_cores": os.cpu_count(),
                 "repeats": args.repeats, "steps_per_sample": args.steps, "models": {
-                    m: MODEL_WHAT[m] for m in models}, **summary, "launches": results}
+                    m: MODEL_WHAT[m] for m in models}, **summary, "launches": results,
+                "profiles": profiles}
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         print(f"\nwritten to {args.json}")
 

@@ -7,6 +7,7 @@
 | pipeline schedule | ``schedule`` | ``--schedule`` | ``pipeline.schedule`` |
 | chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
 | sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |
+| devices used | ``devices`` | ``--devices`` | ``explanation.devices.used`` (= the mesh's product) |
 
 Schedule names are those ``torch.distributed.pipelining`` runs: ``gpipe``, ``1f1b``,
 ``interleaved`` (interleaved 1F1B) and ``zb_v`` (the zero-bubble V schedule).

@@ -14,7 +14,8 @@ the cluster loader itself, so both read the same rules.
 Cross-field rules, under the conventions :mod:`autopar.solver.to_plan` writes:
 
 - the mesh is ``[pp,] dp, tp`` in that order (tp innermost) and its product is
-  ``cluster.devices`` (= nodes x devices per node);
+  ``cluster.devices`` (= nodes x devices per node), or fewer devices when
+  ``explanation.devices.used`` says so (whole nodes, or part of one node: the first ranks);
 - ``batch.global = dp x batch.microbatch x batch.microbatches``: ``microbatch`` is the
   sequences of one microbatch on one data-parallel rank (tensor parallelism may split it
   further, but never changes the count);
@@ -257,6 +258,11 @@ PIPELINE = obj({
 })
 
 EXPLANATION = obj({}, {
+    # autopar.planning: how many of the cluster's devices the plan uses (the mesh's), and why
+    "devices": obj({"used": COUNT, "cluster": COUNT, "pinned": flag, "why": text()},
+                   {"alternatives": list_of(obj(
+                       {"devices": COUNT, "step_time_s": nullable(SECONDS), "status": text()},
+                       {"mesh": map_of(COUNT)}))}),
     # autopar.solver.explain_tp: how the plan uses tensor parallelism, and why
     "tp": empty_or(obj({
         "tp": COUNT, "pinned": flag, "splits_batch_allowed": flag, "weights_sharded": SIZE,
@@ -327,10 +333,19 @@ def _mesh_rules(plan: dict) -> None:
     if cluster["devices"] != devices:
         _fail("cluster.devices", f"nodes x devices_per_node = {devices}", cluster["devices"])
     product = math.prod(mesh.values())
-    if product != devices:
+    used = plan.get("explanation", {}).get("devices")
+    if used is not None and (used["cluster"] != devices or used["used"] != product):
+        _fail("explanation.devices", f"used = the mesh's {product} ranks and cluster = "
+              f"cluster.devices ({devices})", {k: used[k] for k in ("used", "cluster")})
+    per_node = cluster["devices_per_node"]
+    fewer = used is not None and product < devices and (
+        product <= per_node or product % per_node == 0)  # part of one node, or whole nodes
+    if product != devices and not fewer:
         text_ = " x ".join(f"{a}={n}" for a, n in mesh.items())
         raise PlanError(f"the mesh {text_} has {product} ranks, but the plan's cluster "
-                        f"{cluster.get('name')!r} has {devices} devices",
+                        f"{cluster.get('name')!r} has {devices} devices"
+                        + ("" if used is None or product > devices else
+                           " and they are neither whole nodes nor part of one node"),
                         where="mesh", fix=REPLAN)
 
 

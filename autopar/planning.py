@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ def plan(
     dp: int | None = None,
     tp: int | None = None,
     pp: int | None = None,
+    devices: int | None = None,
     global_batch: int | None = None,
     microbatch: int | None = None,
     microbatches: int | None = None,
@@ -60,7 +62,12 @@ def plan(
     ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
     "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
     ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
-    the rest. Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
+    the rest. ``devices`` pins how many of the cluster's devices the plan uses (the first
+    ones: whole nodes, or part of one node); left to the planner (``None``) with no mesh
+    degree pinned, it also plans on fewer devices (divisors of the count: fewer nodes, or
+    fewer devices of one node) and keeps the fastest prediction, so a model too small to
+    gain from more devices runs on fewer, and ``plan.explanation["devices"]`` says so.
+    Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
     tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
     plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
 
@@ -108,9 +115,122 @@ def plan(
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
     )
-    result = search(gm, cluster, options)
     name = model_name or type(model).__name__
-    return make_plan(gm, result, cluster, options, name)
+    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp)))
+    if counts == [cluster.world_size]:
+        return make_plan(gm, search(gm, cluster, options), cluster, options, name)
+    return _plan_fewest_fastest(gm, cluster, options, name, counts, pinned=devices is not None)
+
+
+def device_counts(cluster: Cluster, devices: int | None, pinned_mesh: bool = False) -> list[int]:
+    """The device counts to plan for, most first: ``devices`` when pinned (checked: at most
+    the cluster's, and whole nodes or part of one node); with it unpinned, every count that
+    divides the cluster's (whole nodes, or part of one node), unless a mesh degree is pinned
+    (the pinned layout then fills the cluster)."""
+    total, per_node = cluster.world_size, cluster.devices_per_node
+    if devices is not None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise AutoparError(f"devices must be a positive integer, got {devices!r}",
+                               where="devices", fix="pass devices=None to let the planner "
+                               "choose, or how many of the cluster's devices to use")
+        if devices > total:
+            raise AutoparError(
+                f"devices={devices} is more than the {total} device(s) of cluster "
+                f"{cluster.name!r}", where="devices",
+                fix=f"pass at most {total}, or plan for a larger cluster")
+        if devices > per_node and devices % per_node:
+            raise AutoparError(
+                f"devices={devices} is neither whole nodes nor part of one node of cluster "
+                f"{cluster.name!r} ({cluster.nodes} node(s) x {per_node} devices)",
+                where="devices", fix=f"pass a multiple of {per_node}, or at most {per_node}")
+        return [devices]
+    if pinned_mesh:
+        return [total]
+    nodes = [n * per_node for n in range(cluster.nodes, 0, -1) if cluster.nodes % n == 0]
+    within = [d for d in range(per_node - 1, 0, -1) if per_node % d == 0]
+    return nodes + within
+
+
+def sub_cluster(cluster: Cluster, devices: int) -> Cluster:
+    """The first ``devices`` devices of ``cluster``: whole nodes, or part of the first one."""
+    if devices >= cluster.devices_per_node:
+        shape = (devices // cluster.devices_per_node, cluster.devices_per_node)
+    else:
+        shape = (1, devices)
+    if shape == (cluster.nodes, cluster.devices_per_node):
+        return cluster
+    return dataclasses.replace(cluster, nodes=shape[0], devices_per_node=shape[1])
+
+
+def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions, name: str,
+                         counts: list[int], pinned: bool) -> Plan:
+    """Plan on each device count (most first) and keep the fastest prediction; ties go to
+    fewer devices. A count whose compute alone (the model's FLOPs at the devices' peak)
+    cannot beat the best so far is not solved, nor is any smaller one."""
+    total = cluster.world_size
+    best: Plan | None = None
+    first_error: AutoparError | None = None
+    tried: list[dict[str, Any]] = []
+    for k in counts:
+        if best is not None:
+            floor = best.predicted["model_flops_per_step"] / (
+                k * cluster.device.peak(options.precision))
+            if floor >= best.predicted["step_time_s"]:
+                tried += [{"devices": c, "step_time_s": None, "status": "pruned: the "
+                           "model's FLOPs at peak take longer than the best plan"}
+                          for c in counts[counts.index(k):]]
+                break
+        sub = sub_cluster(cluster, k)
+        try:
+            candidate = make_plan(gm, search(gm, sub, options), sub, options, name)
+        except AutoparError as e:
+            first_error = first_error or e
+            tried.append({"devices": k, "step_time_s": None,
+                          "status": f"no plan: {e.what}"[:300]})
+            continue
+        tried.append({"devices": k, "step_time_s": candidate.predicted["step_time_s"],
+                      "status": "solved", "mesh": dict(candidate.mesh)})
+        # A tie goes to fewer devices: the same step, with devices to spare (a plan on more
+        # that predicts no gain, e.g. tp replicating every weight, wastes them).
+        if best is None or (candidate.predicted["step_time_s"]
+                            <= best.predicted["step_time_s"] * (1 + 1e-9)):
+            best = candidate
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    used = best.world_size
+    cluster_dict = cluster.to_dict()
+    cluster_dict["devices"] = total
+    best.cluster = cluster_dict
+    best.explanation["devices"] = {
+        "used": used, "cluster": total, "pinned": pinned,
+        "why": devices_why(used, total, pinned, tried), "alternatives": tried}
+    return best
+
+
+def devices_why(used: int, total: int, pinned: bool, tried: list[dict[str, Any]]) -> str:
+    """One line: how many devices the plan uses, and why (modelled step times)."""
+    if pinned:
+        return f"uses {used} of {total} devices: pinned (devices={used})"
+    mine = next(t["step_time_s"] for t in tried if t["devices"] == used)
+    others = [t for t in tried if t["devices"] != used and t["step_time_s"] is not None]
+    if used < total:
+        full = next((t for t in tried if t["devices"] == total), None)
+        other = full["step_time_s"] if full else None
+        if other is None:
+            vs = f"no plan fits all {total}"
+        elif mine < other * (1 - 1e-9):
+            vs = (f"{other * 1e3:.3g} ms with all {total} (modelled; the communication more "
+                  "devices need costs more than it saves)")
+        else:
+            vs = f"no faster with all {total} (modelled)"
+        return (f"uses {used} of {total} devices: predicted step {mine * 1e3:.3g} ms, {vs}; "
+                f"ranks {used} and up idle (or launch {used} process{'es' if used > 1 else ''}"
+                " with this plan)")
+    best_other = min(others, key=lambda t: t["step_time_s"], default=None)
+    tail = (f" vs {best_other['step_time_s'] * 1e3:.3g} ms with {best_other['devices']} "
+            "(modelled)" if best_other else "")
+    return f"uses all {total} devices: predicted step {mine * 1e3:.3g} ms{tail}"
 
 
 def check_batch_size(batch: int) -> None:

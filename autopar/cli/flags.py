@@ -173,6 +173,13 @@ def add_degree(p: argparse.ArgumentParser, axis: str, default: int | None = None
                    help=f"{words}-parallel degree")
 
 
+def add_devices(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
+                   help="use N of the cluster's devices (the first: whole nodes, or part of "
+                   "one node); default: all, or fewer when that is predicted faster (unless a "
+                   "mesh degree is pinned)")
+
+
 def add_microbatch(p: argparse.ArgumentParser, default: int | None = None) -> None:
     p.add_argument("--microbatch", type=positive_int, default=default, metavar="N",
                    help="sequences per microbatch on each data-parallel rank")

@@ -30,6 +30,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_cluster(p)
     for axis in ("dp", "tp", "pp"):
         flags.add_degree(p, axis)
+    flags.add_devices(p)
     flags.add_microbatch(p)
     flags.add_microbatches(p)
     flags.add_schedule(p)

@@ -20,6 +20,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         dp=args.dp,
         tp=args.tp,
         pp=args.pp,
+        devices=args.devices,
         global_batch=traced.batch,
         microbatch=args.microbatch,
         microbatches=args.microbatches,

@@ -49,6 +49,8 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
+    if plan.explanation.get("devices"):
+        lines.append(f"devices   {plan.explanation['devices']['why']}")
     lines += format_tp(plan.explanation.get("tp", {}))
     lines += format_attention(plan.attention)
     if plan.unruled_ops:

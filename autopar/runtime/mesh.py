@@ -16,9 +16,12 @@ from autopar.plan import Plan
 
 @dataclass
 class MeshContext:
-    mesh: DeviceMesh | None  # None when running a single process
+    mesh: DeviceMesh | None  # None when the plan runs on one device
     coords: dict[str, int]  # this rank's index on each axis
     device: torch.device
+    # False on a rank the plan does not use: a plan may use fewer devices than the cluster
+    # has (``plan.explanation["devices"]``); it runs on ranks 0 .. plan.world_size - 1.
+    active: bool = True
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
@@ -60,17 +63,29 @@ def check_world_size(needed: int, what: str) -> None:
 
 
 def build_mesh(plan: Plan, backend: str) -> MeshContext:
-    """The plan's device mesh (``dp`` outer, ``tp`` inner), bound for the collectives."""
+    """The plan's device mesh (``dp`` outer, ``tp`` inner), bound for the collectives.
+
+    The launch has one process per device of the plan's mesh, or, for a plan that uses fewer
+    devices than its cluster has, one per device of the cluster: the mesh is then built on
+    ranks 0 .. ``plan.world_size`` - 1 (every rank takes part in creating its groups) and the
+    others get an inactive context."""
     ensure_process_group(backend)
     mesh_text = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
-    check_world_size(plan.world_size, f"the plan ({mesh_text})")
-    world = plan.world_size
+    needed = plan.world_size
+    launched = dist.get_world_size() if dist.is_initialized() else 1
+    if launched != needed and launched != plan.cluster["devices"]:
+        check_world_size(needed, f"the plan ({mesh_text})")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    active = rank < needed
     device = device_for(backend)
-    if world == 1:
+    if needed == 1:
         comm_ops.bind_axis_groups({})
-        return MeshContext(None, {axis: 0 for axis in plan.mesh}, device)
+        return MeshContext(None, {axis: 0 for axis in plan.mesh}, device, active)
     names = tuple(plan.mesh)
     mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
+    if not active:
+        comm_ops.bind_axis_groups({})
+        return MeshContext(mesh, {}, device, active=False)
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
     comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names if plan.mesh[axis] > 1})
     return MeshContext(mesh, coords, device)

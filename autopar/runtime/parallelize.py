@@ -27,6 +27,7 @@ from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
 from autopar.runtime.data_parallel import wrap_data_parallel
+from autopar.runtime.idle import IdleRank, PartOfWorld
 from autopar.runtime.mesh import build_mesh, check_world_size, ensure_process_group
 from autopar.runtime.parallel_module import ParallelModule
 from autopar.runtime.pipeline import PipelineRunner
@@ -45,21 +46,28 @@ def parallelize(
     pp: int | None = None,
     plan: Plan | str | Path | None = None,
     **plan_options: Any,
-) -> ParallelModule:
+) -> ParallelModule | IdleRank:
     """This rank's part of ``model``, planned for ``cluster`` and ready to train.
 
     ``example_inputs`` is one *global* batch (every rank passes the same); the plan splits
     it. ``dp``/``tp``/``pp`` pin mesh degrees; ``plan`` (a Plan or a JSON file) skips
     planning. Other keywords go to :func:`autopar.plan` (``precision``, ``microbatch``,
-    ``microbatches``, ``schedule``, ``virtual_stages``, ``zero``, ...).
+    ``microbatches``, ``schedule``, ``virtual_stages``, ``zero``, ``devices``, ...).
+
+    Launch one process per device of the cluster. A plan may use fewer devices (when that is
+    predicted faster; ``plan.explanation["devices"]``): ranks 0 .. ``plan.world_size - 1``
+    run it, and every other rank gets an :class:`~autopar.runtime.idle.IdleRank`, which
+    trains nothing and whose ``train_step`` returns the same loss. A plan on fewer devices
+    may also be launched on just those (``plan=`` the plan's file).
     """
     plan_options = check_keywords(
         plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
         "autopar.parallelize")
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
-    check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
-    if plan is not None:
+    if plan is None:
+        check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
+    else:
         pinned = {**{k: v for k, v in (("dp", dp), ("tp", tp), ("pp", pp)) if v is not None},
                   **plan_options}
         if pinned:  # silently ignored otherwise: the plan fixes every choice
@@ -71,6 +79,8 @@ def parallelize(
         # A Plan object is checked like a file: it may have been edited since it was made.
         plan = Plan.from_dict(plan.to_dict()) if isinstance(plan, Plan) else Plan.load(plan)
         plan.check_cluster(cluster)
+        if _launched() != plan.world_size:  # a plan on fewer devices may run on just those
+            check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
     gm = trace(model, example_inputs)
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
@@ -79,17 +89,25 @@ def parallelize(
     plan.check_model(facts.fingerprint, type(model).__name__)
     plan.check_batch(facts.batch_size, facts.seq_len)
     ctx = build_mesh(plan, cluster.backend)
+    if not ctx.active:
+        return IdleRank(model, plan, ctx)
+    # With ranks idle beside it (a plan on fewer devices), each step's loss goes to them too.
+    module_class = PartOfWorld if _launched() > plan.world_size else ParallelModule
     zero = plan.training.get("zero", 0)
     local = _microbatch_graph(model, example_inputs, plan, gm)
     program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords))
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True)))
-        return ParallelModule(program, nn.ModuleList(runner.modules), plan, ctx, runner)
+        return module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner)
     program.to(ctx.device)
     units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
     wrapped = wrap_data_parallel(program, ctx, zero, units=units)
-    return ParallelModule(program, wrapped, plan, ctx)
+    return module_class(program, wrapped, plan, ctx)
+
+
+def _launched() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,

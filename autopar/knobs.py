@@ -8,6 +8,9 @@
 | chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
 | sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |
 | devices used | ``devices`` | ``--devices`` | ``explanation.devices.used`` (= the mesh's product) |
+| recomputation | ``recompute`` | ``--recompute`` | ``training.recompute`` |
+| margin beyond validated ground | ``extrapolation_margin`` | ``--extrapolation-margin`` | ``predicted.ground_margin`` |
+| record a run for refitting | ``record_run`` (``parallelize``) | ``--record-run`` (``demo``), ``--from-run`` (``calibrate``) | -- |
 
 Schedule names are those ``torch.distributed.pipelining`` runs: ``gpipe``, ``1f1b``,
 ``interleaved`` (interleaved 1F1B) and ``zb_v`` (the zero-bubble V schedule).

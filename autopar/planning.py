@@ -51,6 +51,7 @@ def plan(
     fuse_attention: bool = True,
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
+    extrapolation_margin: float | None = None,
     model_name: str | None = None,
     **old_spellings: Any,
 ) -> Plan:
@@ -67,6 +68,9 @@ def plan(
     degree pinned, it also plans on fewer devices (divisors of the count: fewer nodes, or
     fewer devices of one node) and keeps the fastest prediction, so a model too small to
     gain from more devices runs on fewer, and ``plan.explanation["devices"]`` says so.
+    ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
+    ground must be predicted than the best validated one (``None``: the model's own error
+    there, ``0``: no preference; see ``plan.predicted["ground"]``).
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
     tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
     plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
@@ -114,6 +118,7 @@ def plan(
         fuse_attention=fuse_attention,
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
+        extrapolation_margin=extrapolation_margin,
     )
     name = model_name or type(model).__name__
     counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp)))

@@ -302,7 +302,7 @@ def test_untraceable_model_through_the_cli(
 
 @pytest.fixture(scope="module")
 def tiny_plan() -> autopar.Plan:
-    return autopar.plan(tiny_gpt(), "2xcpu", token_batch())
+    return autopar.plan(tiny_gpt(), "2xcpu", token_batch(), devices=2)
 
 
 @pytest.fixture(scope="module")
@@ -487,7 +487,7 @@ def test_bad_spec_key_is_named(capsys: pytest.CaptureFixture[str]) -> None:
 def cli_plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A plan written by ``autopar plan SPEC --json``."""
     path = tmp_path_factory.mktemp("cli") / "plan.json"
-    assert main(["plan", TINY_SPEC, "--cluster", "2xcpu", "--json", str(path)]) == 0
+    assert main(["plan", TINY_SPEC, "--cluster", "2xcpu", "--devices", "2", "--json", str(path)]) == 0
     return path
 
 
@@ -499,7 +499,7 @@ def test_rank_out_of_range(cli_plan_file: Path, capsys: pytest.CaptureFixture[st
     )
     assert "rank 99" in err and "2 ranks" in err and "0 to 1" in err
     # also when emit solves the plan itself
-    err = run_cli(["emit", TINY_SPEC, "--cluster", "2xcpu", "--rank", "99"], capsys)
+    err = run_cli(["emit", TINY_SPEC, "--cluster", "2xcpu", "--devices", "2", "--rank", "99"], capsys)
     assert "rank 99" in err and "0 to 1" in err
 
 

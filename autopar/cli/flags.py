@@ -59,6 +59,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A finite number >= 0 (a fraction: 0.1 is 10%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite fraction >= 0, got {text!r}")
+    return value
+
+
 def output_file(text: str) -> str:
     """A file autopar may write: its folder exists and is writable, and it is no folder.
     Checked before any tracing or solving, so a typo does not cost a solve."""
@@ -240,6 +251,13 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def add_time_limit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=positive_seconds, default=20.0, metavar="S",
                    help="CP-SAT seconds per mesh candidate")
+
+
+def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extrapolation-margin", type=fraction, default=None, metavar="F",
+                   help="how much faster (0.1 = 10%%) a plan beyond the cost model's validated "
+                   "ground must be predicted than the best validated plan (default: the "
+                   "model's own error there; 0: no preference)")
 
 
 SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--microbatch",

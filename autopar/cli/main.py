@@ -40,6 +40,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_zero(p, default="0,3")
     flags.add_optimizer(p)
     flags.add_time_limit(p)
+    flags.add_extrapolation_margin(p)
     flags.add_fuse_attention(p)
 
 

@@ -31,6 +31,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         zero=args.zero,
         optimizer=args.optimizer,
         time_limit_s=args.time_limit,
+        extrapolation_margin=args.extrapolation_margin,
         fuse_attention=args.fuse_attention,
         model_name=traced.spec.name,
     )

@@ -45,6 +45,7 @@ def parallelize(
     tp: int | None = None,
     pp: int | None = None,
     plan: Plan | str | Path | None = None,
+    record_run: str | Path | None = None,
     **plan_options: Any,
 ) -> ParallelModule | IdleRank:
     """This rank's part of ``model``, planned for ``cluster`` and ready to train.
@@ -59,6 +60,10 @@ def parallelize(
     run it, and every other rank gets an :class:`~autopar.runtime.idle.IdleRank`, which
     trains nothing and whose ``train_step`` returns the same loss. A plan on fewer devices
     may also be launched on just those (``plan=`` the plan's file).
+
+    ``record_run`` (a directory) records every training step's time and collectives there
+    (``ParallelModule.record_run``), for ``autopar calibrate --from-run DIR`` to refit this
+    machine's profile from.
     """
     plan_options = check_keywords(
         plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
@@ -99,11 +104,15 @@ def parallelize(
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True)))
-        return module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner)
-    program.to(ctx.device)
-    units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
-    wrapped = wrap_data_parallel(program, ctx, zero, units=units)
-    return module_class(program, wrapped, plan, ctx)
+        pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner)
+    else:
+        program.to(ctx.device)
+        units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
+        wrapped = wrap_data_parallel(program, ctx, zero, units=units)
+        pm = module_class(program, wrapped, plan, ctx)
+    if record_run is not None:
+        pm.record_run(record_run)
+    return pm
 
 
 def _launched() -> int:

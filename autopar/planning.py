@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from autopar.cluster import Cluster, load_cluster
+from autopar.cost_models.compute import best_efficiency
 from autopar.errors import AutoparError, TraceError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import check_keywords, zero_stages
@@ -170,8 +171,9 @@ def sub_cluster(cluster: Cluster, devices: int) -> Cluster:
 def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions, name: str,
                          counts: list[int], pinned: bool) -> Plan:
     """Plan on each device count (most first) and keep the fastest prediction; ties go to
-    fewer devices. A count whose compute alone (the model's FLOPs at the devices' peak)
-    cannot beat the best so far is not solved, nor is any smaller one."""
+    fewer devices. A count whose compute alone (the model's FLOPs at the best efficiency the
+    cost model grants any op) cannot beat the best so far is not solved, nor is any smaller
+    one."""
     total = cluster.world_size
     best: Plan | None = None
     first_error: AutoparError | None = None
@@ -179,10 +181,10 @@ def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOpti
     for k in counts:
         if best is not None:
             floor = best.predicted["model_flops_per_step"] / (
-                k * cluster.device.peak(options.precision))
+                k * cluster.device.peak(options.precision) * best_efficiency(cluster.device))
             if floor >= best.predicted["step_time_s"]:
                 tried += [{"devices": c, "step_time_s": None, "status": "pruned: the "
-                           "model's FLOPs at peak take longer than the best plan"}
+                           "model's FLOPs at the best efficiency take longer than the best plan"}
                           for c in counts[counts.index(k):]]
                 break
         sub = sub_cluster(cluster, k)

@@ -182,6 +182,19 @@ def matmul_efficiency(
     )
 
 
+def best_efficiency(device: DeviceSpec) -> float:
+    """The highest fraction of peak any op reaches in this model on ``device`` (the measured
+    curve's best point, else the large-GEMM asymptote): ``flops / (peak * best_efficiency)``
+    bounds a step's compute from below.
+
+    >>> from autopar.cluster import load_cluster
+    >>> best_efficiency(load_cluster("A100-80GB").device)
+    0.75
+    """
+    curve = tuple(getattr(device, "matmul_efficiency_curve", ()) or ())
+    return max((point[1] for point in curve), default=device.matmul_efficiency)
+
+
 def wave_fill(batch: int, m: int, n: int, k: int, sms: int) -> float:
     """Fraction of SMs a matmul keeps busy: its output tiles (times split-K slices when the
     tiles alone are too few) over one wave of ``sms``; 1 once a full wave is in flight.

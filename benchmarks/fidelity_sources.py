@@ -28,7 +28,7 @@ from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 HARDWARE = (  # (words in the source's device name, autopar preset), first match wins
-    (("H100", "96GB"), "H100-96GB"), (("H100",), "H100-80GB"), (("H200",), "H200"),
+    (("H100", "96GB"), "H100-96GB"), (("H100", "HBM2E"), "H100-96GB"), (("H100",), "H100-80GB"), (("H200",), "H200"),
     (("A100", "40GB"), "A100-40GB"), (("A100",), "A100-80GB"), (("V100",), "V100-32GB"),
 )
 

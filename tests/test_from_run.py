@@ -231,7 +231,10 @@ def test_recorder_writes_valid_files_on_a_2_process_run(tmp_path):
             assert all(c["group_size"] == 2 for c in step["collectives"])
             assert step["step_s"] >= step["train_step_s"] > 0
     fit = fit_runs([run])
-    assert fit.device_scale > 0 and fit.link is not None
+    # The link is refitted only when the run recorded collectives of several sizes that did
+    # not overlap compute; whether DDP's buckets did depends on this machine's timing.
+    assert fit.device_scale > 0
+    assert fit.link is None or fit.link.bandwidth_bytes_per_s > 0
 
 
 @pytest.mark.slow

@@ -65,8 +65,8 @@ def head_buffer():
 
     real = search.build_problem
 
-    def build_problem(gm, tp, batch):
-        problem = real(gm, tp, batch)
+    def build_problem(gm, tp, batch, *skeleton):
+        problem = real(gm, tp, batch, *skeleton)
         first = next(n.name for n in gm.graph.nodes if str(n.target) == "aten.slice.Tensor"
                      and "new_empty" in n.args[0].name)
         restrict_to(problem, frozenset({first}), lambda s: s.inputs[0] == Shard(2))

@@ -28,7 +28,8 @@ from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 HARDWARE = (  # (words in the source's device name, autopar preset), first match wins
-    (("H100", "96GB"), "H100-96GB"), (("H100", "HBM2E"), "H100-96GB"), (("H100",), "H100-80GB"), (("H200",), "H200"),
+    (("H100", "96GB"), "H100-96GB"), (("H100", "HBM2E"), "H100-96GB"),
+    (("H100",), "H100-80GB"), (("H200",), "H200"),
     (("A100", "40GB"), "A100-40GB"), (("A100",), "A100-80GB"), (("V100",), "V100-32GB"),
 )
 
@@ -191,7 +192,12 @@ def predict_row(row: dict) -> Outcome:
     config = PinnedConfig(tp=tp, pp=pp, dp=dp, sp=tp > 1, microbatch=micro, global_batch=batch,
                           recompute=recompute, precision=row["precision"].lower(), zero=zero,
                           optimizer="adamw", schedule=schedule or "1f1b",
-                          virtual=int(_num(row, "vpp", 1)))
+                          virtual=int(_num(row, "vpp", 1)),
+                          # Megatron-style tensor parallelism (column/row pairs, sequence
+                          # parallelism), as torchtitan's and NeMo's runs shard: the pinned
+                          # estimate lifts the memory limit, and its own fastest layout would
+                          # keep some weights whole on every tp rank.
+                          layout="megatron" if tp > 1 else "auto")
     est = estimate_graph(gm, row_cluster(row), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

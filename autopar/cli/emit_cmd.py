@@ -26,9 +26,11 @@ def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
     """Mesh coordinates of ``rank`` (axes in plan order, the last one innermost)."""
     if not 0 <= rank < plan.world_size:
         raise AutoparError(
-            f"rank {rank} is outside the plan's {plan.world_size} ranks",
+            f"rank {rank} is outside the plan's {plan.world_size} "
+            f"rank{'s' if plan.world_size != 1 else ''}",
             where="--rank",
-            fix=f"pick a rank from 0 to {plan.world_size - 1}",
+            fix=(f"pick a rank from 0 to {plan.world_size - 1}" if plan.world_size > 1
+                 else "the plan has one rank: 0"),
         )
     coords = {}
     for axis in reversed(list(plan.mesh)):

@@ -98,7 +98,10 @@ def run_case(case: dict) -> dict:
             **result.to_dict()}
 
 
-def main() -> int:
+def serve_cases(run_case) -> int:
+    """Run each ``--case`` (a JSON object) with ``run_case`` on this rank, write the records
+    to ``$AUTOPAR_TEST_OUT/rank{r}.json`` (also when a case raises), print them; exit status
+    0 when every case is ok. Shared by the workers that check training case by case."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", action="append", required=True, help="JSON object")
     cases = [json.loads(c) for c in ap.parse_args().case]
@@ -118,6 +121,10 @@ def main() -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if all(r["ok"] for r in records) else 1
+
+
+def main() -> int:
+    return serve_cases(run_case)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ without a gradient and unchanged. Each rank writes ``rank<r>.json`` into ``$AUTO
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from equivalence import build  # noqa: E402
+from equivalence import build, serve_cases  # noqa: E402
 from grad_check import compare, make_optimizer, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
@@ -66,22 +64,7 @@ def run_case(case: dict) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", action="append", required=True, help="JSON object")
-    cases = [json.loads(c) for c in ap.parse_args().case]
-    records = []
-    for case in cases:
-        try:
-            records.append(run_case(case))
-        except Exception as e:  # noqa: BLE001 - recorded, then the launch fails
-            records.append({"case": case, "ok": False, "error": f"{type(e).__name__}: {e}"})
-            raise
-        finally:
-            out_dir = os.environ.get("AUTOPAR_TEST_OUT")
-            if out_dir:
-                Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(records))
-    dist.destroy_process_group()
-    return 0 if all(r["ok"] for r in records) else 1
+    return serve_cases(run_case)
 
 
 if __name__ == "__main__":

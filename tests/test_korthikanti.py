@@ -24,6 +24,7 @@ import torch
 
 from autopar.cluster import load_cluster
 from autopar.models import resolve_model
+from autopar.placements import Shard
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
@@ -98,3 +99,23 @@ def test_fused_attention_keeps_what_selective_recomputation_keeps(gm, t: int) ->
     unfused = layer_bytes(gm, t, False, "none")
     assert fused == pytest.approx(layer_bytes(gm, t, False, "selective"), rel=1e-9)
     assert unfused - fused == pytest.approx(5 * A * S * S * B / t, rel=0.01)
+
+
+def test_megatron_layout_splits_every_weight_matrix() -> None:
+    """A pinned Megatron layout shards every weight matrix across tp (column- or row-parallel,
+    the embedding by vocabulary), even where the solver's own fastest layout would keep some
+    whole (GQA's k/v under ZeRO-3): the memory a published tp run had, not a guess above it."""
+    spec = resolve_model("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32")
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(4, 32))
+    config = PinnedConfig(tp=2, dp=2, sp=True, microbatch=2, global_batch=4, zero=3,
+                          layout="megatron")
+    est = estimate_graph(gm, load_cluster("4xH100-80GB"), config)
+    matrices = [d for d in est.problem.decisions
+                if d.kind == "param" and len(d.facts.shapes[0]) >= 2]
+    # q, k, v, o, gate, up, down in each of 2 layers (one decision per repeated weight)
+    assert sum(d.count for d in matrices) >= 2 * 7
+    whole = [d.name for d in matrices
+             if not any(isinstance(p, Shard) for p in d.candidates[est.choice[d.index]].outputs)]
+    assert whole == []

@@ -32,6 +32,7 @@ from autopar.solver.problem import (
     build_problem,
     forbid_sharding_like,
     keep_residual_stream_whole,
+    shard_weight_matrices,
 )
 
 _FLAGS = {"virtual": "virtual-stages"}
@@ -194,6 +195,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
             forbid_sharding_like(problem, sequence)
         if config.layout == "megatron":
             keep_residual_stream_whole(problem, sequence if config.sp else {})
+            shard_weight_matrices(problem)
     tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     result = solve(tables, time_limit_s=30.0, enforce_memory=False)
     if result.choice is None:

@@ -246,6 +246,19 @@ def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) 
         d.candidates = kept or d.candidates[:1]
 
 
+def shard_weight_matrices(problem: Problem) -> None:
+    """Megatron-LM's weights: every matrix (a parameter of two dims or more: linear weights,
+    the vocabulary-parallel embedding) is split across tp — by columns or rows, as its
+    consumers allow — never kept whole on every device. Vectors (norm weights, row-parallel
+    biases) stay as the solver places them. A parameter no consumer can use split keeps its
+    candidates."""
+    for d in problem.decisions:
+        if d.kind != "param" or not d.facts.shapes or len(d.facts.shapes[0]) < 2:
+            continue
+        split = [s for s in d.candidates if any(isinstance(p, Shard) for p in s.outputs)]
+        d.candidates = split or d.candidates
+
+
 def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:
     """Drop tp candidates that split the batch, for microbatches tp does not divide (or when
     tp must not split it, as in Megatron): see :func:`splits_batch`."""

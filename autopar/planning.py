@@ -180,8 +180,10 @@ def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOpti
     tried: list[dict[str, Any]] = []
     for k in counts:
         if best is not None:
+            device = sub_cluster(cluster, k).device  # fewer CPU processes: more core each
             floor = best.predicted["model_flops_per_step"] / (
-                k * cluster.device.peak(options.precision) * best_efficiency(cluster.device))
+                k * device.peak(options.precision) * best_efficiency(device)
+                * device.compute_share)
             if floor >= best.predicted["step_time_s"]:
                 tried += [{"devices": c, "step_time_s": None, "status": "pruned: the "
                            "model's FLOPs at the best efficiency take longer than the best plan"}

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autopar.cluster import usable_cores
+
 HERE = Path(__file__).resolve().parent
 CASES = [  # (processes, dp, tp, recompute)
     (1, 1, 1, "none"),
@@ -52,16 +54,17 @@ def calibrate(out: Path, nproc: int, quick: bool) -> Path:
 
 def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
     """This machine as a cluster of ``nproc`` gloo processes: the device calibrated with one
-    process (``profile``), with compute and memory bandwidth shared when there are more
-    processes than cores (each runs one thread), and the link calibrated with ``nproc``
-    processes (``links``: gloo's latency grows when processes outnumber cores)."""
-    share = min(1.0, (os.cpu_count() or 1) / nproc)
+    process (``profile``), sharing this machine's cores (``cores_per_node``: each process runs
+    one thread, so with more processes than cores each gets a share), and the link calibrated
+    with ``nproc`` processes (``links``: gloo's latency grows when processes outnumber
+    cores)."""
     device = json.loads(profile.read_text())["device"]
     lines = [f"name: this-machine-{nproc}", "nodes: 1", f"devices_per_node: {nproc}",
-             f"profile: {links}", "device:", "  preset: cpu",
-             "  peak_flops: {" + ", ".join(f"{k}: {v * share}" for k, v in
+             f"cores_per_node: {usable_cores()}", f"profile: {links}", "device:",
+             "  preset: cpu",
+             "  peak_flops: {" + ", ".join(f"{k}: {v}" for k, v in
                                              device["peak_flops"].items()) + "}",
-             f"  memory_bandwidth_bytes_per_s: {device['memory_bandwidth_bytes_per_s'] * share}"]
+             f"  memory_bandwidth_bytes_per_s: {device['memory_bandwidth_bytes_per_s']}"]
     path = tmp / f"cluster-{nproc}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

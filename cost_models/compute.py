@@ -92,6 +92,12 @@ def kernel_floor(device: DeviceSpec) -> float:
     return float(getattr(device, "kernel_floor_s", DEFAULT_KERNEL_FLOOR_S))
 
 
+def compute_share(device: DeviceSpec) -> float:
+    """The share of its speed the device gets beside its node's other devices (CPU processes
+    outnumbering cores: ``Cluster.cores_per_node``); every device time divides by it."""
+    return float(getattr(device, "compute_share", 1.0))
+
+
 def memory_efficiency(device: DeviceSpec) -> float:
     """Fraction of the datasheet memory bandwidth that streaming kernels reach."""
     return float(getattr(device, "memory_efficiency", DEFAULT_MEMORY_EFFICIENCY))
@@ -270,7 +276,7 @@ def allocation_time(new_bytes: float, device: DeviceSpec) -> float:
     per_byte = float(getattr(device, "allocation_s_per_byte", 0.0) or 0.0)
     if per_byte <= 0 or new_bytes < ALLOCATION_THRESHOLD_BYTES:
         return 0.0
-    return new_bytes * per_byte
+    return new_bytes * per_byte / compute_share(device)
 
 
 def op_time(
@@ -310,7 +316,7 @@ def op_time(
     memory = 0.0
     if bytes_moved > 0:
         memory = bytes_moved / (device.memory_bandwidth_bytes_per_s * memory_efficiency(device))
-    return max(compute, memory) + kernels * kernel_floor(device)
+    return (max(compute, memory) + kernels * kernel_floor(device)) / compute_share(device)
 
 
 # An op's forward, and its recomputation in backward (activation checkpointing: the same
@@ -407,4 +413,5 @@ def optimizer_step_time(numel: float, optimizer: str, device: DeviceSpec) -> flo
     per_param = OPTIMIZER_STEP_BYTES.get(optimizer, OPTIMIZER_STEP_BYTES["adamw"])
     if numel <= 0:
         return 0.0
-    return numel * per_param / (device.memory_bandwidth_bytes_per_s * memory_efficiency(device))
+    return numel * per_param / (device.memory_bandwidth_bytes_per_s * memory_efficiency(device)
+                                * compute_share(device))

@@ -335,3 +335,26 @@ def test_bad_constructed_device_fields():
         DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, kernel_floor_s=-1.0)
     with pytest.raises(ClusterError, match="FLOPs must rise"):
         DeviceSpec("d", GIB, {"fp32": 1e12}, 1e11, 0.9, matmul_efficiency_curve=((2, 1), (1, 1)))
+
+
+def test_cores_per_node_shares_compute_among_a_nodes_devices(tmp_path) -> None:
+    """Local CPU processes outnumbering the cores each get ``cores / processes`` of their
+    speed; a sub-cluster of fewer devices gets more; the field round-trips and is shown."""
+    import dataclasses
+
+    from cost_models.compute import op_time
+
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes: 1\ndevices_per_node: 4\ncores_per_node: 2\ndevice: {preset: cpu}\n")
+    shared = load_cluster(path)
+    alone = load_cluster("4xcpu")
+    assert shared.device.compute_share == 0.5 and alone.device.compute_share == 1.0
+    assert op_time(1e9, 1e6, shared.device, "fp32") == pytest.approx(
+        2 * op_time(1e9, 1e6, alone.device, "fp32"))
+    assert dataclasses.replace(shared, devices_per_node=2).device.compute_share == 1.0
+    assert load_cluster(shared.to_dict()) == shared
+    assert "cores per node" in format_cluster(shared)
+    path.write_text("nodes: 1\ndevices_per_node: 4\ncores_per_node: 0\ndevice: {preset: cpu}\n")
+    with pytest.raises(ClusterError) as err:
+        load_cluster(path)
+    assert "cores_per_node" in err.value.where

@@ -140,3 +140,17 @@ def test_plan_on_fewer_devices_runs_on_just_those(slow_plan: Plan) -> None:
     whole = autopar.plan(*tiny_gpt()[:1], SLOW, batch, devices=2, time_limit_s=5)
     with pytest.raises(AutoparError, match="needs 2 processes but 1 was launched"):
         autopar.parallelize(tiny_gpt()[0], SLOW, batch, plan=whole)
+
+
+def test_processes_sharing_cores_plan_fewer_devices(tmp_path: Path) -> None:
+    """Four processes on one core each get a quarter of it (``cores_per_node``): splitting
+    the work four ways gains nothing, so even with free links the plan uses one device, and
+    the one it uses gets the whole core (modelled)."""
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(Path(FAST).read_text() + "cores_per_node: 1\n")
+    model, batch = tiny_gpt()
+    plan = autopar.plan(model, str(shared), batch, time_limit_s=5)
+    assert plan.world_size == 1 and plan.cluster["devices"] == 4
+    assert plan.cluster["cores_per_node"] == 1
+    alone = autopar.plan(model, FAST, batch, devices=1, time_limit_s=5)
+    assert plan.predicted["step_time_s"] == pytest.approx(alone.predicted["step_time_s"])

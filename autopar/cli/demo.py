@@ -26,6 +26,7 @@ import torch
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import BATCH, SEQ, demo_batches, demo_model
 from autopar.cli.summary import format_plan
+from autopar.cluster import usable_cores
 from autopar.cluster.profile import read_profile, write_profile
 from autopar.errors import AutoparError
 from autopar.plan import Plan
@@ -58,13 +59,16 @@ def demo_profile_cache(nproc: int) -> Path:
 
 
 def demo_cluster(nproc: int, profile: Path | None, tmp: str) -> tuple[str, str]:
-    """The cluster the demo plans for, and where its numbers come from (for the report)."""
-    if profile is None:
-        return f"{nproc}xcpu", "the cpu preset (another machine's numbers; no profile yet)"
+    """The cluster the demo plans for — ``nproc`` gloo processes sharing this machine's
+    cores — and where its numbers come from (for the report)."""
     path = Path(tmp) / "this-machine.yaml"
-    path.write_text(f"name: this-machine\nnodes: 1\ndevices_per_node: {nproc}\n"
-                    f"backend: gloo\nprofile: {json.dumps(str(profile.resolve()))}\n"
-                    "device:\n  preset: cpu\n", encoding="utf-8")
+    lines = ["name: this-machine", "nodes: 1", f"devices_per_node: {nproc}",
+             f"cores_per_node: {usable_cores()}", "backend: gloo", "device:", "  preset: cpu"]
+    if profile is not None:
+        lines.append(f"profile: {json.dumps(str(profile.resolve()))}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if profile is None:
+        return str(path), "the cpu preset (another machine's numbers; no profile yet)"
     return str(path), f"profile {profile}"
 
 

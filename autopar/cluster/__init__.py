@@ -27,6 +27,7 @@ from autopar.cluster.spec import (
     DeviceSpec,
     LinkSpec,
     dtype_key,
+    usable_cores,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "dtype_key",
     "format_cluster",
     "load_cluster",
+    "usable_cores",
 ]

@@ -72,7 +72,7 @@ _LINK_UNITS = {
     "latency_s": ("latency_s", "nonnegative", None),
 }
 _TOP_KEYS = (
-    "name", "nodes", "devices_per_node", "backend", "profile", "device", *_LINKS, "sources"
+    "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device", *_LINKS, "sources"
 )  # fmt: skip
 _DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, _CURVE)
 
@@ -274,7 +274,7 @@ def _read(data: Any, origin: _Origin) -> dict[str, Any]:
     if "name" in data:
         _check_text(data["name"], "name", origin.where("name"), empty_ok=True)
         out["name"] = data["name"]
-    for key in ("nodes", "devices_per_node"):
+    for key in ("nodes", "devices_per_node", "cores_per_node"):
         if key in data:
             _check("count", data[key], key, origin.where(key))
             out[key] = data[key]
@@ -418,6 +418,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         name=values["name"],
         backend=values["backend"],
         sources={key: sources[key] for key in sorted(sources, key=_field_order)},
+        cores_per_node=values.get("cores_per_node"),
     )
 
 

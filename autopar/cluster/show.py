@@ -30,6 +30,9 @@ def format_cluster(cluster: Cluster) -> str:
         ("nodes", str(c.nodes), "", src("nodes")),
         ("devices per node", str(c.devices_per_node), "", src("devices_per_node")),
         ("world size", str(c.world_size), "", "nodes x devices per node"),
+        *([("cores per node", f"{c.cores_per_node} (each device gets "
+            f"{_num(d.compute_share)} of its speed)", None, src("cores_per_node"))]
+          if c.cores_per_node is not None else []),
         ("backend", c.backend, None, src("backend")),
         ("device", d.name, None, src("device.name")),
         ("  memory", _num(d.memory_bytes / GIB), "GiB", src("device.memory_bytes")),

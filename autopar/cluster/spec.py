@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autopar.cluster.presets import DEFAULT_KERNEL_FLOOR_S, DEFAULT_MEMORY_EFFICIENCY, DTYPES
@@ -200,6 +201,15 @@ def _check_dtype(value: Any, where: str) -> None:
         )
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity: ``taskset`` narrows it, which
+    ``os.cpu_count`` does not see): what ``cores_per_node`` of a local CPU cluster is."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device: the numbers the compute and memory models divide by.
@@ -224,6 +234,10 @@ class DeviceSpec:
     # 0 on GPUs, whose caching allocator reuses memory; measured on CPUs, where glibc maps
     # tensors above its mmap threshold fresh from the OS each time.
     allocation_s_per_byte: float = 0.0
+    # The share of its own speed a device gets while every device of its node computes: 1 for
+    # GPUs; less for CPU processes that outnumber the cores (``Cluster.cores_per_node``,
+    # which sets it). Every device time term is divided by it.
+    compute_share: float = 1.0
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -254,6 +268,11 @@ class DeviceSpec:
         _check(
             "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
         )
+        _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
+        if self.compute_share <= 0:
+            raise ClusterError(f"compute_share must be above 0, got {self.compute_share!r}",
+                               where="DeviceSpec.compute_share",
+                               fix="give the fraction of its speed the device gets, in (0, 1]")
         curve = _check_curve(
             self.matmul_efficiency_curve,
             "matmul_efficiency_curve",
@@ -293,7 +312,17 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Identical nodes of identical devices; ``sources`` says where each value came from."""
+    """Identical nodes of identical devices; ``sources`` says where each value came from.
+
+    ``cores_per_node``: the node's devices share this many compute units, as local CPU
+    processes (one thread each) share the machine's cores. With more devices than cores each
+    gets ``cores / devices`` of its speed (``device.compute_share``); a plan on fewer devices
+    of the node (``sub_cluster``) gets more. None: every device computes on its own (GPUs).
+
+    >>> Cluster(1, 4, DeviceSpec("cpu", 2**30, {"fp32": 1e11}, 1e10, 1.0), LinkSpec(1e9, 1e-4),
+    ...         LinkSpec(1e9, 1e-4), cores_per_node=2).device.compute_share
+    0.5
+    """
 
     nodes: int
     devices_per_node: int
@@ -303,10 +332,13 @@ class Cluster:
     name: str = ""
     backend: str = "nccl"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    cores_per_node: int | None = None
 
     def __post_init__(self) -> None:
         _check("count", self.nodes, "nodes", "Cluster.nodes")
         _check("count", self.devices_per_node, "devices_per_node", "Cluster.devices_per_node")
+        if self.cores_per_node is not None:
+            _check("count", self.cores_per_node, "cores_per_node", "Cluster.cores_per_node")
         check_size(self.nodes, self.devices_per_node, lambda key: f"Cluster.{key}")
         for attr, cls in (
             ("device", DeviceSpec),
@@ -319,6 +351,10 @@ class Cluster:
                     where=f"Cluster.{attr}",
                     fix=f"pass a {cls.__name__}, or build the cluster with load_cluster()",
                 )
+        if self.cores_per_node is not None:
+            share = min(1.0, self.cores_per_node / self.devices_per_node)
+            if self.device.compute_share != share:
+                object.__setattr__(self, "device", replace(self.device, compute_share=share))
         _check_text(self.name, "name", "Cluster.name", empty_ok=True)
         _check_backend(self.backend, "Cluster.backend")
         if not isinstance(self.sources, Mapping) or not all(
@@ -338,10 +374,12 @@ class Cluster:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, in base units; ``load_cluster(c.to_dict()) == c``, sources included."""
         d = self.device
+        cores = {} if self.cores_per_node is None else {"cores_per_node": self.cores_per_node}
         return {
             "name": self.name,
             "nodes": self.nodes,
             "devices_per_node": self.devices_per_node,
+            **cores,
             "backend": self.backend,
             "device": {
                 "name": d.name,
@@ -366,7 +404,7 @@ def _link_dict(link: LinkSpec) -> dict[str, float]:
 
 _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
 
-_ORDER = ["name", "nodes", "devices_per_node", "backend", "device.name", "device.memory_bytes"]
+_ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "device.name", "device.memory_bytes"]
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",

@@ -19,14 +19,14 @@ layout kind.
     python benchmarks/plan_regret.py --profile p.json --profile-4 p4.json --json regret.json
     python benchmarks/plan_regret.py --quick                # smoke run: 2 models, 3 rounds
 
-Read the "fewer ranks" rows with this in mind: this machine's cluster description shares
-its cores among all launched processes (``fidelity_measured.cluster_file``: compute x
-cores / processes), while a plan on fewer ranks leaves the others idle (blocked in a
-broadcast, not computing), so its ranks really get more of the machine than modelled.
+The cluster description gives this machine's cores (``cores_per_node``): with more
+processes than cores each gets a share of a core, and a plan on fewer ranks (the others idle,
+blocked in a broadcast, not computing) gets more of the machine (modelled).
 
 Models (``benchmarks/workers/regret_worker.py``): the demo GPT, a tiny HF Llama (random
-weights), a deep narrow GPT, and a wide GPT planned with fast links
-(``benchmarks/data/fast-links.yaml``), where tensor parallelism should win.
+weights), a deep narrow GPT, and a wide shallow GPT. Every plan is made for this machine as
+calibrated (its device and its gloo links): a plan made for other links would be measured on
+these, and its regret would be the description's error, not the planner's.
 """
 
 from __future__ import annotations
@@ -53,28 +53,8 @@ MODEL_WHAT = {  # (as regret_worker.MODELS says; kept here so the table needs no
     "demo": "demo GPT: 4 layers x 128, batch 8 x 64, vocab 256 (calibrated links)",
     "llama": "HF Llama: 4 layers x 128 (GQA 4/2), ffn 256, batch 8 x 64 (calibrated links)",
     "gpt-deep": "GPT: 8 layers x 64, batch 8 x 128, vocab 512 (calibrated links)",
-    "wide": "wide GPT: 2 layers x 384, batch 4 x 32, vocab 256 (fast links: "
-            "benchmarks/data/fast-links.yaml)",
+    "wide": "wide GPT: 2 layers x 384, batch 4 x 32, vocab 256 (calibrated links)",
 }
-FAST_LINKS = HERE / "data" / "fast-links.yaml"
-
-
-def links_of(model: str) -> str:
-    return "fast" if model == "wide" else "calibrated"
-
-
-def make_cluster(profile: Path, links: Path, nproc: int, tmp: Path, fast: bool) -> Path:
-    """``fidelity_measured.cluster_file``'s description of this machine, with the fast links
-    of ``benchmarks/data/fast-links.yaml`` written over the calibrated ones when ``fast``."""
-    path = cluster_file(profile, links, nproc, tmp)
-    if fast:
-        text = path.read_text().replace(f"name: this-machine-{nproc}",
-                                        f"name: this-machine-{nproc}-fast-links")
-        lines = [ln for ln in FAST_LINKS.read_text().splitlines()
-                 if ln.strip() and not ln.startswith("#")]
-        path = tmp / f"cluster-{nproc}-fast.yaml"
-        path.write_text(text + "\n".join(lines) + "\n")
-    return path
 
 
 def run_launch(model: str, nproc: int, cluster: Path, tmp: Path, args: argparse.Namespace
@@ -255,8 +235,7 @@ def main() -> None:
         results = []
         for model in models:
             for nproc in ranks:
-                cluster = make_cluster(profile, links[nproc], nproc, tmp,
-                                       fast=links_of(model) == "fast")
+                cluster = cluster_file(profile, links[nproc], nproc, tmp)
                 print(f"{model} on {nproc} processes: {MODEL_WHAT[model]} ...", flush=True)
                 res = run_launch(model, nproc, cluster, tmp, args)
                 res["cluster"] = cluster.read_text()

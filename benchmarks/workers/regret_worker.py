@@ -61,16 +61,14 @@ def _llama() -> tuple[torch.nn.Module, Batch]:
 
 
 MODELS: dict[str, dict[str, Any]] = {
-    # name -> build, what it is, and the links it is planned with ("calibrated": this
-    # machine's gloo; "fast": benchmarks/data/fast-links.yaml)
-    "demo": {"build": _demo, "what": "demo GPT: 4 layers x 128, batch 8 x 64, vocab 256",
-             "links": "calibrated"},
+    # name -> build and what it is (every one planned with this machine's calibrated links)
+    "demo": {"build": _demo, "what": "demo GPT: 4 layers x 128, batch 8 x 64, vocab 256"},
     "llama": {"build": _llama, "what": "HF Llama: 4 layers x 128 (GQA 4/2), ffn 256, batch 8 x "
-              "64", "links": "calibrated"},
+              "64"},
     "gpt-deep": {"build": _gpt(8, 64, 4, 512, 128, 8),
-                 "what": "GPT: 8 layers x 64, batch 8 x 128, vocab 512", "links": "calibrated"},
+                 "what": "GPT: 8 layers x 64, batch 8 x 128, vocab 512"},
     "wide": {"build": _gpt(2, 384, 6, 256, 32, 4),
-             "what": "wide GPT: 2 layers x 384, batch 4 x 32, vocab 256", "links": "fast"},
+             "what": "wide GPT: 2 layers x 384, batch 4 x 32, vocab 256"},
 }
 
 

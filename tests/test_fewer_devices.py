@@ -119,14 +119,19 @@ def test_fewer_devices_train_like_one_device(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fewer_devices_on_a_sub_mesh(tmp_path: Path) -> None:
     """4 processes, plans on 2 of them: data parallelism (DDP on a sub-group) and a pipeline
-    with tied embeddings (its tied-weight groups made on the active ranks only)."""
+    with tied embeddings (its tied-weight groups made on the active ranks only); then a plan
+    on all 4, whose mesh groups mix ranks that were active and idle: their groups must still
+    meet (a group made on the active ranks alone once named the next ones apart, and the
+    launch hung)."""
     cases = [{"model": "gpt", "devices": 2, "dp": 2},
-             {"model": "gpt", "devices": 2, "pp": 2, "microbatches": 2, "tied": True}]
-    results = run_cases(4, tmp_path, cases, worker="fewer_devices.py")
+             {"model": "gpt", "devices": 2, "pp": 2, "microbatches": 2, "tied": True},
+             {"model": "gpt", "dp": 2, "tp": 2}]
+    results = run_cases(4, tmp_path, cases, worker="fewer_devices.py", timeout=600)
     for rank, records in enumerate(results):
         for r in records:
             assert r["ok"], r
-            assert r["used"] == 2 and r["active"] == (rank < 2), r
+            used = r["case"].get("devices", 4)
+            assert r["used"] == used and r["active"] == (rank < used), r
 
 
 def test_plan_on_fewer_devices_runs_on_just_those(slow_plan: Plan) -> None:

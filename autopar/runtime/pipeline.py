@@ -248,13 +248,31 @@ def _has(module: nn.Module, path: str) -> bool:
         return False
 
 
+_MEMBERS_GROUPS: dict[tuple[int, tuple[int, ...]], dist.ProcessGroup] = {}
+
+
+def members_group(members: list[int]) -> dist.ProcessGroup:
+    """A process group of ``members``, made by them alone and reused for the same members.
+
+    ``new_group`` names a group by a counter that every launched process must advance alike:
+    a group made only on the ranks a plan runs on (a plan on fewer devices leaves the others
+    idle, outside the pipeline) would give the next mesh's groups different names on active
+    and idle ranks, and gloo would wait forever for peers that registered under another name.
+    With local synchronization the name comes from the members, so only they call it; torch
+    refuses a second group of the same name, so a later plan reuses the first."""
+    key = (id(dist.group.WORLD), tuple(members))
+    if key not in _MEMBERS_GROUPS:
+        _MEMBERS_GROUPS[key] = dist.new_group(members, use_local_synchronization=True)
+    return _MEMBERS_GROUPS[key]
+
+
 def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
                  ) -> list[tuple[list[tuple[int, str]], dist.ProcessGroup]]:
     """Weights read by chunks on different pipeline ranks: for each set of ranks holding
     some, a group of them (same data- and tensor-parallel coordinates) and this rank's
     (chunk, parameter name) pairs. Names, not tensors: data parallelism may replace the
-    parameters when it wraps a stage. Every process creates every group (``new_group``
-    is collective); each keeps the ones it belongs to."""
+    parameters when it wraps a stage. Each process creates only the groups it belongs to
+    (:func:`members_group`)."""
     owners: dict[int, set[int]] = {}
     names: dict[int, list[tuple[int, str]]] = {}
     for c in range(len(ranks)):
@@ -272,9 +290,9 @@ def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
     for pp_ranks in sorted(set(tied.values())):
         for column in range(flat.shape[1]):
             members = [int(flat[q, column]) for q in pp_ranks]
-            group = dist.new_group(members)
-            if me in members and my_pp in pp_ranks:
-                mine = [next((c, n) for c, n in names[pid] if ranks[c] == my_pp)
-                        for pid, r in tied.items() if r == pp_ranks]
-                out.append((mine, group))
+            if me not in members:
+                continue
+            mine = [next((c, n) for c, n in names[pid] if ranks[c] == my_pp)
+                    for pid, r in tied.items() if r == pp_ranks]
+            out.append((mine, members_group(members)))
     return out

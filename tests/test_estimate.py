@@ -77,3 +77,21 @@ def test_a_configuration_that_does_not_fit_exits_3_with_its_report(tmp_path, cap
     assert code == EXIT_DOES_NOT_FIT == 3
     assert "does NOT fit" in capsys.readouterr().out
     assert json.loads(out.read_text())["predicted"]["fits"] is False
+
+
+def test_megatron_layout_splits_all_weights_across_tp(tmp_path) -> None:
+    """``--layout megatron`` prices Megatron-LM's tensor parallelism (every weight matrix split
+    across tp), the layout published tp runs used: with GQA's small k/v weights the solver's
+    own fastest layout keeps some whole, and so counts more weight memory per device."""
+    model = "llama:layers=2,hidden=256,heads=8,kv_heads=2,ffn=512,vocab=512,seq=64"
+    params = {}
+    for name, extra in (("whole", ["--tp", "1", "--dp", "2"]),
+                        ("auto", ["--tp", "2", "--dp", "1", "--sp", "--layout", "auto"]),
+                        ("megatron", ["--tp", "2", "--dp", "1", "--sp", "--layout", "megatron"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["estimate", model, "--cluster", "2xH100-80GB", "--global-batch", "2",
+                     "--seq", "64", *extra, "--json", str(out)]) == 0
+        params[name] = json.loads(out.read_text())["predicted"]["memory"]["params"]
+    # split in half, but for the norm weights each device keeps whole
+    assert params["whole"] / 2 <= params["megatron"] <= params["whole"] / 2 * 1.01
+    assert params["megatron"] < params["auto"]

@@ -171,7 +171,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         global_batch=traced.batch, recompute=recompute,
         precision=args.precision or default_precision(cluster), zero=zero,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
-        fuse_attention=args.fuse_attention,
+        fuse_attention=args.fuse_attention, layout=getattr(args, "layout", "auto"),
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

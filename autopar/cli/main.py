@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_degree(p, "dp")
     flags.add_degree(p, "cp", default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism with tp")
+    p.add_argument("--layout", choices=("auto", "megatron"), default="auto",
+                   help="tensor-parallel layout: the solver's fastest ('auto', what `autopar "
+                   "plan` would run), or Megatron-LM's (every weight matrix split, norms and "
+                   "residuals whole or sequence-split with --sp), to compare with runs that used it")
     flags.add_microbatch(p, default=1)
     flags.add_recompute(p, default="none")
     flags.add_precision(p)

@@ -122,10 +122,13 @@ def test_fewer_devices_on_a_sub_mesh(tmp_path: Path) -> None:
     with tied embeddings (its tied-weight groups made on the active ranks only); then a plan
     on all 4, whose mesh groups mix ranks that were active and idle: their groups must still
     meet (a group made on the active ranks alone once named the next ones apart, and the
-    launch hung)."""
+    launch hung); then tied pipelines on all 4 (pp 2 x dp 2: the pp group; pp 4: the first
+    and last ranks' group, made with the mesh)."""
     cases = [{"model": "gpt", "devices": 2, "dp": 2},
              {"model": "gpt", "devices": 2, "pp": 2, "microbatches": 2, "tied": True},
-             {"model": "gpt", "dp": 2, "tp": 2}]
+             {"model": "gpt", "dp": 2, "tp": 2},
+             {"model": "gpt", "pp": 2, "dp": 2, "microbatches": 2, "tied": True},
+             {"model": "gpt", "layers": 4, "pp": 4, "microbatches": 4, "tied": True}]
     results = run_cases(4, tmp_path, cases, worker="fewer_devices.py", timeout=600)
     for rank, records in enumerate(results):
         for r in records:

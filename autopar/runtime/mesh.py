@@ -22,6 +22,10 @@ class MeshContext:
     # False on a rank the plan does not use: a plan may use fewer devices than the cluster
     # has (``plan.explanation["devices"]``); it runs on ranks 0 .. plan.world_size - 1.
     active: bool = True
+    # With pp > 2: the group of this rank's first and last pipeline ranks (same other
+    # coordinates), where a model's tied embedding and head meet; made in ``build_mesh`` by
+    # every launched rank, idle ones included (see ``pipeline_ends_group``).
+    pipeline_ends: dist.ProcessGroup | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
@@ -83,9 +87,26 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
         return MeshContext(None, {axis: 0 for axis in plan.mesh}, device, active)
     names = tuple(plan.mesh)
     mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
+    ends = pipeline_ends_group(mesh, rank) if plan.mesh.get("pp", 1) > 2 else None
     if not active:
         comm_ops.bind_axis_groups({})
         return MeshContext(mesh, {}, device, active=False)
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
     comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names if plan.mesh[axis] > 1})
-    return MeshContext(mesh, coords, device)
+    return MeshContext(mesh, coords, device, pipeline_ends=ends)
+
+
+def pipeline_ends_group(mesh: DeviceMesh, rank: int) -> dist.ProcessGroup | None:
+    """Groups of the first and last pipeline rank of each column of the mesh (pp is its first
+    dim); this rank's, or None. Every launched rank must call this, in the same order as the
+    mesh's own groups: ``new_group`` names groups by a counter all processes advance together,
+    and a group made on some ranks only (the active ones of a plan on fewer devices) would
+    leave the next plan's groups named apart on the others, and their creation hanging."""
+    flat = mesh.mesh.reshape(mesh.mesh.shape[0], -1)
+    mine = None
+    for column in range(flat.shape[1]):
+        members = [int(flat[0, column]), int(flat[-1, column])]
+        group = dist.new_group(members)
+        if rank in members:
+            mine = group
+    return mine

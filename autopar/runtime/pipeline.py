@@ -248,31 +248,16 @@ def _has(module: nn.Module, path: str) -> bool:
         return False
 
 
-_MEMBERS_GROUPS: dict[tuple[int, tuple[int, ...]], dist.ProcessGroup] = {}
-
-
-def members_group(members: list[int]) -> dist.ProcessGroup:
-    """A process group of ``members``, made by them alone and reused for the same members.
-
-    ``new_group`` names a group by a counter that every launched process must advance alike:
-    a group made only on the ranks a plan runs on (a plan on fewer devices leaves the others
-    idle, outside the pipeline) would give the next mesh's groups different names on active
-    and idle ranks, and gloo would wait forever for peers that registered under another name.
-    With local synchronization the name comes from the members, so only they call it; torch
-    refuses a second group of the same name, so a later plan reuses the first."""
-    key = (id(dist.group.WORLD), tuple(members))
-    if key not in _MEMBERS_GROUPS:
-        _MEMBERS_GROUPS[key] = dist.new_group(members, use_local_synchronization=True)
-    return _MEMBERS_GROUPS[key]
-
-
 def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
                  ) -> list[tuple[list[tuple[int, str]], dist.ProcessGroup]]:
     """Weights read by chunks on different pipeline ranks: for each set of ranks holding
     some, a group of them (same data- and tensor-parallel coordinates) and this rank's
     (chunk, parameter name) pairs. Names, not tensors: data parallelism may replace the
-    parameters when it wraps a stage. Each process creates only the groups it belongs to
-    (:func:`members_group`)."""
+    parameters when it wraps a stage. No group is made here: ranks a plan on fewer devices
+    leaves idle never get here, and a group made without them would name the next plan's
+    groups apart (``mesh.pipeline_ends_group``). Ties across all pipeline ranks use the pp
+    group, ties of the first and last rank (embedding and head) the group ``build_mesh``
+    made; other sets get a group made here only when every launched rank runs the plan."""
     owners: dict[int, set[int]] = {}
     names: dict[int, list[tuple[int, str]]] = {}
     for c in range(len(ranks)):
@@ -287,12 +272,27 @@ def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
     me = dist.get_rank()
     my_pp = ctx.coords["pp"]
     out = []
+    pp = grid.shape[0]
     for pp_ranks in sorted(set(tied.values())):
+        if pp_ranks == tuple(range(pp)):
+            shared = ctx.group("pp")
+        elif pp_ranks == (0, pp - 1) and ctx.pipeline_ends is not None:
+            shared = ctx.pipeline_ends
+        else:
+            shared = None
+            if dist.get_world_size() != grid.numel():
+                raise RuntimeSetupError(
+                    f"weights are tied across pipeline ranks {list(pp_ranks)} of {pp}, and "
+                    "this plan leaves launched ranks idle, which cannot join a group for them",
+                    where="plan.explanation.devices",
+                    fix="launch exactly the plan's devices (torchrun --nproc-per-node "
+                    f"{grid.numel()}), or re-plan with devices= the whole cluster")
         for column in range(flat.shape[1]):
             members = [int(flat[q, column]) for q in pp_ranks]
-            if me not in members:
-                continue
-            mine = [next((c, n) for c, n in names[pid] if ranks[c] == my_pp)
-                    for pid, r in tied.items() if r == pp_ranks]
-            out.append((mine, members_group(members)))
+            # every active rank makes every such group, in the same order (see above)
+            group = shared if shared is not None else dist.new_group(members)
+            if me in members:
+                mine = [next((c, n) for c, n in names[pid] if ranks[c] == my_pp)
+                        for pid, r in tied.items() if r == pp_ranks]
+                out.append((mine, group))
     return out

@@ -105,8 +105,14 @@ def pipeline_ends_group(mesh: DeviceMesh, rank: int) -> dist.ProcessGroup | None
     flat = mesh.mesh.reshape(mesh.mesh.shape[0], -1)
     mine = None
     for column in range(flat.shape[1]):
-        members = [int(flat[0, column]), int(flat[-1, column])]
-        group = dist.new_group(members)
+        members = (int(flat[0, column]), int(flat[-1, column]))
+        key = (id(dist.group.WORLD), members)
+        if key not in _ENDS_GROUPS:  # every rank makes it once, in the same order
+            _ENDS_GROUPS[key] = dist.new_group(list(members))
         if rank in members:
-            mine = group
+            mine = _ENDS_GROUPS[key]
     return mine
+
+
+_ENDS_GROUPS: dict[tuple[int, tuple[int, int]], dist.ProcessGroup] = {}
+"""Groups :func:`pipeline_ends_group` made, reused by later plans of the same launch."""

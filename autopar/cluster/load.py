@@ -72,7 +72,8 @@ _LINK_UNITS = {
     "latency_s": ("latency_s", "nonnegative", None),
 }
 _TOP_KEYS = (
-    "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device", *_LINKS, "sources"
+    "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device",
+    *_LINKS, "sources"
 )  # fmt: skip
 _DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, _CURVE)
 

@@ -269,10 +269,6 @@ class DeviceSpec:
             "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
         )
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
-        if self.compute_share <= 0:
-            raise ClusterError(f"compute_share must be above 0, got {self.compute_share!r}",
-                               where="DeviceSpec.compute_share",
-                               fix="give the fraction of its speed the device gets, in (0, 1]")
         curve = _check_curve(
             self.matmul_efficiency_curve,
             "matmul_efficiency_curve",
@@ -404,7 +400,8 @@ def _link_dict(link: LinkSpec) -> dict[str, float]:
 
 _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
 
-_ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "device.name", "device.memory_bytes"]
+_ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "device.name",
+          "device.memory_bytes"]
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",

@@ -96,6 +96,10 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     return MeshContext(mesh, coords, device, pipeline_ends=ends)
 
 
+_ENDS_GROUPS: dict[tuple[int, tuple[int, int]], dist.ProcessGroup] = {}
+"""Groups :func:`pipeline_ends_group` made, reused by later plans of the same launch."""
+
+
 def pipeline_ends_group(mesh: DeviceMesh, rank: int) -> dist.ProcessGroup | None:
     """Groups of the first and last pipeline rank of each column of the mesh (pp is its first
     dim); this rank's, or None. Every launched rank must call this, in the same order as the
@@ -113,6 +117,3 @@ def pipeline_ends_group(mesh: DeviceMesh, rank: int) -> dist.ProcessGroup | None
             mine = _ENDS_GROUPS[key]
     return mine
 
-
-_ENDS_GROUPS: dict[tuple[int, tuple[int, int]], dist.ProcessGroup] = {}
-"""Groups :func:`pipeline_ends_group` made, reused by later plans of the same launch."""

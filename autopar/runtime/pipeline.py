@@ -253,11 +253,11 @@ def _tied_groups(program: fx.GraphModule, ranks: list[int], ctx: MeshContext
     """Weights read by chunks on different pipeline ranks: for each set of ranks holding
     some, a group of them (same data- and tensor-parallel coordinates) and this rank's
     (chunk, parameter name) pairs. Names, not tensors: data parallelism may replace the
-    parameters when it wraps a stage. No group is made here: ranks a plan on fewer devices
-    leaves idle never get here, and a group made without them would name the next plan's
-    groups apart (``mesh.pipeline_ends_group``). Ties across all pipeline ranks use the pp
-    group, ties of the first and last rank (embedding and head) the group ``build_mesh``
-    made; other sets get a group made here only when every launched rank runs the plan."""
+    parameters when it wraps a stage. Ties across all pipeline ranks use the pp group, ties
+    of the first and last rank (embedding and head) the group ``build_mesh`` made on every
+    launched rank. Only other sets get a group made here, and only when every launched rank
+    runs the plan: idle ranks never get here, and a group made without them would name the
+    next plan's groups apart (see ``mesh.pipeline_ends_group``)."""
     owners: dict[int, set[int]] = {}
     names: dict[int, list[tuple[int, str]]] = {}
     for c in range(len(ranks)):

@@ -236,6 +236,28 @@ def axis_link(cluster: Cluster, mesh: Mapping[str, int], axis: str) -> LinkSpec:
     return cluster.intra_node if inside else cluster.inter_node
 
 
+def busy_latency(cluster: Cluster, mesh: Mapping[str, int], axis: str) -> float:
+    """Seconds an asynchronous message on ``axis`` (a DDP bucket, an FSDP gather, a pipeline
+    send) waits beyond the link's latency because every core is computing: the link's
+    ``busy_latency_s`` when the node's devices are CPU processes with no spare core
+    (``cores_per_node`` <= ``devices_per_node``), else 0. Blocking collectives (tensor
+    parallelism) do not pay it: every rank waits for them, so their cores are free.
+
+    >>> from autopar.cluster import load_cluster
+    >>> c = load_cluster({"nodes": 1, "devices_per_node": 2, "cores_per_node": 2,
+    ...                   "device": {"preset": "cpu"}})
+    >>> busy_latency(c, {"dp": 2}, "dp") == c.intra_node.busy_latency_s > 0
+    True
+    >>> busy_latency(c, {"dp": 1}, "dp")
+    0.0
+    """
+    if mesh.get(axis, 1) <= 1 or cluster.cores_per_node is None:
+        return 0.0
+    if cluster.cores_per_node > cluster.devices_per_node:
+        return 0.0
+    return axis_link(cluster, mesh, axis).busy_latency_s
+
+
 @dataclass(frozen=True)
 class AxisLayout:
     """How one group of a mesh axis sits on the nodes: ``per_node`` members in each of

@@ -86,7 +86,9 @@ def test_preset_values():
     assert "bf16" not in load_cluster("V100-32GB").device.peak_flops
     cpu = load_cluster("2xcpu")
     assert (cpu.backend, cpu.device.memory_bytes) == ("gloo", 8 * GIB)
-    assert cpu.intra_node.latency_s == pytest.approx(140e-6)
+    assert cpu.intra_node.latency_s == pytest.approx(440e-6)
+    assert cpu.intra_node.busy_latency_s == pytest.approx(1e-3)  # measured: see presets.py
+    assert load_cluster("8xH100-80GB").intra_node.busy_latency_s == 0.0
     assert {
         "A100-40GB",
         "A100-80GB",
@@ -261,7 +263,7 @@ def test_empty_file_and_non_mapping(tmp_path):
 def test_kernel_floor_memory_efficiency_and_curve_presets_and_defaults():
     h100, cpu = load_cluster("H100-80GB").device, load_cluster("2xcpu").device
     assert (h100.kernel_floor_s, h100.memory_efficiency) == (5e-6, 0.8)
-    assert (cpu.kernel_floor_s, cpu.memory_efficiency) == (2e-6, 0.5)
+    assert (cpu.kernel_floor_s, cpu.memory_efficiency) == (3e-6, 0.5)
     assert h100.matmul_efficiency_curve == ()  # GPUs: the parametric tile/wave curve
     effs = [e for _, e in cpu.matmul_efficiency_curve]  # cpu: a measured size curve
     assert len(effs) >= 3 and effs == sorted(effs) and 0 < effs[0] < effs[-1] <= 1

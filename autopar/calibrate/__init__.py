@@ -6,7 +6,8 @@
 
 measures one device (``matmul``: matmul rates by size, elementwise bandwidth, per-op floor)
 and the collectives between ``--nproc`` local processes (``collectives``: gloo on CPU, NCCL
-on GPUs, fitted to the ring model), and writes them as a profile
+on GPUs, fitted to the ring model; on CPU also ``busy``: what an asynchronous message waits
+for a core while every process computes), and writes them as a profile
 (``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
 device and intra-node link take the measured numbers over the preset's.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from autopar.calibrate.busy import busy_latency_from, measure_busy_latency
 from autopar.calibrate.collectives import (
     KINDS,
     LINK_KIND,
@@ -55,10 +57,12 @@ __all__ = [
     "calibrate_device",
     "calibrate_device_concurrently",
     "collective_sizes",
+    "busy_latency_from",
     "efficiency_curve",
     "fit_link",
     "host_info",
     "make_profile",
+    "measure_busy_latency",
     "measure_collectives",
     "ring_factors",
 ]
@@ -89,9 +93,11 @@ def make_profile(
     device: DeviceCalibration,
     points: Sequence[CollectivePoint],
     host: dict[str, Any],
+    busy: dict[str, Any] | None = None,
 ) -> Profile:
     """The profile for these measurements: the device section, and the intra-node link
-    fitted to the all-reduce points (each collective's own fit goes into the measurements)."""
+    fitted to the all-reduce points (each collective's own fit goes into the measurements),
+    with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any."""
     link = fit_link(p for p in points if p.kind == LINK_KIND)
     per_kind = {
         kind: fit_link(p for p in points if p.kind == kind).as_dict()
@@ -115,11 +121,14 @@ def make_profile(
         "fit": link.as_dict(),
         "fit_per_kind": per_kind,
     }
+    if busy:
+        measurements["busy_latency"] = busy
     return Profile(
         device=device.profile_device(),
         intra_node_link={
             "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
             "latency_s": link.latency_s,
+            **({"busy_latency_s": busy["busy_latency_s"]} if busy else {}),
         },
         host=host,
         measurements=measurements,

@@ -165,18 +165,27 @@ def measure_collectives(
             fix="use --nproc 2 or more",
         )
     sizes = sorted(set(sizes or collective_sizes(quick)))
+    data = run_worker(_WORKER, nproc, [
+        "--sizes", ",".join(map(str, sizes)),
+        "--kinds", ",".join(kinds),
+        "--repeats", "9" if quick else "21",
+        "--batch-ms", "10" if quick else "20",
+        "--device", device_type,
+    ], threads=threads, timeout_s=timeout_s, what="the collective benchmark")  # fmt: skip
+    world = int(data["world_size"])
+    return [CollectivePoint(p["kind"], p["bytes"], world, p["seconds"]) for p in data["points"]]
+
+
+def run_worker(worker: Path, nproc: int, args: list[str], *, threads: int, timeout_s: float,
+               what: str) -> dict:
+    """Launch ``nproc`` ranks of the benchmark script ``worker`` on this machine with
+    torchrun (``--out`` and ``--threads`` added to ``args``) and return what rank 0 wrote."""
     with tempfile.TemporaryDirectory(prefix="autopar-calibrate-") as tmp:
         out = Path(tmp) / "points.json"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", str(_WORKER),
-            "--out", str(out),
-            "--sizes", ",".join(map(str, sizes)),
-            "--kinds", ",".join(kinds),
-            "--repeats", "9" if quick else "21",
-            "--batch-ms", "10" if quick else "20",
-            "--threads", str(threads),
-            "--device", device_type,
+            f"--nproc-per-node={nproc}", str(worker),
+            "--out", str(out), "--threads", str(threads), *args,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         try:
@@ -185,17 +194,15 @@ def measure_collectives(
             )
         except subprocess.TimeoutExpired:
             raise CalibrationError(
-                f"the collective benchmark did not finish in {timeout_s:.0f} s",
+                f"{what} did not finish in {timeout_s:.0f} s",
                 where=" ".join(cmd),
                 fix="check that the processes can reach each other, or use --quick",
             ) from None
         if run.returncode != 0 or not out.exists():
             tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-8:])
             raise CalibrationError(
-                f"the collective benchmark failed (exit status {run.returncode}):\n{tail}",
+                f"{what} failed (exit status {run.returncode}):\n{tail}",
                 where=" ".join(cmd),
                 fix="run that command to see the full error",
             )
-        data = json.loads(out.read_text(encoding="utf-8"))
-    world = int(data["world_size"])
-    return [CollectivePoint(p["kind"], p["bytes"], world, p["seconds"]) for p in data["points"]]
+        return json.loads(out.read_text(encoding="utf-8"))

@@ -94,10 +94,12 @@ class RunFit:
         return self.link or _base_link(self.base_link, self.backend)
 
     def link_dict(self) -> dict[str, float]:
+        """The refitted link. Its busy latency is 0: what the run's asynchronous messages
+        waited for a core is measured into the fitted link and device speed already."""
         if self.link is None:
-            return dict(self.base_link)
+            return {**self.base_link, "busy_latency_s": 0.0}
         return {"bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
-                "latency_s": self.link.latency_s}
+                "latency_s": self.link.latency_s, "busy_latency_s": 0.0}
 
 
 def fit_runs(runs: Sequence[Run]) -> RunFit:

@@ -121,11 +121,16 @@ class Run:
         collective is taken at the link's time for it, not at its measured time, so what
         the fitted link does not explain (ranks waiting for one another) stays in the step
         as device time, where the model can put it. Collectives the recording could not
-        time are taken out at their modelled time (:meth:`untimed_comm_s`)."""
+        time are taken out at their modelled time (:meth:`untimed_comm_s`). On gloo the
+        model overlaps no collective with compute (its threads take the compute's cores), so
+        a DDP bucket that ran beside the backward comes out at the link's whole time too: the
+        backward it slowed is not device time."""
+        serial = self.plan.get("cluster", {}).get("backend") == "gloo"
+
         def comm(c: Mapping[str, Any]) -> float:
             if c.get("source") == "loss":  # the plan does not price it: the device's time
                 return 0.0
-            if link is None or _overlapped(c):
+            if link is None or (_overlapped(c) and not serial):
                 return float(c.get("exposed_s", c["seconds"]))
             return link.predict(c["kind"], c["bytes"], c["group_size"])
 

@@ -28,6 +28,7 @@ from autopar.calibrate import (
     fit_link,
     host_info,
     make_profile,
+    measure_busy_latency,
     measure_collectives,
 )
 from autopar.cluster.profile import write_profile
@@ -56,7 +57,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     _progress(f"collectives ({args.nproc} processes)")
     points = measure_collectives(args.nproc, device_type=device_type, quick=quick, threads=threads)
     print(format_collectives(points), flush=True)
-    path = write_profile(make_profile(device, points, host), args.out)
+    busy = None
+    if device_type == "cpu":
+        _progress(f"busy latency ({args.nproc} computing processes)")
+        busy = measure_busy_latency(args.nproc, threads=threads, quick=quick)
+        print(f"\nbusy latency (measured: a 16 KiB message while every process computes, "
+              f"less the same on idle processes)\n  {busy['busy_latency_s'] * 1e6:.0f} µs per "
+              "asynchronous message (DDP bucket, FSDP gather, pipeline send)", flush=True)
+    path = write_profile(make_profile(device, points, host, busy), args.out)
     print(
         f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "
         f"'profile: {path}'"

@@ -70,6 +70,8 @@ _LINK_UNITS = {
     "bandwidth_bytes_per_s": ("bandwidth_bytes_per_s", "positive", None),
     "latency_us": ("latency_s", "nonnegative", lambda v: v / 1e6),
     "latency_s": ("latency_s", "nonnegative", None),
+    "busy_latency_us": ("busy_latency_s", "nonnegative", lambda v: v / 1e6),
+    "busy_latency_s": ("busy_latency_s", "nonnegative", None),
 }
 _TOP_KEYS = (
     "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device",
@@ -84,6 +86,8 @@ _DEFAULTS = {
     "device.memory_efficiency": DEFAULT_MEMORY_EFFICIENCY,
     "device.allocation_s_per_byte": 0.0,
     f"device.{_CURVE}": (),
+    "intra_node.busy_latency_s": 0.0,
+    "inter_node.busy_latency_s": 0.0,
 }
 
 # Fields a description must end up with (from the user or a preset) -> the key to add.
@@ -396,7 +400,8 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
     _apply_recorded_sources(data.get("sources"), sources, origin)
 
     def link(prefix: str) -> LinkSpec:
-        return LinkSpec(values[f"{prefix}.bandwidth_bytes_per_s"], values[f"{prefix}.latency_s"])
+        return LinkSpec(values[f"{prefix}.bandwidth_bytes_per_s"], values[f"{prefix}.latency_s"],
+                        values[f"{prefix}.busy_latency_s"])
 
     peak = {k.rsplit(".", 1)[1]: v for k, v in values.items() if k.startswith("device.peak_flops.")}
     device_spec = DeviceSpec(

@@ -32,9 +32,12 @@ Conventions, so the presets can be compared with each other:
 - GPU presets have no ``matmul_efficiency_curve``: the compute model's parametric size curve
   (tiles and waves of SMs) applies until a calibrated profile supplies a measured one.
 - ``cpu`` models local torch.distributed gloo processes on one machine, one thread each:
-  8 GiB, ~190 GFLOP/s fp32, ~28 GB/s, a measured size curve, and ~1.5 GB/s bus bandwidth with
-  ~140 µs latency through gloo's loopback all-reduce — what ``autopar calibrate`` measured on
-  the project's 2-core CI VM. A GPU's tile/wave curve would be wrong for a CPU core.
+  8 GiB, ~110 GFLOP/s fp32, ~28 GB/s, a measured size curve, ~2.3 GB/s bus bandwidth with
+  ~440 µs latency through gloo's loopback all-reduce, and ~1 ms more for an asynchronous
+  message while every process computes (``busy_latency_s``, :mod:`autopar.calibrate.busy`) —
+  what ``autopar calibrate`` measured on the project's 2-core CI VM. A GPU's tile/wave curve
+  would be wrong for a CPU core. bf16/fp16 keep fp32's rate: eager CPU kernels for them are
+  as likely to be slower (fp16 without AVX512-FP16 runs ~8 GFLOP/s) as faster (AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def _preset(
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY,
     curve: tuple[tuple[float, float], ...] = (),
     allocation_ns_per_byte: float = 0.0,
+    busy_latency_us: float = 0.0,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -84,7 +88,8 @@ def _preset(
             "matmul_efficiency_curve": [list(point) for point in curve],
             "allocation_s_per_byte": allocation_ns_per_byte / 1e9,
         },
-        "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6},
+        "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6,
+                            "busy_latency_s": busy_latency_us / 1e6},
         "inter_node_link": {"bandwidth_bytes_per_s": inter[0] * GB, "latency_s": inter[1] / 1e6},
     }
 
@@ -126,13 +131,14 @@ _TABLE = [
     _preset("MI300X", memory_gib=192,
             tflops={"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
             hbm_gb_per_s=5300, matmul_efficiency=0.6, intra=(336, 5), inter=(50, 10)),
-    # gloo processes on one machine, one thread each: `autopar calibrate` on the project's
-    # 2-core x86 CI VM (2026-11), rounded; 10 GbE between hosts. Calibrate your own machine.
-    _preset("cpu", memory_gib=8, tflops={"fp32": 0.19, "bf16": 0.19, "fp16": 0.18},
-            hbm_gb_per_s=28, matmul_efficiency=1.0, intra=(1.5, 140), inter=(1.25, 100),
-            backend="gloo", kernel_floor_s=2e-6, memory_efficiency=0.5,
-            curve=((2e5, 0.50), (2e6, 0.80), (3e7, 0.88), (1e9, 0.96), (1e10, 1.0)),
-            allocation_ns_per_byte=0.3),
+    # gloo processes on one machine, one thread each: `autopar calibrate --quick` on the
+    # project's 2-core x86 CI VM (AMD EPYC, 2026-11-24), rounded; 10 GbE between hosts.
+    # Calibrate your own machine: CPUs differ by several times.
+    _preset("cpu", memory_gib=8, tflops={"fp32": 0.11, "bf16": 0.11, "fp16": 0.10},
+            hbm_gb_per_s=28, matmul_efficiency=1.0, intra=(2.3, 440), inter=(1.25, 100),
+            backend="gloo", kernel_floor_s=3e-6, memory_efficiency=0.5,
+            curve=((2e5, 0.50), (2e6, 0.80), (3e7, 0.92), (1e9, 0.97), (1e10, 1.0)),
+            allocation_ns_per_byte=0.3, busy_latency_us=1000),
 ]
 # fmt: on
 

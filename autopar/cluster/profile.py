@@ -64,7 +64,8 @@ _DEVICE_KINDS = {
     "memory_efficiency": "fraction",
     "allocation_s_per_byte": "nonnegative",
 }
-_LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative"}
+_LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
+               "busy_latency_s": "nonnegative"}
 _HOST_KEYS = (
     "hostname",
     "platform",

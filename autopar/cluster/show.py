@@ -77,6 +77,9 @@ def format_cluster(cluster: Cluster) -> str:
             ),
             ("  latency", _num(link.latency_s * 1e6), "µs", src(f"{prefix}.latency_s")),
         ]
+        if link.busy_latency_s:
+            rows.append(("  busy latency", _num(link.busy_latency_s * 1e6), "µs",
+                         src(f"{prefix}.busy_latency_s")))
     return _table(c, rows)
 
 

@@ -291,10 +291,19 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A link as collectives see it: per-device, one-direction bus bandwidth, and latency."""
+    """A link as collectives see it: per-device, one-direction bus bandwidth, and latency.
+
+    ``busy_latency_s`` is what an *asynchronous* message (a DDP gradient bucket, an FSDP
+    gather, a pipeline send) waits on top of ``latency_s`` while every core of the node
+    computes: gloo moves CPU tensors with its own I/O threads, which must take a core that a
+    training process's compute thread holds. It is 0 on GPUs (NCCL's progress does not wait
+    for the host) and measured by ``autopar calibrate`` on CPUs. Blocking collectives, where
+    every rank waits (tensor parallelism), do not pay it: their cores are free.
+    """
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    busy_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(
@@ -304,6 +313,7 @@ class LinkSpec:
             "LinkSpec.bandwidth_bytes_per_s",
         )
         _check("nonnegative", self.latency_s, "latency_s", "LinkSpec.latency_s")
+        _check("nonnegative", self.busy_latency_s, "busy_latency_s", "LinkSpec.busy_latency_s")
 
 
 @dataclass(frozen=True)
@@ -395,7 +405,8 @@ class Cluster:
 
 
 def _link_dict(link: LinkSpec) -> dict[str, float]:
-    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s,
+            "busy_latency_s": link.busy_latency_s}
 
 
 _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
@@ -406,7 +417,8 @@ _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
            "device.allocation_s_per_byte"]
-_ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s")]
+_ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
+                                                     "busy_latency_s")]
 
 
 def _field_order(key: str) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autopar.cost_models.comm import group_collective_time
+from autopar.cost_models.comm import busy_latency, group_collective_time
 from autopar.cost_models.memory import ddp_buffer_bytes
 from autopar.placements import Replicate
 from autopar.solver.costs import CostTables, sharded_compute
@@ -164,13 +164,16 @@ def solve(
     if setting.dp > 1:
         exposed = model.NewIntVar(0, 2**60, "dp_exposed")
 
+        def bare(kind: str, nbytes: float = 1.0) -> float:
+            return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
+
         def fixed(kind: str) -> float:
-            return group_collective_time(kind, 1.0, setting.mesh, "dp", tables.cluster)
+            """A dp collective's latency; each is asynchronous (see busy_latency)."""
+            return busy_latency(tables.cluster, setting.mesh, "dp") + bare(kind)
 
         def slope(kind: str, nbytes: float) -> int:
             """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
-            whole = group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
-            return _t(max(whole - fixed(kind), 0.0))
+            return _t(max(bare(kind, nbytes) - bare(kind), 0.0))
 
         if setting.zero in (0, 1, 2):
             total_grads = sum(g for g, _ in grad_terms)

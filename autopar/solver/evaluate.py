@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from autopar.cost_models.comm import LinkSpec, axis_link, collective_time, group_collective_time
+from autopar.cost_models.comm import (
+    LinkSpec,
+    axis_link,
+    busy_latency,
+    collective_time,
+    group_collective_time,
+)
 from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.data_parallel import Unit, bucketed_step, fsdp_step
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
@@ -240,15 +246,16 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
                 u.cut_bwd[cut] += nbytes
 
 
-def stage_load(u: UnitCosts, link: LinkSpec | None = None) -> StageLoad:
+def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) -> StageLoad:
     """What :func:`autopar.solver.stages.balance` needs from the unit costs; ``link``
-    (the pp axis's) prices the activations and gradients sent at each possible cut."""
+    (the pp axis's) prices the activations and gradients sent at each possible cut, each
+    send waiting ``busy`` more for a core (:func:`busy_latency`)."""
     time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]
     state = [u.params[i] + u.grads[i] + u.opt[i] for i in range(u.n_units)]
     forward = backward = ()
     if link is not None:  # a cut after layer i is after unit i + 1
         def send(nbytes: float) -> float:
-            return nbytes / link.bandwidth_bytes_per_s + link.latency_s if nbytes else 0.0
+            return nbytes / link.bandwidth_bytes_per_s + link.latency_s + busy if nbytes else 0.0
 
         forward = tuple(send(u.cut_fwd[i + 1]) for i in range(len(u.layers)))
         backward = tuple(send(u.cut_bwd[i + 1]) for i in range(len(u.layers)))
@@ -281,6 +288,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     rank_units: list[list[int]] = [[] for _ in range(pp)]
     p2p = [0.0] * pp
     link = axis_link(tables.cluster, setting.mesh, "pp") if pp > 1 else None
+    busy = busy_latency(tables.cluster, setting.mesh, "pp")
     holds_last = rank_of_chunk(chunks - 1, pp, schedule)
     for c, (first, last) in enumerate(bounds):
         r = rank_of_chunk(c, pp, schedule)
@@ -288,9 +296,9 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         if link is None:
             continue
         if c < chunks - 1:  # send activations on
-            p2p[r] += u.cut_fwd[last] / link.bandwidth_bytes_per_s + link.latency_s
+            p2p[r] += u.cut_fwd[last] / link.bandwidth_bytes_per_s + link.latency_s + busy
         if c > 0 and u.cut_bwd[first - 1]:  # send gradients back
-            p2p[r] += u.cut_bwd[first - 1] / link.bandwidth_bytes_per_s + link.latency_s
+            p2p[r] += u.cut_bwd[first - 1] / link.bandwidth_bytes_per_s + link.latency_s + busy
 
     def total(values: list[float], r: int) -> float:
         return sum(values[i] for i in rank_units[r])
@@ -426,9 +434,11 @@ def data_parallel_costs(
     m = setting.microbatches
     overlap = tables.cluster.backend != "gloo"
 
+    busy = busy_latency(tables.cluster, setting.mesh, "dp")  # each call is asynchronous
+
     def dp_time(kind: str, nbytes: float) -> float:
-        return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster,
-                                     algorithm="auto" if kind == "all_reduce" else "ring")
+        return busy + group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster,
+                                            algorithm="auto" if kind == "all_reduce" else "ring")
 
     grad_bytes = sum(u.grad_bytes[i] for i in units)
     if setting.zero in (0, 1, 2):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch.fx as fx
 
 from autopar.cluster import Cluster
-from autopar.cost_models.comm import axis_link
+from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import NoFeasiblePlanError
@@ -281,7 +281,8 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         return None, best
     pp, m = setting.pp, setting.microbatches
     units = unit_costs(tables, result.choice)
-    load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None)
+    load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None,
+                      busy_latency(cluster, setting.mesh, "pp"))
     status = f"{result.status}(layout reused)" if reused else result.status
     wall = 0.0 if reused else result.wall_s
     fastest = None

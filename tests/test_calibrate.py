@@ -295,3 +295,19 @@ def test_calibrate_cli_end_to_end(tmp_path, capsys):
     assert c.device.peak("fp32") == profile.device["peak_flops"]["fp32"]
     assert c.sources["intra_node.latency_s"] == f"profile {tmp_path / 'profiles' / 'cpu.json'}"
     assert "profile " in format_cluster(c)
+
+
+def test_calibrate_writes_the_link_with_one_process_per_core(tmp_path) -> None:
+    def points(n: int, latency: float) -> list[CollectivePoint]:
+        return [CollectivePoint("all_reduce", b, n, latency + b / 1e9) for b in (2**10, 2**20)]
+
+    busy = {"busy_latency_s": 1e-3}
+    prof = make_profile(recorded_device(), points(4, 4e-4), {"nproc": 4}, busy,
+                        (points(2, 1e-4), {"busy_latency_s": 5e-4}))
+    path = write_profile(prof, tmp_path / "p.json")
+    c = load_cluster({"nodes": 1, "devices_per_node": 4, "cores_per_node": 2, "device": "cpu",
+                      "profile": str(path)})
+    assert c.intra_node_uncontended is not None
+    assert c.intra_node_uncontended.latency_s < c.intra_node.latency_s
+    assert c.intra_node_uncontended.busy_latency_s == pytest.approx(5e-4)
+    assert "profile" in c.sources["intra_node_uncontended.latency_s"]

@@ -94,10 +94,13 @@ def make_profile(
     points: Sequence[CollectivePoint],
     host: dict[str, Any],
     busy: dict[str, Any] | None = None,
+    uncontended: tuple[Sequence[CollectivePoint], dict[str, Any] | None] | None = None,
 ) -> Profile:
     """The profile for these measurements: the device section, and the intra-node link
     fitted to the all-reduce points (each collective's own fit goes into the measurements),
-    with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any."""
+    with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any.
+    ``uncontended``: the points and busy latency measured again with as many processes as
+    cores, when ``points`` had more (``Cluster.intra_node_uncontended``)."""
     link = fit_link(p for p in points if p.kind == LINK_KIND)
     per_kind = {
         kind: fit_link(p for p in points if p.kind == kind).as_dict()
@@ -123,17 +126,30 @@ def make_profile(
     }
     if busy:
         measurements["busy_latency"] = busy
+    links = {"intra_node_link": _link_section(link, busy)}
+    if uncontended is not None:
+        few_points, few_busy = uncontended
+        few = fit_link(p for p in few_points if p.kind == LINK_KIND)
+        measurements["collectives_uncontended"] = {
+            "world_size": few_points[0].world_size,
+            "points": [{"kind": p.kind, "bytes": p.nbytes, "seconds": p.seconds}
+                       for p in few_points],
+            "fit": few.as_dict(),
+            **({"busy_latency": few_busy} if few_busy else {}),
+        }
+        links["intra_node_link_uncontended"] = _link_section(few, few_busy)
     return Profile(
         device=device.profile_device(),
-        intra_node_link={
-            "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
-            "latency_s": link.latency_s,
-            **({"busy_latency_s": busy["busy_latency_s"]} if busy else {}),
-        },
+        **links,
         host=host,
         measurements=measurements,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _link_section(link: LinkFit, busy: dict[str, Any] | None) -> dict[str, float]:
+    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s,
+            **({"busy_latency_s": busy["busy_latency_s"]} if busy else {})}
 
 
 def _cpu_name() -> str:

@@ -32,6 +32,7 @@ from autopar.calibrate import (
     measure_collectives,
 )
 from autopar.cluster.profile import write_profile
+from autopar.cluster.spec import usable_cores
 from autopar.units import format_bytes, format_seconds
 
 
@@ -64,7 +65,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"\nbusy latency (measured: a 16 KiB message while every process computes, "
               f"less the same on idle processes)\n  {busy['busy_latency_s'] * 1e6:.0f} µs per "
               "asynchronous message (DDP bucket, FSDP gather, pipeline send)", flush=True)
-    path = write_profile(make_profile(device, points, host, busy), args.out)
+    uncontended = None
+    cores = usable_cores()
+    if device_type == "cpu" and 2 <= cores < args.nproc:
+        # gloo is slower while processes outnumber cores; a plan on at most `cores` of them
+        # (autopar may use fewer devices) runs on this link instead
+        _progress(f"collectives and busy latency again with {cores} processes (one per core)")
+        few = measure_collectives(cores, device_type=device_type, quick=quick, threads=threads)
+        few_busy = measure_busy_latency(cores, threads=threads, quick=quick)
+        fit = fit_link(p for p in few if p.kind == LINK_KIND)
+        print(f"\nwith {cores} processes (one per core; fitted to the measured all-reduce): "
+              f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {fit.latency_s * 1e6:.0f} µs, "
+              f"busy latency {few_busy['busy_latency_s'] * 1e6:.0f} µs", flush=True)
+        uncontended = (few, few_busy)
+    path = write_profile(make_profile(device, points, host, busy, uncontended), args.out)
     print(
         f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "
         f"'profile: {path}'"

@@ -401,7 +401,19 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
 
     def link(prefix: str) -> LinkSpec:
         return LinkSpec(values[f"{prefix}.bandwidth_bytes_per_s"], values[f"{prefix}.latency_s"],
-                        values[f"{prefix}.busy_latency_s"])
+                        values.get(f"{prefix}.busy_latency_s", 0.0))
+
+    def optional_link(prefix: str) -> LinkSpec | None:
+        given = [k for k in ("bandwidth_bytes_per_s", "latency_s") if f"{prefix}.{k}" in values]
+        if not given:
+            return None
+        if len(given) < 2:
+            key = next(k for k, p in _LINKS.items() if p == prefix)
+            missing = "bandwidth_gb_per_s" if given == ["latency_s"] else "latency_us"
+            raise ClusterError(f"{origin.desc}: {key} gives {given[0]} but not the other",
+                               where=origin.where(f"{key}.{missing}"),
+                               fix=f"add {key}.{missing}, or leave {key} out")
+        return link(prefix)
 
     peak = {k.rsplit(".", 1)[1]: v for k, v in values.items() if k.startswith("device.peak_flops.")}
     device_spec = DeviceSpec(
@@ -425,6 +437,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         backend=values["backend"],
         sources={key: sources[key] for key in sorted(sources, key=_field_order)},
         cores_per_node=values.get("cores_per_node"),
+        intra_node_uncontended=optional_link("intra_node_uncontended"),
     )
 
 

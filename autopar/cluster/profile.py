@@ -18,6 +18,8 @@ A profile is a JSON document (never a pickle; loading it runs no code)::
       },
       "intra_node_link": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1.2e-4},
       "inter_node_link": {...},                 # optional
+      "intra_node_link_uncontended": {...},     # optional: measured with as many processes
+                                                # as cores, when --nproc is more than that
       "measurements": {...}                     # raw points, for people and plots
     }
 
@@ -53,6 +55,7 @@ _TOP_KEYS = (
     "device",
     "intra_node_link",
     "inter_node_link",
+    "intra_node_link_uncontended",
     "measurements",
 )
 _DEVICE_KINDS = {
@@ -79,7 +82,7 @@ _HOST_KEYS = (
     "threads_per_process",
     "quick",
 )
-_LINK_SECTIONS = ("intra_node_link", "inter_node_link")
+_LINK_SECTIONS = ("intra_node_link", "inter_node_link", "intra_node_link_uncontended")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Profile:
     device: Mapping[str, Any] = field(default_factory=dict)
     intra_node_link: Mapping[str, float] = field(default_factory=dict)
     inter_node_link: Mapping[str, float] = field(default_factory=dict)
+    intra_node_link_uncontended: Mapping[str, float] = field(default_factory=dict)
     host: Mapping[str, Any] = field(default_factory=dict)
     measurements: Mapping[str, Any] = field(default_factory=dict, hash=False)
     created: str = ""
@@ -179,6 +183,7 @@ class Profile:
             device=data.get("device", {}),
             intra_node_link=data.get("intra_node_link", {}),
             inter_node_link=data.get("inter_node_link", {}),
+            intra_node_link_uncontended=data.get("intra_node_link_uncontended", {}),
             host=data.get("host", {}),
             measurements=data.get("measurements", {}),
             created=data.get("created", ""),

@@ -63,10 +63,13 @@ def format_cluster(cluster: Cluster) -> str:
          src("device.allocation_s_per_byte")),
         ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
     ]
-    for title, prefix, link in (
-        ("intra-node link", "intra_node", c.intra_node),
-        ("inter-node link", "inter_node", c.inter_node),
-    ):
+    links = [("intra-node link", "intra_node", c.intra_node),
+             ("inter-node link", "inter_node", c.inter_node)]
+    if c.intra_node_uncontended is not None:
+        links.append((f"intra-node link, at most {c.cores_per_node} processes"
+                      if c.cores_per_node else "intra-node link, uncontended",
+                      "intra_node_uncontended", c.intra_node_uncontended))
+    for title, prefix, link in links:
         rows += [
             (title, "", None, ""),
             (

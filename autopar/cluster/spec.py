@@ -325,6 +325,12 @@ class Cluster:
     gets ``cores / devices`` of its speed (``device.compute_share``); a plan on fewer devices
     of the node (``sub_cluster``) gets more. None: every device computes on its own (GPUs).
 
+    ``intra_node_uncontended``: the intra-node link when the node runs no more processes than
+    it has cores (``autopar calibrate --nproc N`` measures it too when N is more than the
+    cores). gloo's messages wait for the scheduler while processes outnumber cores, so a
+    CPU cluster's link is slower with 4 processes on 2 cores than with 2; a cluster (or a
+    ``sub_cluster``) of at most ``cores_per_node`` devices uses it as ``intra_node``.
+
     >>> Cluster(1, 4, DeviceSpec("cpu", 2**30, {"fp32": 1e11}, 1e10, 1.0), LinkSpec(1e9, 1e-4),
     ...         LinkSpec(1e9, 1e-4), cores_per_node=2).device.compute_share
     0.5
@@ -339,6 +345,7 @@ class Cluster:
     backend: str = "nccl"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     cores_per_node: int | None = None
+    intra_node_uncontended: LinkSpec | None = None
 
     def __post_init__(self) -> None:
         _check("count", self.nodes, "nodes", "Cluster.nodes")
@@ -357,10 +364,20 @@ class Cluster:
                     where=f"Cluster.{attr}",
                     fix=f"pass a {cls.__name__}, or build the cluster with load_cluster()",
                 )
+        uncontended = self.intra_node_uncontended
+        if uncontended is not None and not isinstance(uncontended, LinkSpec):
+            raise ClusterError(
+                f"intra_node_uncontended must be a LinkSpec or None, got "
+                f"{type(uncontended).__name__}",
+                where="Cluster.intra_node_uncontended",
+                fix="pass a LinkSpec, or build the cluster with load_cluster()",
+            )
         if self.cores_per_node is not None:
             share = min(1.0, self.cores_per_node / self.devices_per_node)
             if self.device.compute_share != share:
                 object.__setattr__(self, "device", replace(self.device, compute_share=share))
+            if uncontended is not None and self.devices_per_node <= self.cores_per_node:
+                object.__setattr__(self, "intra_node", uncontended)
         _check_text(self.name, "name", "Cluster.name", empty_ok=True)
         _check_backend(self.backend, "Cluster.backend")
         if not isinstance(self.sources, Mapping) or not all(
@@ -400,6 +417,8 @@ class Cluster:
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
+            **({"intra_node_link_uncontended": _link_dict(self.intra_node_uncontended)}
+               if self.intra_node_uncontended is not None else {}),
             "sources": dict(self.sources),
         }
 
@@ -409,7 +428,8 @@ def _link_dict(link: LinkSpec) -> dict[str, float]:
             "busy_latency_s": link.busy_latency_s}
 
 
-_LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node"}
+_LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node",
+          "intra_node_link_uncontended": "intra_node_uncontended"}
 
 _ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "device.name",
           "device.memory_bytes"]

@@ -44,9 +44,11 @@ def ring(kind: str, nbytes: int, n: int = 2) -> float:
     return collective_time(kind, nbytes, n, LinkSpec(BANDWIDTH, LATENCY), backend="gloo")
 
 
-def synthetic_run(directory: Path, steps: int = 8, world: int = 2) -> Path:
+def synthetic_run(directory: Path, steps: int = 8, world: int = 2, plan: dict = PLAN,
+                  busy_s: float = 0.0) -> Path:
     """A run whose device time is SCALE x the plan's and whose collectives follow the ring
-    model with LATENCY and BANDWIDTH; the faster rank waits longer in each collective."""
+    model with LATENCY and BANDWIDTH; the faster rank waits longer in each collective.
+    ``busy_s``: each (asynchronous, DDP) collective also holds the step up that long."""
     directory.mkdir(parents=True, exist_ok=True)
     device = SCALE * (PLAN["predicted"]["compute_s"] + PLAN["predicted"]["optimizer_s"])
     sizes = [("all_reduce", 4), ("all_reduce", 4 * 2**20), ("all_gather", 2**20)]
@@ -63,12 +65,12 @@ def synthetic_run(directory: Path, steps: int = 8, world: int = 2) -> Path:
                                     "source": "ddp"})
             comm = sum(c["seconds"] for c in collectives)
             compute = device * noise - (skew if rank == 0 else 0.0)
-            step = compute + comm + (0.5 if i == 0 else 0.0)  # step 0: warm-up
+            step = compute + comm + busy_s * len(collectives) + (0.5 if i == 0 else 0.0)
             records.append({"step": i, "step_s": step, "train_step_s": step - 0.002,
                             "p2p_wait_s": 0.0, "collectives": collectives})
         doc = {"format": RUN_FORMAT, "version": RUN_VERSION, "rank": rank, "world_size": world,
                "backend": "gloo", "host": {"hostname": "test", "cpu_count": 2},
-               "warmup_steps": 1, "plan": PLAN, "steps": records}
+               "warmup_steps": 1, "plan": plan, "steps": records}
         (directory / f"rank{rank}.json").write_text(json.dumps(doc))
     return directory
 
@@ -128,8 +130,25 @@ def test_one_message_size_keeps_the_link(tmp_path):
         f.write_text(json.dumps(doc))
     fit = fit_runs([read_run(run_dir)])
     assert fit.link is None
-    # the plan's link, with no busy latency: the run's waits are in the fitted device speed
+    # the plan's link (which has no busy latency)
     assert fit.link_dict() == {**PLAN["cluster"]["intra_node_link"], "busy_latency_s": 0.0}
+
+
+def test_the_plans_busy_latency_is_kept_and_not_counted_as_device_time(tmp_path):
+    """CPU processes holding every core: each DDP bucket waits the busy latency. The fit
+    takes that wait out of the device time (as the model adds it back) and keeps it."""
+    busy = 1e-3
+    cluster = {**PLAN["cluster"], "cores_per_node": 2,
+               "intra_node_link": {**PLAN["cluster"]["intra_node_link"], "busy_latency_s": busy}}
+    run = read_run(synthetic_run(tmp_path / "run", plan={**PLAN, "cluster": cluster},
+                                 busy_s=busy))
+    fit = fit_runs([run])
+    assert fit.device_scale == pytest.approx(SCALE, rel=0.02)  # not slowed by the waits
+    assert fit.link_dict()["busy_latency_s"] == busy
+    # with a spare core there is no wait to take out: the same steps read as slower device
+    spare = read_run(synthetic_run(tmp_path / "spare", plan={**PLAN, "cluster": {
+        **cluster, "cores_per_node": 4}}, busy_s=busy))
+    assert fit_runs([spare]).device_scale > SCALE * 1.05
 
 
 def _edit(run_dir: Path, rank: int, change) -> None:

@@ -71,6 +71,7 @@ class RunFit:
     base_device: Mapping[str, Any]
     base_link: Mapping[str, float]
     backend: str = "gloo"
+    busy_latency_s: float = 0.0  # the plan's, kept: a run's collectives cannot separate it
 
     def device(self) -> dict[str, Any]:
         """The profile's device section: the plan's device numbers, every time term scaled
@@ -94,12 +95,15 @@ class RunFit:
         return self.link or _base_link(self.base_link, self.backend)
 
     def link_dict(self) -> dict[str, float]:
-        """The refitted link. Its busy latency is 0: what the run's asynchronous messages
-        waited for a core is measured into the fitted link and device speed already."""
+        """The refitted link, with the plan's busy latency kept: the device fit took it out
+        of the measured steps for each asynchronous message (``Run.measured_device_s``), as
+        the cost model adds it back, so it is neither lost (pipelines would look cheap) nor
+        counted twice."""
+        busy = {"busy_latency_s": self.busy_latency_s}
         if self.link is None:
-            return {**self.base_link, "busy_latency_s": 0.0}
+            return {**self.base_link, **busy}
         return {"bandwidth_bytes_per_s": self.link.bandwidth_bytes_per_s,
-                "latency_s": self.link.latency_s, "busy_latency_s": 0.0}
+                "latency_s": self.link.latency_s, **busy}
 
 
 def fit_runs(runs: Sequence[Run]) -> RunFit:
@@ -135,7 +139,8 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
                 f"run '{run.directory}': its plan models no device time", where=str(run.directory),
                 fix="record a run of a plan made by this autopar")
         for i in run.kept_steps:
-            device_points.append((modelled, run.measured_device_s(i, step_link)))
+            device_points.append((modelled, run.measured_device_s(i, step_link,
+                                                                  run.busy_latency_s())))
     d = [p[0] for p in device_points]
     y = [p[1] for p in device_points]
     scale = huber_scale(d, y)
@@ -146,7 +151,7 @@ def fit_runs(runs: Sequence[Run]) -> RunFit:
             fix="record more steps, on a quieter machine")
     residual = statistics.median(abs(scale * di - yi) / yi for di, yi in zip(d, y) if yi > 0)
     return RunFit(scale, residual, tuple(device_points), link, tuple(points),
-                  base["device"], base_link, backend)
+                  base["device"], base_link, backend, runs[0].busy_latency_s())
 
 
 def huber_scale(d: Sequence[float], y: Sequence[float], k: float = 1.345,
@@ -316,7 +321,8 @@ def format_fit(runs: Sequence[Run], fit: RunFit) -> str:
     for run in runs:
         steps = list(run.fitted_steps)
         dev = statistics.median(run.measured_device_s(i) for i in steps)
-        net = statistics.median(run.measured_device_s(i, fit.step_link()) for i in steps)
+        net = statistics.median(run.measured_device_s(i, fit.step_link(), run.busy_latency_s())
+                                for i in steps)
         comm = statistics.median(run.measured_comm_s(i) for i in steps)
         p = run.plan.get("predicted", {})
         mesh = " x ".join(f"{k}{v}" for k, v in run.plan.get("mesh", {}).items() if v > 1) or "1"

@@ -115,7 +115,17 @@ class Run:
             merged = [c for cs in per_rank for c in cs]
         return merged, waits
 
-    def measured_device_s(self, i: int, link: Any | None = None) -> float:
+    def busy_latency_s(self) -> float:
+        """What the plan's cluster makes each asynchronous message (a DDP bucket, an FSDP
+        collective) wait for a core (``cost_models.comm.busy_latency``'s rule: CPU processes
+        with no spare core)."""
+        cluster = self.plan.get("cluster", {})
+        cores = cluster.get("cores_per_node")
+        if cores is None or int(cores) > int(cluster.get("devices_per_node", 1)):
+            return 0.0
+        return float(cluster.get("intra_node_link", {}).get("busy_latency_s", 0.0))
+
+    def measured_device_s(self, i: int, link: Any | None = None, busy_s: float = 0.0) -> float:
         """Step ``i``'s device time: its wall time net of the collectives and pipeline waits
         (measured), for the slowest rank. With ``link`` (``predict(kind, bytes, n)``), each
         collective is taken at the link's time for it, not at its measured time, so what
@@ -124,7 +134,8 @@ class Run:
         time are taken out at their modelled time (:meth:`untimed_comm_s`). On gloo the
         model overlaps no collective with compute (its threads take the compute's cores), so
         a DDP bucket that ran beside the backward comes out at the link's whole time too: the
-        backward it slowed is not device time."""
+        backward it slowed is not device time. ``busy_s`` more comes out for each
+        asynchronous message (DDP, FSDP), as the model adds its busy latency to each."""
         serial = self.plan.get("cluster", {}).get("backend") == "gloo"
 
         def comm(c: Mapping[str, Any]) -> float:
@@ -132,7 +143,8 @@ class Run:
                 return 0.0
             if link is None or (_overlapped(c) and not serial):
                 return float(c.get("exposed_s", c["seconds"]))
-            return link.predict(c["kind"], c["bytes"], c["group_size"])
+            wait = busy_s if c.get("source") in ("ddp", "fsdp") else 0.0
+            return link.predict(c["kind"], c["bytes"], c["group_size"]) + wait
 
         return max(float(r.steps[i]["step_s"]) - float(r.steps[i].get("p2p_wait_s", 0.0))
                    - sum(comm(c) for c in r.steps[i]["collectives"])

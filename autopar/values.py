@@ -30,11 +30,17 @@ def value_of(node: fx.Node) -> Value:
 
 
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """Input nodes carrying one tensor, in the flattened order strategies use."""
-    leaves, _ = tree_flatten((node.args, node.kwargs))
-    return [
-        a for a in leaves if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
-    ]
+    """Input nodes carrying one tensor, in the flattened order strategies use (pytree's:
+    args then kwargs, depth first; ``fx.node.map_arg`` walks them in that order, faster)."""
+    out: list[fx.Node] = []
+
+    def keep(a: fx.Node) -> fx.Node:
+        if isinstance(a.meta.get("val"), torch.Tensor):
+            out.append(a)
+        return a
+
+    fx.node.map_arg((node.args, node.kwargs), keep)
+    return out
 
 
 def output_values(graph: fx.Graph) -> list[Value]:

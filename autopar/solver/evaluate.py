@@ -9,6 +9,7 @@ partition of layers into chunks (see :mod:`autopar.solver.stages`).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -132,9 +133,19 @@ class UnitCosts:
         return len(self.fwd)
 
 
+_UNITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gm -> _units(gm)
+
+
 def _units(gm: fx.GraphModule) -> tuple[list[int], dict[str, int]]:
     """Layers in order, and each node's unit: 0 before the first layer node, the layer's
-    position, or L + 1 after the layers."""
+    position, or L + 1 after the layers (computed once per graph: the search evaluates
+    many layouts of one graph)."""
+    if gm not in _UNITS:
+        _UNITS[gm] = _units_of(gm)
+    return _UNITS[gm]
+
+
+def _units_of(gm: fx.GraphModule) -> tuple[list[int], dict[str, int]]:
     layers = sorted({n.meta[META_KEY].layer for n in gm.graph.nodes
                      if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
     position = {layer: i + 1 for i, layer in enumerate(layers)}
@@ -435,10 +446,15 @@ def data_parallel_costs(
     overlap = tables.cluster.backend != "gloo"
 
     busy = busy_latency(tables.cluster, setting.mesh, "dp")  # each call is asynchronous
+    times: dict[tuple[str, float], float] = {}  # repeated layers move the same bytes
 
     def dp_time(kind: str, nbytes: float) -> float:
-        return busy + group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster,
-                                            algorithm="auto" if kind == "all_reduce" else "ring")
+        key = (kind, nbytes)
+        if key not in times:
+            times[key] = busy + group_collective_time(
+                kind, nbytes, setting.mesh, "dp", tables.cluster,
+                algorithm="auto" if kind == "all_reduce" else "ring")
+        return times[key]
 
     grad_bytes = sum(u.grad_bytes[i] for i in units)
     if setting.zero in (0, 1, 2):

@@ -143,7 +143,7 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     if greedy(total * (1 + 1e-9)) is None:
         return None  # memory alone rules out every cut
     lo, hi = 0.0, total * (1 + 1e-9)
-    for _ in range(48):
+    while hi - lo > total * 1e-7:  # finer than any time difference the model means
         mid = (lo + hi) / 2
         if greedy(mid) is None:
             lo = mid

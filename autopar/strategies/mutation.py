@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten
 
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY
@@ -65,9 +64,15 @@ def _arg_values(node: fx.Node, schema: Any) -> list[tuple[Any, Any]]:
 
 
 def _tensor_nodes(value: Any) -> list[fx.Node]:
-    leaves, _ = tree_flatten(value)
-    return [x for x in leaves
-            if isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)]
+    out: list[fx.Node] = []
+
+    def keep(a: fx.Node) -> fx.Node:
+        if isinstance(a.meta.get("val"), torch.Tensor):
+            out.append(a)
+        return a
+
+    fx.node.map_arg(value, keep)
+    return out
 
 
 def _writes(arg: Any) -> bool:

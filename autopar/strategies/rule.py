@@ -22,6 +22,7 @@ Plugins register rules for their own ops with :func:`autopar.strategies.register
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +72,7 @@ class OpCall:
     out: tuple[TensorMeta, ...]
     hints: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def tensor_args(self) -> tuple[TensorMeta, ...]:
         leaves, _ = tree_flatten((self.args, dict(self.kwargs)))
         return tuple(x for x in leaves if isinstance(x, TensorMeta))

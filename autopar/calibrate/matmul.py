@@ -167,7 +167,8 @@ class DeviceCalibration:
                     "n": p.n,
                     "flops": p.flops,
                     "seconds": p.seconds,
-                    "busy_flops_per_s": p.rate(floor),
+                    # within the floor's noise, the net time (and its rate) means nothing
+                    "busy_flops_per_s": p.rate(floor) if p.seconds >= 2 * floor else None,
                     "skinny": p.skinny,
                     "in_curve": p.in_curve(floor),
                 }

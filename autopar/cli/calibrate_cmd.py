@@ -162,13 +162,15 @@ def format_device(device: DeviceCalibration) -> str:
             if p.dtype != dtype:
                 continue
             mark = ""
+            rate, eff = f"{p.rate(floor) / 1e9:>8.1f}", f"{device.efficiency(p):>10.2f}"
             if p.skinny:
                 mark = "  skinny: not in the curve"
-            elif not p.in_curve(floor):
+            elif not p.in_curve(floor):  # its time net of the floor is noise: no rate
                 mark = "  under 2x the floor: not in the curve"
+                rate, eff = f"{'-':>8}", f"{'-':>10}"
             lines.append(
                 f"  {f'{p.m} x {p.k} x {p.n}':<18} {_si(p.flops):>7} {format_seconds(p.seconds):>10}"
-                f" {p.rate(floor) / 1e9:>8.1f} {device.efficiency(p):>10.2f}{mark}"
+                f" {rate} {eff}{mark}"
             )
         lines.append("")
     lines.append("elementwise out-of-place add (measured; bytes = 2 reads + 1 write)")

@@ -32,7 +32,8 @@ Conventions, so the presets can be compared with each other:
 - GPU presets have no ``matmul_efficiency_curve``: the compute model's parametric size curve
   (tiles and waves of SMs) applies until a calibrated profile supplies a measured one.
 - ``cpu`` models local torch.distributed gloo processes on one machine, one thread each:
-  8 GiB, ~110 GFLOP/s fp32, ~28 GB/s, a measured size curve, ~2.3 GB/s bus bandwidth with
+  8 GiB, ~100 GFLOP/s fp32, ~28 GB/s, a measured size curve (operands cold in cache, as in
+  a training step: mid-sized matmuls run ~20% slower than hot), ~2.3 GB/s bus bandwidth with
   ~440 µs latency through gloo's loopback all-reduce, and ~1 ms more for an asynchronous
   message while every process computes (``busy_latency_s``, :mod:`autopar.calibrate.busy`) —
   what ``autopar calibrate`` measured on the project's 2-core CI VM. A GPU's tile/wave curve
@@ -134,10 +135,11 @@ _TABLE = [
     # gloo processes on one machine, one thread each: `autopar calibrate --quick` on the
     # project's 2-core x86 CI VM (AMD EPYC, 2026-11-24), rounded; 10 GbE between hosts.
     # Calibrate your own machine: CPUs differ by several times.
-    _preset("cpu", memory_gib=8, tflops={"fp32": 0.11, "bf16": 0.11, "fp16": 0.10},
+    _preset("cpu", memory_gib=8, tflops={"fp32": 0.10, "bf16": 0.10, "fp16": 0.10},
             hbm_gb_per_s=28, matmul_efficiency=1.0, intra=(2.3, 440), inter=(1.25, 100),
             backend="gloo", kernel_floor_s=3e-6, memory_efficiency=0.5,
-            curve=((2e5, 0.50), (2e6, 0.80), (3e7, 0.92), (1e9, 0.97), (1e10, 1.0)),
+            curve=((2.5e5, 0.59), (4e6, 0.74), (1.7e7, 0.81), (3.4e7, 0.89), (2.7e8, 0.97),
+                   (2e9, 1.0)),
             allocation_ns_per_byte=0.3, busy_latency_us=1000),
 ]
 # fmt: on

@@ -334,7 +334,7 @@ def linear_unary(call: OpCall, axis_size: int) -> list[Strategy]:
     return [*_elementwise(call, axis_size), *partial_strategies(call, [[0]])]
 
 
-@register_rule(aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default)
+@register_rule(aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default)
 def cast(call: OpCall, axis_size: int) -> list[Strategy]:
     """Dtype/device casts: placement-preserving; ``Partial`` only float -> float.
 

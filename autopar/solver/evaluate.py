@@ -162,6 +162,14 @@ def _units_of(gm: fx.GraphModule) -> tuple[list[int], dict[str, int]]:
     return layers, unit_of
 
 
+def _unit_counts(nodes: list[fx.Node], unit_of: dict[str, int]) -> list[tuple[int, int]]:
+    """(unit, how many of ``nodes`` are in it): a decision's folded nodes share its costs."""
+    counts: dict[int, int] = {}
+    for node in nodes:
+        counts[unit_of[node.name]] = counts.get(unit_of[node.name], 0) + 1
+    return list(counts.items())
+
+
 def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     problem = tables.problem
     n_tp = tables.setting.tp
@@ -178,19 +186,18 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
         out = max(out, tables.loss_working_bytes(d, s))
         numel = tables.trainable_numel(d, s)
-        for node in d.nodes:
-            k = unit_of[node.name]
+        for k, c in _unit_counts(d.nodes, unit_of):
             u.largest[k] = max(u.largest[k], out)
-            u.trainable_numel[k] += numel
-            u.fwd[k] += f
-            u.bwd[k] += b + r
-            u.act[k] += own
-            u.layer_plain[k] += own_plain
-            u.params[k] += st.params
-            u.grads[k] += st.grads
-            u.opt[k] += st.optimizer
-            u.grad_bytes[k] += g
-            u.weights[k] += w
+            u.trainable_numel[k] += numel * c
+            u.fwd[k] += f * c
+            u.bwd[k] += (b + r) * c
+            u.act[k] += own * c
+            u.layer_plain[k] += own_plain * c
+            u.params[k] += st.params * c
+            u.grads[k] += st.grads * c
+            u.opt[k] += st.optimizer * c
+            u.grad_bytes[k] += g * c
+            u.weights[k] += w * c
 
     for key in problem.values:
         producer = problem.decisions[key[0]]
@@ -217,11 +224,10 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
-        for node in producer.nodes:
-            k = unit_of[node.name]
-            u.tp_comm[k] += per_instance_comm
-            u.act[k] += per_instance_saved
-            u.layer_plain[k] += plain_saved
+        for k, c in _unit_counts(producer.nodes, unit_of):
+            u.tp_comm[k] += per_instance_comm * c
+            u.act[k] += per_instance_saved * c
+            u.layer_plain[k] += plain_saved * c
     _cuts(tables, choice, u)
     u.gathered_outputs = _gathered_outputs(tables, choice)
     return u

@@ -188,7 +188,11 @@ def _sdpa_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: to
             s = s.masked_fill(~visible_mask(m, n, causal=True, device=q.device), float("-inf"))
         elif mask is not None:
             s = s + mask.float()
-        lse = torch.logsumexp(s, dim=-1)
+        # a query that sees no key: lse -inf, and no NaN from logsumexp's backward
+        # (0 * exp(-inf - -inf)) when ring attention merges this block with others
+        none = torch.isneginf(s).all(dim=-1, keepdim=True)
+        lse = torch.logsumexp(s.masked_fill(none, 0.0), dim=-1).masked_fill(
+            none.squeeze(-1), float("-inf"))
     return out, lse
 
 

@@ -8,6 +8,7 @@ looked through, so placements are decided once per real output.
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -29,9 +30,9 @@ def value_of(node: fx.Node) -> Value:
     return node, 0
 
 
-def tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """Input nodes carrying one tensor, in the flattened order strategies use (pytree's:
-    args then kwargs, depth first; ``fx.node.map_arg`` walks them in that order, faster)."""
+def tensor_nodes(value: Any) -> list[fx.Node]:
+    """Nodes carrying one tensor in ``value`` (nested args), in pytree's flattened order
+    (depth first; ``fx.node.map_arg`` walks them in that order, faster)."""
     out: list[fx.Node] = []
 
     def keep(a: fx.Node) -> fx.Node:
@@ -39,8 +40,14 @@ def tensor_inputs(node: fx.Node) -> list[fx.Node]:
             out.append(a)
         return a
 
-    fx.node.map_arg((node.args, node.kwargs), keep)
+    fx.node.map_arg(value, keep)
     return out
+
+
+def tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """Input nodes carrying one tensor, in the flattened order strategies use (args, then
+    kwargs)."""
+    return tensor_nodes((node.args, node.kwargs))
 
 
 def output_values(graph: fx.Graph) -> list[Value]:

@@ -63,8 +63,8 @@ def _hidden(q: tuple[int, int], k: tuple[int, int], causal: bool,
     """Whether the mask hides every key of piece ``k`` from every query of piece ``q``."""
     (qs, qn), (ks, kn) = q, k
     left, right = (-1, -1) if window is None else window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
+    if causal:  # a causal mask is a window's right edge at 0
+        right = 0
     if right >= 0 and ks > qs + qn - 1 + right:  # every key is further right than allowed
         return True
     return left >= 0 and ks + kn - 1 < qs - left  # every key is further left than allowed
@@ -126,8 +126,7 @@ def simulate_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     n = q.shape[2]
     pieces = [shard_pieces(n, cp, r, zigzag=zigzag) for r in range(cp)]
     local = [(_gather(k, p), _gather(v, p), p) for p in pieces]
-    outs: list[torch.Tensor | None] = [None] * n
-    lses: list[torch.Tensor | None] = [None] * n
+    parts = []  # (global start, output piece, lse piece)
     for r in range(cp):
         visiting = [local[(r - s) % cp] for s in range(cp)]
         out, lse = ring_attention_shard(_gather(q, pieces[r]), pieces[r], visiting,
@@ -135,9 +134,8 @@ def simulate_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
                                         alibi_slopes=alibi_slopes, softcap=softcap)
         at = 0
         for start, length in pieces[r]:
-            outs[start] = out[:, :, at:at + length]
-            lses[start] = lse[:, :, at:at + length]
+            parts.append((start, out[:, :, at:at + length], lse[:, :, at:at + length]))
             at += length
-    order = [i for i, t in enumerate(outs) if t is not None]
-    return (torch.cat([outs[i] for i in order], dim=2),
-            torch.cat([lses[i] for i in order], dim=2))
+    parts.sort(key=lambda part: part[0])
+    return (torch.cat([o for _, o, _ in parts], dim=2),
+            torch.cat([s for _, _, s in parts], dim=2))

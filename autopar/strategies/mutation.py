@@ -29,13 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.fx as fx
 
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement
-from autopar.values import tensor_inputs
+from autopar.values import tensor_inputs, tensor_nodes
 
 
 @dataclass(frozen=True)
@@ -63,18 +62,6 @@ def _arg_values(node: fx.Node, schema: Any) -> list[tuple[Any, Any]]:
     return out + [(by_name.get(k), v) for k, v in node.kwargs.items()]
 
 
-def _tensor_nodes(value: Any) -> list[fx.Node]:
-    out: list[fx.Node] = []
-
-    def keep(a: fx.Node) -> fx.Node:
-        if isinstance(a.meta.get("val"), torch.Tensor):
-            out.append(a)
-        return a
-
-    fx.node.map_arg(value, keep)
-    return out
-
-
 def _writes(arg: Any) -> bool:
     return arg is not None and arg.alias_info is not None and arg.alias_info.is_write
 
@@ -86,7 +73,7 @@ def written_slots(node: fx.Node) -> list[int]:
         return []
     slots, slot = [], 0
     for arg, value in _arg_values(node, schema):
-        for _ in _tensor_nodes(value):
+        for _ in tensor_nodes(value):
             if _writes(arg):
                 slots.append(slot)
             slot += 1
@@ -107,7 +94,7 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     for a, v in _arg_values(node, schema):
         info = a.alias_info if a is not None else None
         if info is not None and (sets & set(info.before_set) or "*" in info.after_set):
-            nodes = _tensor_nodes(v)
+            nodes = tensor_nodes(v)
             return nodes[0] if len(nodes) == 1 else None
     return None
 

@@ -9,6 +9,9 @@
 | sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |
 | devices used | ``devices`` | ``--devices`` | ``explanation.devices.used`` (= the mesh's product) |
 | recomputation | ``recompute`` | ``--recompute`` | ``training.recompute`` |
+| context parallelism | ``cp`` | ``--cp`` | ``mesh.cp`` |
+| attention under cp | ``cp_algorithm`` | ``--cp-algorithm`` | ``context.algorithm`` |
+| sequence layout under cp | ``cp_layout`` | ``--cp-layout`` | ``context.layout`` |
 | margin beyond validated ground | ``extrapolation_margin`` | ``--extrapolation-margin`` | ``predicted.ground_margin`` |
 | record a run for refitting | ``record_run`` (``parallelize``) | ``--record-run`` (``demo``), ``--from-run`` (``calibrate``) | -- |
 

@@ -78,6 +78,9 @@ class Plan:
     # parallelism is used (weights/work/batch split) and, for a pinned tp that shards no
     # weight or splits the batch, the modelled alternatives (autopar.solver.explain_tp)
     explanation: dict[str, Any] = field(default_factory=dict)
+    # context parallelism when mesh.cp > 1: cp, algorithm, layout, pinned, the modelled
+    # cost of each algorithm ("algorithms"), and why this one (autopar.solver.context)
+    context: dict[str, Any] = field(default_factory=dict)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from autopar.cluster import load_cluster
+from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
 from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError, PlanError
 from autopar.knobs import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
@@ -43,8 +44,8 @@ from autopar.placements import parse_placement
 from autopar.solver.options import ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
-SCHEMA_VERSION = 2
-MESH_AXES = ("pp", "dp", "tp")
+SCHEMA_VERSION = 3
+MESH_AXES = ("pp", "dp", "cp", "tp")
 """Axes the runtime builds, outer to inner (tp innermost: the fastest links)."""
 MAX_INT = 2**53  # JSON numbers beyond this are not exact in most readers
 MAX_DIM = 64  # tensor dimensions a Shard placement may name
@@ -274,13 +275,19 @@ EXPLANATION = obj({}, {
         {"status": text(empty=True), "peak_memory_bytes": SIZE, "mesh": map_of(COUNT)}))})),
 })
 
+CONTEXT = obj({
+    "label": text(), "cp": COUNT, "algorithm": one_of(CP_ALGORITHMS),
+    "layout": one_of(CP_LAYOUTS), "pinned": flag,
+    "algorithms": map_of(obj({"status": text()}, {"comm_s": SECONDS})), "why": text(),
+})
+
 PLAN = obj(
     required={
         "schema_version": one_of((SCHEMA_VERSION,)),
         "model": obj({"name": text(), "fingerprint": text(), "params": SIZE,
                       "trainable_params": SIZE}, {"tracer": text()}),
         "cluster": cluster_entry,
-        "mesh": obj({"dp": COUNT, "tp": COUNT}, {"pp": COUNT}),
+        "mesh": obj({"dp": COUNT, "tp": COUNT}, {"pp": COUNT, "cp": COUNT}),
         "batch": obj({"global": COUNT, "microbatch": COUNT, "microbatches": COUNT,
                       "seq": COUNT, "traced": COUNT}),
         "training": obj({
@@ -291,8 +298,8 @@ PLAN = obj(
                            "re-plan with --zero 0,3"),
             "recompute": one_of(RECOMPUTE_MODES),
         }),
-        "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY})),
-        "params": map_of(obj({"dp": placement, "tp": placement})),
+        "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
+        "params": map_of(obj({"dp": placement, "tp": placement}, {"cp": placement})),
         "predicted": obj({
             "label": text(), "step_time_s": SECONDS, "peak_memory_bytes": SIZE,
             "tflops_per_device": number(), "tokens_per_s": number(), "mfu": number(),
@@ -319,6 +326,9 @@ PLAN = obj(
         "explanation": EXPLANATION,
         "attention": list_of(obj({"node": text(), "pattern": text(), "layer": nullable(SIZE),
                                   "what": text(), "fused": flag, "reason": text(empty=True)})),
+        # context parallelism (mesh.cp > 1): the attention algorithm, the sequence layout,
+        # each algorithm's modelled seconds per step (or why it cannot run), and why
+        "context": empty_or(CONTEXT),
     },
 )
 

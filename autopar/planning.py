@@ -38,6 +38,9 @@ def plan(
     dp: int | None = None,
     tp: int | None = None,
     pp: int | None = None,
+    cp: int | None = None,
+    cp_algorithm: str | None = None,
+    cp_layout: str = "zigzag",
     devices: int | None = None,
     global_batch: int | None = None,
     microbatch: int | None = None,
@@ -60,7 +63,7 @@ def plan(
 
     ``model`` is a module (traced with ``example_inputs``, which may be TensorSpecs) or a
     GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
-    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``,
+    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``/``cp``,
     ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
     "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
     ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
@@ -72,6 +75,10 @@ def plan(
     ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
     ground must be predicted than the best validated one (``None``: the model's own error
     there, ``0``: no preference; see ``plan.predicted["ground"]``).
+    ``cp`` splits each sequence over that many ranks (context parallelism); attention then
+    runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
+    named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
+    causal work) or "contiguous" chunks.
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
     tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
     plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
@@ -107,6 +114,9 @@ def plan(
         dp=dp,
         tp=tp,
         pp=pp,
+        cp=cp,
+        cp_algorithm=cp_algorithm,
+        cp_layout=cp_layout,
         microbatch=microbatch,
         microbatches=microbatches,
         schedule=schedule,
@@ -122,7 +132,7 @@ def plan(
         extrapolation_margin=extrapolation_margin,
     )
     name = model_name or type(model).__name__
-    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp)))
+    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp, cp)))
     if counts == [cluster.world_size]:
         return make_plan(gm, search(gm, cluster, options), cluster, options, name)
     return _plan_fewest_fastest(gm, cluster, options, name, counts, pinned=devices is not None)

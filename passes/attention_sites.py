@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from autopar.kernels.spec import MAX_HEAD_DIM
+from autopar.passes.causal_mask import computed_causal
 from autopar.placements import Replicate, Shard
 
 aten = torch.ops.aten
@@ -160,10 +161,26 @@ def find_attention_sites(gm: fx.GraphModule) -> list[AttentionSite]:
             site = eager_site(node)
             if site is not None:
                 sites.append(site)
+    causal: dict[fx.Node, bool] = {}  # one mask is shared by every layer
     for site in sites:
         if site.fusable:
             site.reason = _unsupported(site)
+        if site.fusable and not site.causal and len(site.terms) == 1:
+            _recognise_causal(site, causal)
     return sites
+
+
+def _recognise_causal(site: AttentionSite, seen: dict[fx.Node, bool]) -> None:
+    """A single mask term the model computes from positions that is causal becomes the
+    kernel's ``causal`` flag (see :mod:`autopar.passes.causal_mask`)."""
+    term = site.terms[0]
+    q, k = shape_of(site.q), shape_of(site.k)
+    if term.flat or q[2] != k[2]:
+        return
+    if term.node not in seen:
+        seen[term.node] = computed_causal(term.node, term.kind, q[2], (q[0], q[1], k[1], q[3]))
+    if seen[term.node]:
+        site.causal, site.terms = True, []
 
 
 def _sdpa_site(node: fx.Node) -> AttentionSite:

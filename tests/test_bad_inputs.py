@@ -257,8 +257,18 @@ CLI_CASES = [
              AutoparError, "global batch 6", "dp=8"),
     cli_case("estimate-pp-more-than-layers", estimate("--pp", "4", "--dp", "2"), AutoparError,
              "2 layers", "4 stages"),
-    cli_case("estimate-context-parallel", estimate("--cp", "2", "--dp", "4"), AutoparError,
-             "--cp", "context parallelism"),
+    cli_case("estimate-cp-chunks-not-dividing-the-sequence",
+             estimate("--cp", "4", "--dp", "2", model=gpt(seq=12)), AutoparError,
+             "--cp", "12 tokens", "2·cp = 8 zigzag chunks"),
+    cli_case("plan-cp-chunks-not-dividing-the-sequence",
+             plan("--cp", "2", "--cp-layout", "contiguous", model=gpt(seq=15)), AutoparError,
+             "cp=2", "15 tokens", "cp = 2"),
+    cli_case("estimate-ulysses-heads-not-divisible-by-cp",
+             estimate("--cp", "8", "--dp", "1", "--cp-algorithm", "ulysses"), AutoparError,
+             "--cp-algorithm", "ulysses needs the query heads", "divisible by cp=8"),
+    cli_case("plan-cp-with-unrecognised-attention",
+             plan("--cp", "2", "--no-fuse-attention", model="gpt2hf:layers=2,hidden=32,heads=4,"
+                  "vocab=64,seq=16"), AutoparError, "cp=2", "attention"),
     # --- pins that rule every mesh out ----------------------------------------------------
     cli_case("plan-microbatches-not-dividing", plan("--microbatches", "3"), NoFeasiblePlanError,
              "microbatches=3", "does not divide", "sequences per data-parallel rank"),
@@ -484,12 +494,14 @@ def _cpu(**device: object) -> dict:
 
 API_CASES = [
     # --- autopar.plan / parallelize ------------------------------------------------------
-    api_case("plan-unknown-keyword-cp", lambda d: autopar.plan(tiny_gpt(), "2xcpu", (IDX, IDX),
-                                                               cp=2),
-             AutoparError, "'cp'", "autopar.plan", "virtual_stages"),
-    api_case("parallelize-unknown-keyword-cp", lambda d: autopar.parallelize(
-        tiny_gpt(), "2xcpu", (IDX, IDX), cp=2), AutoparError, "'cp'", "autopar.parallelize",
+    api_case("plan-unknown-keyword-ep", lambda d: autopar.plan(tiny_gpt(), "2xcpu", (IDX, IDX),
+                                                               ep=2),
+             AutoparError, "'ep'", "autopar.plan", "virtual_stages"),
+    api_case("parallelize-unknown-keyword-ep", lambda d: autopar.parallelize(
+        tiny_gpt(), "2xcpu", (IDX, IDX), ep=2), AutoparError, "'ep'", "autopar.parallelize",
         "precision"),
+    api_case("parallelize-cp-not-executed-yet", lambda d: autopar.parallelize(
+        tiny_gpt(), "2xcpu", (IDX, IDX), cp=2), AutoparError, "cp=2", "not executed"),
     api_case("plan-old-and-new-keyword", lambda d: autopar.plan(
         tiny_gpt(), "2xcpu", (IDX, IDX), virtual=2, virtual_stages=2), AutoparError, "virtual"),
     api_case("plan-model-is-text", lambda d: autopar.plan("gpt2", "2xcpu"), AutoparError,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
 from autopar.knobs import RECOMPUTE_MODES, schedule_name, zero_stages
@@ -184,6 +185,19 @@ def add_degree(p: argparse.ArgumentParser, axis: str, default: int | None = None
                    help=f"{words}-parallel degree")
 
 
+def add_cp_algorithm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default=None,
+                   help="attention under context parallelism: ring (K/V passed around, "
+                   "overlapped), all_gather (K/V gathered, cheap with few K/V heads) or "
+                   "ulysses (all-to-all heads <-> sequence); default: the cheapest modelled")
+
+
+def add_cp_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cp-layout", choices=CP_LAYOUTS, default="zigzag",
+                   help="how a sequence is cut over cp: zigzag (2 x cp chunks, rank i holds "
+                   "i and 2cp-1-i: even causal work) or contiguous")
+
+
 def add_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", type=positive_int, default=None, metavar="N",
                    help="use N of the cluster's devices (the first: whole nodes, or part of "
@@ -260,7 +274,8 @@ def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
                    "model's own error there; 0: no preference)")
 
 
-SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--microbatch",
+SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp",
+                "--cp-algorithm", "--cp-layout", "--microbatch",
                 "--schedule", "--virtual-stages", "--recompute", "--precision", "--zero",
                 "--optimizer", "--no-fuse-attention", "--json")
 """Flags ``plan`` and ``estimate`` both take (tests check their help texts are the same)."""

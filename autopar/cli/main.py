@@ -28,8 +28,10 @@ from autopar.errors import AutoparError
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     """What ``plan`` and ``emit`` pin; every flag left out is chosen by the solver."""
     flags.add_cluster(p)
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp"):
         flags.add_degree(p, axis)
+    flags.add_cp_algorithm(p)
+    flags.add_cp_layout(p)
     flags.add_devices(p)
     flags.add_microbatch(p)
     flags.add_microbatches(p)
@@ -82,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_degree(p, "pp", default=1)
     flags.add_degree(p, "dp")
     flags.add_degree(p, "cp", default=1)
+    flags.add_cp_algorithm(p)
+    flags.add_cp_layout(p)
     p.add_argument("--sp", action="store_true", help="sequence parallelism with tp")
     p.add_argument("--layout", choices=("auto", "megatron"), default="auto",
                    help="tensor-parallel layout: the solver's fastest ('auto', what `autopar "

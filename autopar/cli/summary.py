@@ -53,6 +53,10 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         lines.append(f"devices   {plan.explanation['devices']['why']}")
     lines += format_tp(plan.explanation.get("tp", {}))
     lines += format_attention(plan.attention)
+    if plan.context:
+        c = plan.context
+        lines.append(f"context   cp={c['cp']}, {c['layout']} chunks, {c['algorithm']} attention: "
+                     f"{c['why']}")
     if plan.unruled_ops:
         ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
         lines.append(f"replicated (no sharding rule): {ops}")

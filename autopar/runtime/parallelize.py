@@ -68,6 +68,9 @@ def parallelize(
     plan_options = check_keywords(
         plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
         "autopar.parallelize")
+    _check_cp_runs(plan_options.get("cp") or 1, "autopar.parallelize(cp=...)")
+    if plan is None:
+        plan_options["cp"] = 1  # what the runtime executes today
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
     if plan is None:
@@ -91,6 +94,7 @@ def parallelize(
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
     facts = graph_facts(gm)
+    _check_cp_runs(plan.mesh.get("cp", 1), "plan.mesh.cp")
     plan.check_model(facts.fingerprint, type(model).__name__)
     plan.check_batch(facts.batch_size, facts.seq_len)
     ctx = build_mesh(plan, cluster.backend)
@@ -113,6 +117,17 @@ def parallelize(
     if record_run is not None:
         pm.record_run(record_run)
     return pm
+
+
+def _check_cp_runs(cp: int, where: str) -> None:
+    """Context parallelism is planned and priced, not yet executed: refuse it rather than
+    train something else."""
+    if cp > 1:
+        raise AutoparError(
+            f"cp={cp} splits sequences over {cp} ranks (context parallelism), which autopar "
+            "plans and prices but has not executed yet", where=where,
+            fix="train with cp=1 (leave cp out); plan and compare cp layouts with "
+            "`autopar plan --cp N` or `autopar estimate --cp N`")
 
 
 def _launched() -> int:

@@ -35,13 +35,16 @@ def batch_strategies(gm: fx.GraphModule, batch_size: int | None) -> dict[str, St
 
 
 def propagate_input_dim(
-    gm: fx.GraphModule, n: int, size: int | None, dim: int
+    gm: fx.GraphModule, n: int, size: int | None, dim: int, *, follow_only: bool = False
 ) -> dict[str, Strategy]:
     """Shard dimension ``dim`` of every input whose ``dim`` has ``size`` over ``n`` devices
     and carry that sharding through the graph as far as rules allow without communication.
 
     ``dim=0`` is the batch (data parallelism); ``dim=1`` of token inputs is the sequence,
-    which tells where the sequence dimension of every tensor is.
+    which tells where the sequence dimension of every tensor is. ``follow_only``: an op
+    whose inputs are all replicated stays replicated (otherwise a free slice may shard it,
+    e.g. positions expanded over the batch): what context parallelism executes, where
+    only tensors that follow the sequence are split.
     """
     chosen: dict[str, Strategy] = {}
     for node in gm.graph.nodes:
@@ -64,8 +67,9 @@ def propagate_input_dim(
         produced = [_placement(chosen, a) for a in inputs]
         sizes = [_nbytes(a) for a in inputs]
         candidates = strategies_for(op_call(node), n)
-        if makes_constant(node.target):  # a constant has no batch dim to follow
-            candidates = [s for s in candidates if all(o == R for o in s.outputs)]
+        if makes_constant(node.target) or (follow_only and all(p == R for p in produced)):
+            # a constant has no batch dim to follow
+            candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes)
         )[1]

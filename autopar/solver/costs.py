@@ -36,12 +36,14 @@ from autopar.cost_models.compute import (
     backward_time,
     forward_time,
 )
+from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.knobs import RECOMPUTE_MODES
 from autopar.placements import Placement, Replicate, Shard
 from autopar.solver.batch_axis import batch_scaled
+from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.strategies import Strategy
@@ -72,6 +74,9 @@ class Setting:
     schedule: str = "1f1b"
     virtual: int = 1
     partition: tuple[int, ...] | None = None  # layers per chunk; None: equal counts
+    cp: int = 1  # context parallelism: the sequence split over cp ranks
+    cp_algorithm: str = "none"  # attention under cp (cost_models.context_parallel)
+    cp_layout: str = "zigzag"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -79,8 +84,26 @@ class Setting:
 
     @property
     def mesh(self) -> dict[str, int]:
+        """Axis -> degree, outer to inner (``pp`` and ``cp`` only when used)."""
         mesh = {"pp": self.pp} if self.pp > 1 else {}
-        return {**mesh, "dp": self.dp, "tp": self.tp}
+        mesh["dp"] = self.dp
+        if self.cp > 1:
+            mesh["cp"] = self.cp
+        return {**mesh, "tp": self.tp}
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that hold the same parameters and sum their gradients: dp x cp (context
+        parallelism replicates the weights, as data parallelism does; ZeRO shards over both,
+        as torchtitan folds cp into the FSDP mesh)."""
+        return self.dp * self.cp
+
+    @property
+    def grad_mesh(self) -> dict[str, int]:
+        """The mesh with dp and cp merged into one ``dp`` axis of ``grad_group`` ranks (cp
+        sits just inside dp, so the merged group has dp's place in the rank order)."""
+        mesh = {"pp": self.pp} if self.pp > 1 else {}
+        return {**mesh, "dp": self.grad_group, "tp": self.tp}
 
 
 def sharded_compute(strategy: Strategy) -> bool:
@@ -148,12 +171,41 @@ class CostTables:
 
     # --- sizes -----------------------------------------------------------------------
     def _scale(self, d: Decision, output: int = 0) -> float:
+        cp = self.setting.cp
+        tokens = 1 / cp if cp > 1 and (d.index, output) in self._sequence_scaled else 1.0
         outs = d.batch.outputs
         if output < len(outs) and batch_scaled(outs[output]):
-            return self.setting.microbatch / self.traced_batch
+            return self.setting.microbatch / self.traced_batch * tokens
         if self._unmarked_batch(d, output):
-            return self.setting.microbatch / self.traced_batch
-        return 1.0
+            return self.setting.microbatch / self.traced_batch * tokens
+        return tokens
+
+    @cached_property
+    def _sequence_scaled(self) -> frozenset[tuple[int, int]]:
+        """Values split with the sequence over cp (empty without context parallelism)."""
+        if self.setting.cp <= 1 or not self.seq_len:
+            return frozenset()
+        return sequence_scaled(self.problem, self.seq_len)
+
+    @cached_property
+    def _context_sites(self) -> dict[int, ContextSite]:
+        """Attention sites by the decision yielding each (under context parallelism)."""
+        if self.setting.cp <= 1:
+            return {}
+        return {site.decision: site for site in context_sites(self.problem)}
+
+    @cached_property
+    def _context_nodes(self) -> dict[str, ContextSite]:
+        return {name: site for site in self._context_sites.values() for name in site.nodes}
+
+    def context_comm(self, d: Decision, s: Strategy) -> AttentionComm | None:
+        """What the setting's cp attention algorithm adds at ``d`` (one instance), when
+        ``d`` yields an attention site; None elsewhere or while the algorithm is open."""
+        site = self._context_sites.get(d.index)
+        if site is None or self.setting.cp_algorithm not in CP_ALGORITHMS:
+            return None
+        f, b, _ = self.times(d, s, comm=False)
+        return site_comm(self, site, self.setting.cp_algorithm, f, b)
 
     def _unmarked_batch(self, d: Decision, output: int) -> bool:
         """A helper tensor the batch marking could not follow (a mask indexed with
@@ -173,8 +225,11 @@ class CostTables:
         return _numel(shape) * _itemsize(dtype)
 
     def value_bytes(self, key: ValueKey) -> float:
-        """Bytes of one instance of a value per microbatch (whole over tp, local over dp)."""
+        """Bytes of one instance of a value per microbatch (whole over tp, local over dp);
+        0 for a value the fused program never makes (Problem.dead)."""
         d = self.problem.decisions[key[0]]
+        if d.name in self.problem.dead:
+            return 0.0
         return self._bytes(d.facts, key[1]) * self._scale(d, key[1])
 
     def count(self, d: Decision) -> int:
@@ -247,16 +302,22 @@ class CostTables:
         return True
 
     # --- per decision (one instance) ---------------------------------------------------
-    def times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
-        """(forward, backward, recompute) seconds of one instance of ``d`` under ``s``."""
+    def times(self, d: Decision, s: Strategy, comm: bool = True) -> tuple[float, float, float]:
+        """(forward, backward, recompute) seconds of one instance of ``d`` under ``s``; at
+        an attention site under cp, with the algorithm's exposed communication unless
+        ``comm`` is False."""
         key = (d.index, s)
         if key not in self._times:
             self._times[key] = self._compute_times(d, s)
-        return self._times[key]
+        f, b, r = self._times[key]
+        extra = self.context_comm(d, s) if comm and self._context_sites else None
+        if extra is None:
+            return f, b, r
+        return f + extra.forward_s, b + extra.backward_s, r + (extra.forward_s if r else 0.0)
 
     def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts
-        if d.kind != "op":
+        if d.kind != "op" or d.name in self.problem.dead:
             return 0.0, 0.0, 0.0
         div = self.setting.tp if sharded_compute(s) else 1
         scale = self._scale(d) / div
@@ -269,6 +330,9 @@ class CostTables:
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         flops = facts.fwd_flops * scale
+        site = self._context_nodes.get(d.name)
+        if site is not None:  # the slowest rank's share of causal attention
+            flops *= causal_imbalance(self.setting.cp, self.setting.cp_layout, site.causal)
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
         attention = "scaled_dot_product" in facts.target
@@ -348,6 +412,12 @@ class CostTables:
         div = self.setting.tp if sharded_compute(s) else 1
         return d.facts.extra_saved_float_numel * 4 * self._scale(d) / div
 
+    def context_buffer_bytes(self, d: Decision, s: Strategy) -> float:
+        """The largest buffer the cp attention algorithm holds at ``d`` (gathered K/V, ring
+        blocks in flight, re-laid heads), beside the local tensors."""
+        extra = self.context_comm(d, s) if self._context_sites else None
+        return extra.temporary_bytes if extra is not None else 0.0
+
     def own_activation(self, d: Decision, s: Strategy, *, recompute: bool = True) -> float:
         """Bytes one instance keeps of its own (its output, its buffers) for backward."""
         facts = d.facts
@@ -380,7 +450,7 @@ class CostTables:
             precision=self.options.precision if not param.is_buffer else "fp32",
             optimizer=self.options.optimizer,
             zero_stage=self.setting.zero,
-            dp=self.setting.dp,
+            dp=self.setting.grad_group,
             shape=tuple(shape) if shape else None,
         )
 

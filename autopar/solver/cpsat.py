@@ -147,7 +147,7 @@ def solve(
             st = tables.states(d, s)
             memory_terms.append(_kib(tables.activation_memory(d, s) * activation_scale
                                      + st.total * d.count * state_scale) * xs[i])
-            if setting.dp > 1:
+            if setting.grad_group > 1:
                 g = tables.grad_bytes(d, s) * d.count
                 if g:
                     grad_terms.append((g, xs[i]))
@@ -161,15 +161,15 @@ def solve(
     bwd = sum(bwd_terms)
     objective = m * (fwd + bwd + sum(per_micro))
     buffers = 0
-    if setting.dp > 1:
+    if setting.grad_group > 1:
         exposed = model.NewIntVar(0, 2**60, "dp_exposed")
 
         def bare(kind: str, nbytes: float = 1.0) -> float:
-            return group_collective_time(kind, nbytes, setting.mesh, "dp", tables.cluster)
+            return group_collective_time(kind, nbytes, setting.grad_mesh, "dp", tables.cluster)
 
         def fixed(kind: str) -> float:
             """A dp collective's latency; each is asynchronous (see busy_latency)."""
-            return busy_latency(tables.cluster, setting.mesh, "dp") + bare(kind)
+            return busy_latency(tables.cluster, setting.grad_mesh, "dp") + bare(kind)
 
         def slope(kind: str, nbytes: float) -> int:
             """The bandwidth part of a dp collective, linear in bytes (latency apart)."""

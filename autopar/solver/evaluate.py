@@ -184,7 +184,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
         out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
-        out = max(out, tables.loss_working_bytes(d, s))
+        # the peak counts the largest tensor twice (a gradient beside it); a cp attention
+        # buffer is alive once
+        out = max(out, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
         numel = tables.trainable_numel(d, s)
         for k, c in _unit_counts(d.nodes, unit_of):
             u.largest[k] = max(u.largest[k], out)
@@ -358,7 +360,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         layer_w = max((u.weights[i] for i in rank_units[r] if 0 < i <= n_layers), default=0.0)
         comm, exposed, buffers = data_parallel_costs(
             tables, setting, u, rank_units[r], roots + 2 * layer_w)
-        owned = total(u.trainable_numel, r) / (setting.dp if setting.zero >= 1 else 1)
+        owned = total(u.trainable_numel, r) / (setting.grad_group if setting.zero >= 1 else 1)
         opt_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
     tail = max(range(pp), key=lambda r: dp[r][0])
@@ -402,7 +404,7 @@ def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float
     Gradients count before the optimizer step only if they outlive it (DDP's buckets,
     accumulation over microbatches, ZeRO's sharded gradients).
     """
-    grads_alive = setting.microbatches > 1 or (setting.dp > 1) or setting.zero > 0
+    grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
     phases = [
         MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
@@ -410,7 +412,8 @@ def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float
         MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
                         temporaries=max(2 * largest, recompute_transient)),
         MemoryBreakdown(params, grads, optimizer, 0.0, 0.0,
-                        temporaries=trainable_numel * 4 / (setting.dp if setting.zero >= 1 else 1)),
+                        temporaries=trainable_numel * 4 / (setting.grad_group if setting.zero >= 1
+                                                                else 1)),
     ]
     return max(phases, key=lambda m: m.total)
 
@@ -446,19 +449,20 @@ def data_parallel_costs(
     gloo on CPU moves data with the same cores that compute (one thread per process): its
     collectives do not overlap compute there.
     """
-    if setting.dp <= 1:
+    if setting.grad_group <= 1:
         return 0.0, 0.0, 0.0
     m = setting.microbatches
     overlap = tables.cluster.backend != "gloo"
 
-    busy = busy_latency(tables.cluster, setting.mesh, "dp")  # each call is asynchronous
+    mesh = setting.grad_mesh  # gradients are summed over dp x cp
+    busy = busy_latency(tables.cluster, mesh, "dp")  # each call is asynchronous
     times: dict[tuple[str, float], float] = {}  # repeated layers move the same bytes
 
     def dp_time(kind: str, nbytes: float) -> float:
         key = (kind, nbytes)
         if key not in times:
             times[key] = busy + group_collective_time(
-                kind, nbytes, setting.mesh, "dp", tables.cluster,
+                kind, nbytes, mesh, "dp", tables.cluster,
                 algorithm="auto" if kind == "all_reduce" else "ring")
         return times[key]
 

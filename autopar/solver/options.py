@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.errors import AutoparError
 from autopar.knobs import RECOMPUTE_MODES, SEARCHED_RECOMPUTE_MODES, schedule_name, zero_stages
@@ -17,7 +18,10 @@ class PlanOptions:
     """Knobs of one planning run. ``None`` means "let the solver choose".
 
     - ``global_batch``: sequences per optimizer step (default: the traced batch).
-    - ``dp``/``tp``/``pp``: pin mesh degrees. ``microbatch``: pin the per-device microbatch
+    - ``dp``/``tp``/``pp``/``cp``: pin mesh degrees (``cp``: context parallelism, the
+      sequence split over ``cp`` ranks). ``cp_algorithm``: pin attention under cp ("ring",
+      "all_gather", "ulysses"; default: the cheapest modelled). ``cp_layout``: "zigzag"
+      (2·cp chunks, rank i holds i and 2cp-1-i: even causal work) or "contiguous". ``microbatch``: pin the per-device microbatch
       size, or ``microbatches`` their number per step.
     - ``schedule``/``virtual_stages``: pin the pipeline schedule ("gpipe", "1f1b",
       "interleaved", "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining``
@@ -40,6 +44,9 @@ class PlanOptions:
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
+    cp: int | None = None
+    cp_algorithm: str | None = None  # ring | all_gather | ulysses; None: by cost
+    cp_layout: str = "zigzag"
     schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v
     virtual_stages: int | None = None  # chunks per pipeline rank (interleaved schedules)
     microbatch: int | None = None
@@ -60,7 +67,7 @@ class PlanOptions:
     extrapolation_margin: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "dp", "tp", "pp", "virtual_stages", "microbatch",
+        for name in ("global_batch", "dp", "tp", "pp", "cp", "virtual_stages", "microbatch",
                      "microbatches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -70,6 +77,14 @@ class PlanOptions:
                     where=f"PlanOptions.{name}",
                     fix=f"pass {name}=None to let the solver choose, or a positive int",
                 )
+        if self.cp_algorithm is not None and self.cp_algorithm not in CP_ALGORITHMS:
+            raise AutoparError(
+                f"unknown cp_algorithm {self.cp_algorithm!r}", where="PlanOptions.cp_algorithm",
+                fix=f"use one of {', '.join(CP_ALGORITHMS)}, or None to choose by cost")
+        if self.cp_layout not in CP_LAYOUTS:
+            raise AutoparError(
+                f"unknown cp_layout {self.cp_layout!r}", where="PlanOptions.cp_layout",
+                fix=f"use one of {', '.join(CP_LAYOUTS)}")
         if self.tp_splits_batch is None:
             object.__setattr__(self, "tp_splits_batch", self.tp is None)
         if self.schedule is not None:

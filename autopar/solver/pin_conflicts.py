@@ -25,15 +25,15 @@ class Conflict:
 
 def pinned(options: PlanOptions, global_batch: int) -> str:
     """The pins as ``name=value``, in the knobs' own spelling."""
-    names = ("dp", "tp", "pp", "microbatch", "microbatches", "schedule", "virtual_stages")
+    names = ("dp", "tp", "pp", "cp", "microbatch", "microbatches", "schedule", "virtual_stages")
     pins = [f"{n}={getattr(options, n)}" for n in names if getattr(options, n) is not None]
     return ", ".join([f"global_batch={global_batch}", *pins])
 
 
-def conflict(options: PlanOptions, mesh: tuple[int, int, int], global_batch: int,
+def conflict(options: PlanOptions, mesh: tuple[int, int, int, int], global_batch: int,
              n_layers: int, variants: Variants) -> Conflict | None:
-    """Why ``mesh`` (pp, dp, tp) is ruled out before solving; None if it is not."""
-    pp, dp, _ = mesh
+    """Why ``mesh`` (pp, dp, cp, tp) is ruled out before solving; None if it is not."""
+    pp, dp = mesh[0], mesh[1]
     if global_batch % dp:
         return Conflict(f"global batch {global_batch} does not split over dp={dp}",
                         "make the global batch a multiple of dp, or pin another dp")

@@ -10,11 +10,12 @@ rejected. Tensor parallelism never splits the batch here (that is what ``dp`` pi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
 from autopar.cluster import Cluster
+from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
 from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.cost_models.pipeline import ZB_V_CHUNKS
 from autopar.errors import AutoparError
@@ -22,6 +23,7 @@ from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import RECOMPUTE_MODES, schedule_name
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
+from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, evaluate
@@ -45,6 +47,8 @@ class PinnedConfig:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    cp_algorithm: str | None = None  # None: the cheapest modelled
+    cp_layout: str = "zigzag"
     sp: bool = False
     microbatch: int = 1
     global_batch: int | None = None
@@ -83,6 +87,12 @@ class PinnedConfig:
                 where = "PinnedConfig.layout" if name == "layout" else f"--{name}"
                 raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
                                    fix=f"use one of {', '.join(allowed)}")
+        if self.cp_algorithm is not None and self.cp_algorithm not in CP_ALGORITHMS:
+            raise AutoparError(f"unknown cp algorithm {self.cp_algorithm!r}",
+                               where="--cp-algorithm", fix=f"use one of {', '.join(CP_ALGORITHMS)}")
+        if self.cp_layout not in CP_LAYOUTS:
+            raise AutoparError(f"unknown cp layout {self.cp_layout!r}", where="--cp-layout",
+                               fix=f"use one of {', '.join(CP_LAYOUTS)}")
         object.__setattr__(self, "schedule", schedule_name(self.schedule, where="--schedule"))
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise AutoparError(f"ZeRO stage must be 0-3, got {self.zero!r}", where="--zero",
@@ -155,12 +165,10 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
             where="--tp/--pp/--dp/--cp",
             fix="make the product of the degrees equal the number of devices (or omit --dp)",
         )
-    if config.cp > 1:
-        raise AutoparError(
-            "context parallelism is not modelled yet",
-            where="--cp",
-            fix="use --cp 1; ring attention arrives with the context-parallel issue",
-        )
+    why = cp_refusal(gm, config.cp, config.cp_layout, facts.seq_len, config.fuse_attention)
+    if why:
+        raise AutoparError(f"cp={config.cp}: {why}", where="--cp",
+                           fix="pick a cp whose chunks divide the sequence, or --cp 1")
     if global_batch % config.dp:
         raise AutoparError(
             f"global batch {global_batch} does not split over dp={config.dp}",
@@ -178,10 +186,12 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     setting = Setting(
         dp=config.dp, tp=config.tp, zero=config.zero, microbatch=config.microbatch,
         microbatches=local // config.microbatch, recompute=config.recompute, pp=config.pp,
-        schedule=config.schedule, virtual=config.virtual,
+        schedule=config.schedule, virtual=config.virtual, cp=config.cp,
+        cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
     )
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
-                          zero=(config.zero,), recompute=(config.recompute,))
+                          zero=(config.zero,), recompute=(config.recompute,), cp=config.cp,
+                          cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout)
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)
@@ -197,6 +207,15 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
             keep_residual_stream_whole(problem, sequence if config.sp else {})
             shard_weight_matrices(problem)
     tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+    if config.cp > 1:
+        allowed = (config.cp_algorithm,) if config.cp_algorithm else CP_ALGORITHMS
+        costs = algorithm_costs(tables, allowed)
+        algorithm = cheapest(costs)
+        if algorithm is None:
+            raise AutoparError(f"cp={config.cp}: {'; '.join(map(str, costs.values()))}",
+                               where="--cp-algorithm", fix="pick another algorithm or cp")
+        setting = replace(setting, cp_algorithm=algorithm)
+        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     result = solve(tables, time_limit_s=30.0, enforce_memory=False)
     if result.choice is None:
         raise AutoparError(

@@ -77,6 +77,8 @@ class Problem:
     # nodes inside attention the program fuses into one kernel (eager chains): their
     # sequence-squared tensors are recomputed inside the kernel's backward, never kept
     fused_attention: frozenset[str] = frozenset()
+    # nodes the fused program never runs (causal masks the kernels replace by a flag)
+    dead: frozenset[str] = frozenset()
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 

@@ -18,11 +18,13 @@ import torch.fx as fx
 
 from autopar.cluster import Cluster
 from autopar.cost_models.comm import axis_link, busy_latency
+from autopar.cost_models.context_parallel import CP_ALGORITHMS
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
-from autopar.errors import NoFeasiblePlanError
+from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.solver.batch_axis import batch_strategies
+from autopar.solver.context import CP_SEARCH_MIN_TOKENS, algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
@@ -74,9 +76,12 @@ class SearchResult:
     wall_s: float
 
 
-def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int) -> list[tuple[int, int, int]]:
-    """(pp, dp, tp) factorizations of the world: ``tp`` divides the devices of one node,
-    ``pp`` is at most the number of layers (a stage holds at least one)."""
+def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
+                seq_len: int | None = None) -> list[tuple[int, int, int, int]]:
+    """(pp, dp, cp, tp) factorizations of the world: ``tp`` divides the devices of one node,
+    ``pp`` is at most the number of layers (a stage holds at least one). ``cp`` > 1 only
+    when pinned, or while each rank keeps :data:`CP_SEARCH_MIN_TOKENS` of a
+    ``seq_len``-token sequence."""
     world = cluster.world_size
     shapes = []
     for tp in range(1, cluster.devices_per_node + 1):
@@ -85,15 +90,27 @@ def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int) -> list[t
         for pp in range(1, world // tp + 1):
             if (world // tp) % pp or (pp > 1 and pp > n_layers):
                 continue
-            dp = world // tp // pp
-            if options.tp is not None and tp != options.tp:
-                continue
-            if options.dp is not None and dp != options.dp:
-                continue
-            if options.pp is not None and pp != options.pp:
-                continue
-            shapes.append((pp, dp, tp))
+            for cp in _cp_degrees(world // tp // pp, options, seq_len):
+                dp = world // tp // pp // cp
+                if options.tp is not None and tp != options.tp:
+                    continue
+                if options.dp is not None and dp != options.dp:
+                    continue
+                if options.pp is not None and pp != options.pp:
+                    continue
+                shapes.append((pp, dp, cp, tp))
     return sorted(shapes)
+
+
+def _cp_degrees(n: int, options: PlanOptions, seq_len: int | None) -> list[int]:
+    if options.cp is not None:
+        return [options.cp] if n % options.cp == 0 else []
+    out = [1]
+    cp = 2
+    while seq_len and n % cp == 0 and seq_len // cp >= CP_SEARCH_MIN_TOKENS:
+        out.append(cp)
+        cp *= 2
+    return out
 
 
 def n_layers_of(gm: fx.GraphModule) -> int:
@@ -115,27 +132,33 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     n_layers = n_layers_of(gm)
-    shapes = mesh_shapes(cluster, options, n_layers)
+    check_cp(gm, options, facts.seq_len)
+    shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
     if not shapes:
         raise NoFeasiblePlanError(
-            f"no mesh matches pp={options.pp}, dp={options.dp}, tp={options.tp} on "
-            f"{cluster.world_size} devices ({cluster.nodes} node(s) x "
+            f"no mesh matches pp={options.pp}, dp={options.dp}, cp={options.cp}, "
+            f"tp={options.tp} on {cluster.world_size} devices ({cluster.nodes} node(s) x "
             f"{cluster.devices_per_node}) for a model of {n_layers} layers",
-            where="pp/dp/tp",
-            fix="pp x dp x tp must equal the number of devices, tp must divide the devices "
-            "per node, and pp must not exceed the layers",
+            where="pp/dp/cp/tp",
+            fix="pp x dp x cp x tp must equal the number of devices, tp must divide the "
+            "devices per node, and pp must not exceed the layers",
         )
     candidates: list[Candidate] = []
-    best: tuple | None = None  # (step, pp, tp, zero, candidate, problem, tables, batch)
+    best: tuple | None = None  # (step, pp, tp, zero, cp, candidate, problem, tables, batch)
     problems: dict[tuple[int, bool], tuple] = {}
     layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
-    for pp, dp, tp in shapes:
+    for pp, dp, cp, tp in shapes:
         if global_batch % dp:
-            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp),
+            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
                                         f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
+            continue
+        refusal = cp_refusal(gm, cp, options.cp_layout, facts.seq_len, options.fuse_attention)
+        if refusal:
+            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
+                                        f"SKIPPED(cp={cp}: {refusal})"))
             continue
         local = global_batch // dp
 
@@ -157,17 +180,34 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
 
         problem = problem_for(local)[0]
         for zero in options.zero:
-            if dp == 1 and zero > 0:
+            if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len):
+                base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
+                               cp_algorithm="auto" if cp > 1 else "none",
+                               cp_layout=options.cp_layout)
                 best = _search_microbatches(
                     problem_for, cluster, options, candidates, best, facts, traced, local,
-                    Setting(dp, tp, zero, 0, 0, recompute, pp=pp), n_layers, layouts,
+                    base, n_layers, layouts,
                 )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
-    return SearchResult(best[4], best[5], best[6], best[7], candidates,
+    return SearchResult(best[5], best[6], best[7], best[8], candidates,
                         time.perf_counter() - started)
+
+
+def check_cp(gm: fx.GraphModule, options: PlanOptions, seq_len: int | None) -> None:
+    """A pinned ``cp`` the model cannot run is refused before any search, naming why."""
+    why = cp_refusal(gm, options.cp or 1, options.cp_layout, seq_len, options.fuse_attention)
+    if why:
+        raise AutoparError(
+            f"cp={options.cp}: {why}", where="cp",
+            fix="pick a cp whose chunks divide the sequence (cp_layout='contiguous' needs cp "
+            "chunks, 'zigzag' 2·cp), use the fused-attention form of the model, or cp=1")
+
+
+def _cp_algorithms(options: PlanOptions) -> tuple[str, ...]:
+    return (options.cp_algorithm,) if options.cp_algorithm else CP_ALGORITHMS
 
 
 def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None) -> list[str]:
@@ -215,7 +255,7 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
                          base: Setting, n_layers, layouts: dict):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
-    the best (step, pp, tp, zero, candidate, problem, tables, batch) so far. With pipeline
+    the best (step, pp, tp, zero, cp, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
     previous = None  # step time at the next larger microbatch that fitted
     hint = None
@@ -237,6 +277,16 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         if hint is not None and hint[0] is not problem:
             hint = None  # candidate indices of another problem
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+        if setting.cp_algorithm == "auto":
+            algorithm = cheapest(algorithm_costs(tables, _cp_algorithms(options)))
+            if algorithm is None:
+                candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
+                                            + "; ".join(map(str, algorithm_costs(
+                                                tables, _cp_algorithms(options)).values()))
+                                            + ")"))
+                continue
+            setting = replace(setting, cp_algorithm=algorithm)
+            tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         flight = min(m, pp)  # 1F1B's first stage
         memory_floor, time_floor = lower_bounds(tables, 1 / pp, flight / pp)
         if memory_floor > tables.capacity:
@@ -249,7 +299,8 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         # stage on another (pp, dp) mesh is tried first: it rarely changes with them (they
         # scale memory and data-parallel traffic), and evaluating it is far cheaper than a
         # solve. Only when it does not fit is the layout solved for this mesh.
-        reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.dp > 1)
+        reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.grad_group > 1,
+                     setting.cp, setting.cp_algorithm)
         fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants, cluster,
                                     candidates, best, problem, batch, reused=True)
         if fastest is None:
@@ -305,8 +356,8 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         fastest = step if fastest is None else min(fastest, step)
         # Validated ground first: a layout beyond it must win by the model's error there.
         key = (step * (1 + ground_margin(variant, cluster, tables.options)), pp, setting.tp,
-               setting.zero)
-        if best is None or key < best[:4]:
+               setting.zero, setting.cp)
+        if best is None or key < best[:5]:
             best = (*key, cand, problem, tables, batch)
     return fastest, best
 
@@ -358,12 +409,12 @@ def no_plan_error(
     with the memory breakdown of the least-memory candidate and the shortfall."""
     global_batch = options.global_batch or graph_facts(gm).batch_size or 1
     n_layers = n_layers_of(gm)
-    shapes = mesh_shapes(cluster, options, n_layers)
+    shapes = mesh_shapes(cluster, options, n_layers, graph_facts(gm).seq_len)
     found = [conflict(options, s, global_batch, n_layers, pipeline_variants) for s in shapes]
     if shapes and all(found):
         by_reason: dict[Conflict, list[str]] = {}
-        for (pp, dp, tp), c in zip(shapes, found):
-            by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} tp={tp}")
+        for (pp, dp, cp, tp), c in zip(shapes, found):
+            by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} cp={cp} tp={tp}")
         return NoFeasiblePlanError(
             f"no plan satisfies the pins on {cluster.name}: " + "; ".join(
                 f"{c.reason} (mesh {', '.join(meshes)})" for c, meshes in by_reason.items()),
@@ -385,7 +436,7 @@ def no_plan_error(
     return NoFeasiblePlanError(
         f"the model fits on no mesh of {cluster.name}: the least-memory plan needs "
         f"{format_bytes(memory.total)} per device (pp={setting.pp}, dp={setting.dp}, "
-        f"tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
+        f"cp={setting.cp}, tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
         f"{setting.microbatch}: {parts}), "
         f"{format_bytes(memory.total - capacity)} more than the {format_bytes(capacity)} usable "
         f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",
@@ -430,11 +481,15 @@ def lowest_memory(
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     problems: dict[int, Problem] = {}  # per tp: the same for every dp and pp
     skeleton = problem_skeleton(gm)
-    for pp, dp, tp in mesh_shapes(cluster, options, n_layers_of(gm)):
+    for pp, dp, cp, tp in mesh_shapes(cluster, options, n_layers_of(gm), facts.seq_len):
         if global_batch % dp or global_batch // dp < pp:
             continue
-        zero = max(options.zero) if dp > 1 else 0
-        setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp)
+        if cp_refusal(gm, cp, options.cp_layout, facts.seq_len, options.fuse_attention):
+            continue
+        zero = max(options.zero) if dp * cp > 1 else 0
+        setting = Setting(dp, tp, zero, 1, global_batch // dp, recompute, pp=pp, cp=cp,
+                          cp_algorithm="auto" if cp > 1 else "none",  # attention unpriced
+                          cp_layout=options.cp_layout)
         if tp not in problems:
             problems[tp] = fusion.apply(build_problem(gm, tp, batch, skeleton))
         problem = problems[tp]

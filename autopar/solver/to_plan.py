@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import torch.fx as fx
 
@@ -13,7 +14,8 @@ from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
-from autopar.solver.costs import Setting
+from autopar.solver.context import algorithm_costs, cp_strategies
+from autopar.solver.costs import CostTables, Setting
 from autopar.solver.evaluate import Prediction
 from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
@@ -38,6 +40,7 @@ def make_plan(
     strategies: dict[str, dict] = {}
     params: dict[str, dict[str, str]] = {}
     unruled: Counter[str] = Counter()
+    sequence = cp_strategies(gm, setting.cp, facts.seq_len) if setting.cp > 1 else {}
     for d in problem.decisions:
         tp_strategy = d.candidates[choice[d.index]]
         for node in d.nodes:
@@ -45,6 +48,8 @@ def make_plan(
                 "dp": strategy_to_json(result.batch[node.name]),
                 "tp": strategy_to_json(tp_strategy),
             }
+            if sequence:
+                strategies[node.name]["cp"] = strategy_to_json(sequence[node.name])
             if d.unruled:
                 unruled[str(node.target)] += 1
             param = node.meta["autopar"].param
@@ -53,6 +58,8 @@ def make_plan(
                     "dp": str(result.batch[node.name].outputs[0]),
                     "tp": str(tp_strategy.outputs[0]),
                 }
+                if sequence:
+                    params[param.fqn]["cp"] = str(sequence[node.name].outputs[0])
 
     _check_in_place_writes(gm, problem, choice, setting)
     traced = facts.batch_size or 1
@@ -124,7 +131,35 @@ def make_plan(
         unruled_ops=dict(sorted(unruled.items())),
         attention=attention_entries(gm, options),
         explanation=_explanation(gm, result, cluster, options),
+        context=context_entry(result, options),
     )
+
+
+def context_entry(result: SearchResult, options: PlanOptions) -> dict:
+    """The plan's context parallelism: the algorithm, and every algorithm's modelled cost
+    at the chosen setting (seconds per step) or why it cannot run."""
+    tables, setting = result.tables, result.best.setting
+    if setting.cp <= 1:
+        return {}
+    open_tables = CostTables(tables.problem, tables.cluster, tables.options,
+                             replace(setting, cp_algorithm="auto"), tables.traced_batch,
+                             tables.seq_len)
+    m = setting.microbatches
+    algorithms = {
+        name: ({"status": "ok", "comm_s": cost * m} if not isinstance(cost, str)
+               else {"status": cost})
+        for name, cost in algorithm_costs(open_tables).items()}
+    chosen_s = algorithms[setting.cp_algorithm].get("comm_s", 0.0)
+    others = [f"{name} {entry['comm_s'] * 1e3:.3g} ms" if "comm_s" in entry
+              else f"{name}: {entry['status']}" for name, entry in algorithms.items()
+              if name != setting.cp_algorithm]
+    pinned = options.cp_algorithm is not None
+    why = (f"{setting.cp_algorithm} {'pinned' if pinned else 'is the cheapest'}: "
+           f"{chosen_s * 1e3:.3g} ms of exposed attention communication per step (modelled)"
+           + (f", against {'; '.join(others)}" if others else ""))
+    return {"label": "modelled", "cp": setting.cp, "algorithm": setting.cp_algorithm,
+            "layout": setting.cp_layout, "pinned": pinned, "algorithms": algorithms,
+            "why": why}
 
 
 def ground_labels(setting: Setting, cluster: Cluster) -> list:

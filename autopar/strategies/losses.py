@@ -22,6 +22,8 @@ smoothing, which mixes in a constant).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from autopar.placements import Partial, Placement, Shard, can_shard
@@ -47,13 +49,31 @@ def _loss_strategies(call: OpCall, axis_size: int, reduction: int) -> list[Strat
             continue
         od = d if d < class_dim else d - 1  # the per-element loss has no class dim
         td = d if probs else od
-        out: Placement = _REDUCED.get(reduction, Shard(od))
-        ins: tuple[Placement, ...] = (Shard(d), Shard(td)) + (R,) * (n_in - 2)
-        outs: tuple[Placement, ...] = (out,)
-        if two_outputs:
-            outs += (R if reduction == 0 else Partial("sum"),)
-        strategies.append(Strategy(ins, outs))
+        for groups in _token_groups(size, axis_size) if d == 0 else (1,):
+            out: Placement = _REDUCED.get(reduction, Shard(od, groups))
+            ins: tuple[Placement, ...] = (Shard(d, groups), Shard(td, groups)) + (R,) * (
+                n_in - 2)
+            outs: tuple[Placement, ...] = (out,)
+            if two_outputs:
+                outs += (R if reduction == 0 else Partial("sum"),)
+            strategies.append(Strategy(ins, outs))
     return strategies
+
+
+MAX_TOKEN_GROUPS = 4096
+"""The most sequences a flattened token dim is split sequence by sequence in (a batch)."""
+
+
+def _token_groups(size: int, axis_size: int) -> tuple[int, ...]:
+    """Block counts a flattened ``(batch * seq)`` dim may be split in: a split of each
+    sequence (``groups`` = the sequences, context parallelism) pairs input and target
+    token by token as well as a split of the whole."""
+    if size % axis_size:
+        return (1,)
+    per = size // axis_size
+    small = [g for g in range(1, math.isqrt(per) + 1) if per % g == 0]
+    both = sorted({*small, *(per // g for g in small)})
+    return tuple(g for g in both if g <= MAX_TOKEN_GROUPS)
 
 
 @register_rule(aten.cross_entropy_loss.default)

@@ -1,0 +1,170 @@
+"""Context parallelism in the search: which meshes may split the sequence, what the
+sequence marking scales, and which attention algorithm a setting runs (chosen by cost).
+
+The sequence is marked like the batch (:mod:`autopar.solver.batch_axis`): every token
+input is split along dim 1 and the split is carried through the graph; a value that follows
+it shrinks ``cp`` times on a rank. Attention is the one place tokens meet, so each attention
+site is priced with :func:`autopar.cost_models.context_parallel.attention_comm` for the
+algorithm the setting runs, and the algorithm is the cheapest the user allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from autopar.cost_models.comm import axis_link, busy_latency
+from autopar.cost_models.context_parallel import (
+    CP_ALGORITHMS,
+    AttentionComm,
+    AttentionShape,
+    attention_comm,
+    unsupported,
+)
+from autopar.passes.attention_sites import find_attention_sites, shape_of
+from autopar.placements import Partial, Shard
+from autopar.solver.batch_axis import propagate_input_dim
+
+CP_SEARCH_MIN_TOKENS = 1024
+"""The solver tries ``cp`` > 1 on its own only while every rank keeps at least this many
+tokens of a sequence (a search-space bound, not a result: shorter shards give attention
+blocks too small to hide a K/V transfer behind, and a pinned ``cp`` is always planned)."""
+
+
+@dataclass(frozen=True)
+class ContextSite:
+    """One attention site as context parallelism sees it (whole-sequence shapes)."""
+
+    decision: int  # the decision whose node yields the site's output
+    nodes: frozenset[str]  # every node the site's kernel replaces
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+
+
+def context_sites(problem) -> list[ContextSite]:
+    """The problem's fusable attention sites with (batch, heads, seq, head_dim) tensors,
+    one per decision (the layers a decision folds share it; computed once per problem)."""
+    if "context_sites" not in problem.cache:
+        out: dict[int, ContextSite] = {}
+        for site in find_attention_sites(problem.gm):
+            q, k = shape_of(site.q), shape_of(site.k)
+            index = problem.decision_of.get(site.output.name)
+            if not site.fusable or index is None or not q or not k:
+                continue
+            names = frozenset(n.name for n in site.nodes)
+            if index in out:  # the same site in another layer: its nodes too
+                names |= out[index].nodes
+            out[index] = ContextSite(index, names, q[0], q[1], k[1], q[2], q[3], site.causal)
+        problem.cache["context_sites"] = list(out.values())
+    return problem.cache["context_sites"]
+
+
+def cp_refusal(gm: fx.GraphModule, cp: int, layout: str, seq_len: int | None,
+               fused: bool = True) -> str:
+    """Why the sequence of ``gm`` cannot be split over ``cp`` ranks ("" when it can);
+    ``fused``: attention runs as the fused kernels (context attention replaces them)."""
+    if cp <= 1:
+        return ""
+    if not fused:
+        return ("attention fusion is off (--no-fuse-attention), but under cp attention runs "
+                "as the fused kernels passing keys and values between ranks")
+    if not seq_len or seq_len <= 1:
+        return "the model's inputs have no sequence dimension (dim 1 of the token inputs)"
+    chunks = 2 * cp if layout == "zigzag" else cp
+    if seq_len % chunks:
+        how = f"2·cp = {chunks} zigzag chunks" if layout == "zigzag" else f"cp = {cp}"
+        return f"the sequence of {seq_len} tokens does not split into {how}"
+    sites = find_attention_sites(gm)
+    if not sites:
+        return "no attention was recognised in the model, so nothing would let its tokens meet"
+    for site in sites:
+        if not site.fusable:
+            return (f"attention {site.name} cannot run as the fused kernel ({site.reason}); "
+                    "under cp every attention must")
+        if site.terms or site.dropout_p or site.softcap:
+            return (f"attention {site.name} has {site.describe()}: under cp the kernels take "
+                    "a causal flag only, not a mask, bias, soft-cap or dropout")
+        q, k = shape_of(site.q), shape_of(site.k)
+        if q[2] != seq_len or k[2] != seq_len:
+            return (f"attention {site.name} attends {q[2]} queries to {k[2]} keys, not the "
+                    f"{seq_len}-token sequence (cross-attention is not split over cp)")
+    return ""
+
+
+def sequence_scaled(problem, seq_len: int) -> frozenset[tuple[int, int]]:
+    """Values (decision, output) that follow the sequence split (computed once)."""
+    if "sequence_scaled" not in problem.cache:
+        marking = propagate_input_dim(problem.gm, seq_len, seq_len, dim=1, follow_only=True)
+        keys = set()
+        for d in problem.decisions:
+            s = marking.get(d.name)
+            if s is None:
+                continue
+            keys.update((d.index, i) for i, p in enumerate(s.outputs)
+                        if isinstance(p, (Shard, Partial)))
+        problem.cache["sequence_scaled"] = frozenset(keys)
+    return problem.cache["sequence_scaled"]
+
+
+def cp_strategies(gm: fx.GraphModule, cp: int, seq_len: int) -> dict:
+    """Node name -> strategy on the ``cp`` axis: the token inputs split along the sequence,
+    carried through the graph as far as rules allow (what the runtime executes)."""
+    return propagate_input_dim(gm, cp, seq_len, dim=1, follow_only=True)
+
+
+def site_shape(site: ContextSite, tables) -> AttentionShape:
+    """The site on one rank of ``tables``' setting: the microbatch, heads split over tp
+    (when tp divides them; attention under tp splits heads), the compute precision."""
+    setting = tables.setting
+    tp = setting.tp
+
+    def split(heads: int) -> int:
+        return heads // tp if heads % tp == 0 else heads
+
+    batch = max(site.batch * setting.microbatch // max(tables.traced_batch, 1), 1)
+    return AttentionShape(batch, split(site.heads), split(site.kv_heads), site.seq,
+                          site.head_dim, tables.element_bytes)
+
+
+def site_comm(tables, site: ContextSite, algorithm: str, compute_fwd_s: float,
+              compute_bwd_s: float) -> AttentionComm:
+    """Modelled exposed time and buffers of ``algorithm`` at one site of ``tables``."""
+    setting, cluster = tables.setting, tables.cluster
+    return attention_comm(
+        algorithm, site_shape(site, tables), setting.cp, axis_link(cluster, setting.mesh, "cp"),
+        compute_fwd_s=compute_fwd_s, compute_bwd_s=compute_bwd_s,
+        overlap=cluster.backend != "gloo", busy_s=busy_latency(cluster, setting.mesh, "cp"),
+        backend=cluster.backend)
+
+
+def algorithm_costs(tables, allowed: tuple[str, ...] = CP_ALGORITHMS) -> dict[str, float | str]:
+    """Per algorithm: modelled seconds it adds per microbatch over every site, or why it
+    cannot run. ``tables`` must price attention without communication (its setting's
+    algorithm "auto")."""
+    out: dict[str, float | str] = {}
+    sites = context_sites(tables.problem)
+    for algorithm in allowed:
+        total = 0.0
+        for site in sites:
+            why = unsupported(algorithm, site_shape(site, tables), tables.setting.cp)
+            if why:
+                total = None
+                out[algorithm] = why
+                break
+            d = tables.problem.decisions[site.decision]
+            f, b, _ = tables.times(d, d.candidates[0]) if d.candidates else (0.0, 0.0, 0.0)
+            total += site_comm(tables, site, algorithm, f, b).total_s * d.count
+        if total is not None:
+            out[algorithm] = total
+    return out
+
+
+def cheapest(costs: dict[str, float | str]) -> str | None:
+    """The algorithm with the least modelled time (ties: the order of CP_ALGORITHMS)."""
+    timed = [(v, CP_ALGORITHMS.index(a), a) for a, v in costs.items() if not isinstance(v, str)]
+    return min(timed)[2] if timed else None

@@ -1,0 +1,126 @@
+"""Context parallelism in the planner: the cp axis, the attention algorithm chosen by cost
+(and pinned), memory that shrinks with cp, plan JSON, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+
+import autopar
+from autopar.cli.load import trace_model
+from autopar.cluster import LinkSpec
+from autopar.cost_models.context_parallel import (
+    CP_ALGORITHMS,
+    AttentionShape,
+    attention_comm,
+    causal_imbalance,
+)
+from autopar.errors import AutoparError
+from autopar.passes.attention_sites import find_attention_sites
+from autopar.passes.causal_mask import computed_causal
+from autopar.plan import Plan
+
+LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=64"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return trace_model(LLAMA, 4, 64).gm
+
+
+def _plan(gm, **pins):
+    pins = {"tp": 1, "pp": 1, "zero": 0, "recompute": "none", "microbatch": 1} | pins
+    return autopar.plan(gm, "4xH100-80GB", **pins)
+
+
+def test_a_pinned_cp_is_planned_and_the_plan_names_its_algorithm_and_why(llama) -> None:
+    plan = _plan(llama, cp=2, dp=2)
+    assert plan.mesh == {"dp": 2, "cp": 2, "tp": 1}
+    context = plan.context
+    assert context["cp"] == 2 and context["layout"] == "zigzag" and not context["pinned"]
+    assert context["algorithm"] in CP_ALGORITHMS
+    timed = {a: e["comm_s"] for a, e in context["algorithms"].items() if "comm_s" in e}
+    assert min(timed, key=timed.get) == context["algorithm"]  # the cheapest modelled
+    assert context["algorithm"] in context["why"] and "modelled" in context["why"]
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.strategy("input_ids", "cp").outputs[0].is_shard(1)
+
+
+@pytest.mark.parametrize("algorithm", CP_ALGORITHMS)
+def test_each_algorithm_can_be_pinned(llama, algorithm: str) -> None:
+    plan = _plan(llama, cp=2, dp=2, cp_algorithm=algorithm)
+    assert plan.context["algorithm"] == algorithm and plan.context["pinned"]
+
+
+def test_activation_memory_falls_with_cp(llama) -> None:
+    """The same tokens per rank would be cut by dp; cut by cp instead each rank keeps a
+    1/cp share of every sequence: activations per rank fall about 1/cp."""
+    gm = trace_model(LLAMA.replace("seq=64", "seq=1024"), 4, 1024).gm  # activations dominate
+    act = {cp: _plan(gm, cp=cp, dp=4 // cp, global_batch=4).predicted["memory"]["activations"]
+           for cp in (1, 2, 4)}
+    assert act[4] < act[2] < act[1]
+    assert act[2] / act[1] == pytest.approx(0.5, abs=0.05)
+    assert act[4] / act[1] == pytest.approx(0.25, abs=0.05)
+
+
+def test_gradients_are_reduced_over_dp_times_cp(llama) -> None:
+    zero3 = _plan(llama, cp=2, dp=2, zero=3).predicted["memory"]["optimizer"]
+    zero3_dp4 = _plan(llama, cp=1, dp=4, zero=3).predicted["memory"]["optimizer"]
+    assert zero3 == pytest.approx(zero3_dp4)  # states sharded over 4 ranks either way
+
+
+def test_ulysses_needs_heads_divisible_by_cp(llama) -> None:
+    with pytest.raises(AutoparError, match="ulysses needs the query heads"):
+        autopar.plan(llama, "4xH100-80GB", cp=4, dp=1, tp=1, pp=1, cp_algorithm="ulysses")
+
+
+def test_cp_chunks_must_divide_the_sequence() -> None:
+    gm = trace_model(LLAMA.replace("seq=64", "seq=60"), 4, 60).gm
+    with pytest.raises(AutoparError, match="2·cp = 8 zigzag chunks"):
+        autopar.plan(gm, "4xH100-80GB", cp=4, dp=1)
+    plan = autopar.plan(gm, "4xH100-80GB", cp=4, dp=1, tp=1, pp=1, cp_layout="contiguous")
+    assert plan.context["layout"] == "contiguous"
+
+
+def test_ring_hides_behind_compute_unless_the_backend_cannot_overlap() -> None:
+    shape = AttentionShape(1, 32, 8, 65536, 128, 2)
+    link = LinkSpec(4.5e11, 1e-5)
+    hidden = attention_comm("ring", shape, 4, link, compute_fwd_s=0.1, compute_bwd_s=0.2)
+    exposed = attention_comm("ring", shape, 4, link, compute_fwd_s=0.1, compute_bwd_s=0.2,
+                             overlap=False)
+    assert hidden.forward_s == 0 and exposed.forward_s > 0
+    gqa = attention_comm("all_gather", shape, 4, link)
+    mha = attention_comm("all_gather", AttentionShape(1, 32, 32, 65536, 128, 2), 4, link)
+    assert mha.total_s > 3 * gqa.total_s  # four times the K/V heads
+    assert causal_imbalance(8, "contiguous", True) == pytest.approx(15 / 8)
+
+
+def test_hf_llama_computed_mask_is_recognised_as_causal(llama) -> None:
+    sites = find_attention_sites(llama)
+    assert sites and all(s.causal and not s.terms for s in sites)
+
+
+aten = torch.ops.aten
+
+
+def _mask(compare, *, extra_input: bool = False) -> fx.Node:
+    """``compare(arange(12)[None, :], arange(12)[:, None])`` as an aten graph (as traced)."""
+    graph = fx.Graph()
+    pos = graph.call_function(aten.arange.default, (12,), {"device": torch.device("meta")})
+    cols = graph.call_function(aten.unsqueeze.default, (pos, 0))
+    rows = graph.call_function(aten.unsqueeze.default, (pos, 1))
+    mask = graph.call_function(compare, (cols, rows))
+    if extra_input:
+        x = graph.placeholder("x")
+        mask = graph.call_function(aten.logical_and.default, (mask, x))
+    graph.output(mask)
+    return mask
+
+
+def test_computed_causal_accepts_lower_triangles_only() -> None:
+    assert computed_causal(_mask(aten.le.Tensor), "keep", 12, (1,))
+    assert computed_causal(_mask(aten.gt.Tensor), "drop", 12, (1,))
+    assert not computed_causal(_mask(aten.ge.Tensor), "keep", 12, (1,))
+    assert not computed_causal(_mask(aten.le.Tensor, extra_input=True), "keep", 12, (1,))
+    assert not computed_causal(_mask(aten.le.Tensor), "keep", 12, (12,))  # ambiguous size

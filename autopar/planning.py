@@ -132,7 +132,8 @@ def plan(
         extrapolation_margin=extrapolation_margin,
     )
     name = model_name or type(model).__name__
-    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp, cp)))
+    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
+                           or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count
     if counts == [cluster.world_size]:
         return make_plan(gm, search(gm, cluster, options), cluster, options, name)
     return _plan_fewest_fastest(gm, cluster, options, name, counts, pinned=devices is not None)

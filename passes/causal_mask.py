@@ -7,8 +7,10 @@ under context parallelism it cannot follow the sequence split. When it is causal
 kernel's ``causal=True`` says the same with no tensor.
 
 The check runs the mask's own subgraph — which must read no input and no parameter, only
-sizes — at two small sequence lengths, with every argument equal to the traced length
-replaced, and compares the result with the lower triangle. A mask that depends on data, on
+sizes, and hold aten ops only (never a collective of a rank's program) — at the traced
+length when that is short, else at two lengths beyond every other constant it holds (so a
+sliding window shows), with every argument equal to the traced length replaced, and
+compares the result with the lower triangle. A mask that depends on data, on
 another size, or is not causal at either length is not recognised (it stays a mask).
 """
 
@@ -18,14 +20,21 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 MAX_MASK_NODES = 256
 """A mask's subgraph larger than this is not examined (masks are a few dozen ops)."""
 
 PROBE_LENGTHS = (5, 8)
-"""Sequence lengths the subgraph is run at (small, distinct, not 1 or 2 so no size is
-confused with a broadcast or a batch)."""
+"""The shortest sequence lengths the subgraph is run at (not 1 or 2, so no size is confused
+with a broadcast or a batch)."""
+
+MAX_PROBE_LENGTH = 4160
+"""The longest probe: a mask's other constants (a sliding window of 4096) must be exceeded
+for the probe to see them, and a probe holds a few ``length²`` tensors."""
+
+LARGEST_CONSTANT = 2**31
+"""Integers from here up are sentinels (a slice's end at INT64_MAX), not sizes."""
 
 
 def computed_causal(mask: fx.Node, kind: str, seq_len: int, other_sizes: tuple[int, ...]
@@ -33,12 +42,15 @@ def computed_causal(mask: fx.Node, kind: str, seq_len: int, other_sizes: tuple[i
     """Is ``mask`` (a term of ``kind`` "keep", "drop" or "add") the causal pattern over a
     ``seq_len``-token sequence, made from positions only? ``other_sizes`` (batch, heads...)
     must differ from ``seq_len`` so no argument is ambiguous."""
-    if seq_len in other_sizes or seq_len in PROBE_LENGTHS:
+    if seq_len in other_sizes:
         return False
     nodes = _subgraph(mask)
     if nodes is None:
         return False
-    for n in PROBE_LENGTHS:
+    lengths = probe_lengths(nodes, seq_len, other_sizes)
+    if not lengths:
+        return False
+    for n in lengths:
         try:
             value = _run(nodes, mask, seq_len, n)
         except Exception:  # noqa: BLE001 - any failure means "not recognised"
@@ -46,6 +58,21 @@ def computed_causal(mask: fx.Node, kind: str, seq_len: int, other_sizes: tuple[i
         if not _is_causal(value, kind, n):
             return False
     return True
+
+
+def probe_lengths(nodes: list[fx.Node], seq_len: int, other_sizes: tuple[int, ...]
+                  ) -> tuple[int, ...]:
+    """Lengths to run the mask at: the traced length itself when it is small enough (the
+    exact answer), else two lengths beyond every other constant of the subgraph (a window,
+    an offset), so the probe sees what they do; () when that is too long."""
+    if seq_len <= MAX_PROBE_LENGTH:
+        return (seq_len,)
+    constants = [abs(a) for node in nodes for a in tree_flatten((node.args, node.kwargs))[0]
+                 if isinstance(a, int) and not isinstance(a, bool) and a != seq_len
+                 and abs(a) < LARGEST_CONSTANT]
+    start = max([*constants, *PROBE_LENGTHS]) + 1
+    lengths = tuple(n for n in range(start, start + 8) if n not in other_sizes)[:2]
+    return lengths if lengths and lengths[-1] <= MAX_PROBE_LENGTH else ()
 
 
 def _subgraph(mask: fx.Node) -> list[fx.Node] | None:
@@ -59,6 +86,9 @@ def _subgraph(mask: fx.Node) -> list[fx.Node] | None:
             continue
         if node.op != "call_function" or len(seen) >= MAX_MASK_NODES:
             return None
+        if not isinstance(node.target, torch._ops.OpOverload) and node.target is not (
+                operator.getitem):
+            return None  # only aten ops are run: never a collective or a user's function
         seen.add(node)
         stack.extend(node.all_input_nodes)
     order = {n: i for i, n in enumerate(mask.graph.nodes)}

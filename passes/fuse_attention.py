@@ -91,7 +91,8 @@ class FuseAttention(GraphPass):
     name = "fuse-attention"
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        planned = {entry["node"] for entry in ctx.plan.attention if entry.get("fused")}
+        entries = {entry["node"]: entry for entry in ctx.plan.attention if entry.get("fused")}
+        planned = set(entries)
         if not planned:
             return PassResult(gm, modified=False)
         changes = []
@@ -100,6 +101,10 @@ class FuseAttention(GraphPass):
             if site.name not in planned:
                 continue
             found.add(site.name)
+            if entries[site.name].get("causal") and not site.causal and len(site.terms) == 1:
+                # recognised causal on the traced graph (passes.causal_mask), where the
+                # mask's subgraph is whole: the kernel's flag replaces the mask here too
+                site.causal, site.terms = True, []
             if not site.fusable:
                 changes.append(f"kept {site.name}: {site.reason}")
                 continue

@@ -81,7 +81,7 @@ EDITS: list[tuple[str, str, str, Any, str | None]] = [
     ("schema-version-missing", "dp", "schema_version", DROP, None),
     ("schema-version-as-float", "dp", "schema_version", 2.0, None),
     # mesh
-    ("mesh-cp-axis", "dp", "mesh.cp", 1, None),
+    ("mesh-cp-axis-out-of-order", "dp", "mesh.cp", 1, "mesh"),
     ("mesh-missing-dp", "dp", "mesh.dp", DROP, None),
     ("mesh-float-size", "dp", "mesh.dp", 2.0, None),
     ("mesh-bool-size", "dp", "mesh.tp", True, None),

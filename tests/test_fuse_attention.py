@@ -77,7 +77,7 @@ HF_EAGER = {
 SITES = {"t5": 6, "bart": 6}  # encoder, decoder and cross attention; 2 elsewhere
 # What the plan says of every site of these variants (the score transforms found).
 DESCRIBED = {"gemma2": "softcap 1, GQA 2", "bloom": "2 biases, (batch*heads) layout",
-             "t5": "2 biases", "falcon": "bias, GQA 4"}
+             "t5": "2 biases", "falcon": "causal, GQA 4"}
 
 
 def _hf_eager(name: str):

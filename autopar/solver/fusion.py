@@ -30,6 +30,8 @@ class Fusion:
     def apply(self, problem: Problem) -> Problem:
         problem.fused_attention = self.eager_nodes
         problem.dead = self.dead_nodes
+        # free to the solver, so it keeps them as traced: replicated (the fusion erases them)
+        restrict_to(problem, self.dead_nodes, lambda s: False)
         for d in problem.decisions:
             if d.name in self.site_nodes:
                 ranks = placement_ranks(d.nodes[0])

@@ -135,13 +135,15 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     check_cp(gm, options, facts.seq_len)
     shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
     if not shapes:
+        cp = f"cp={options.cp}, " if options.cp else ""
+        product = "pp x dp x cp x tp" if options.cp else "pp x dp x tp"
         raise NoFeasiblePlanError(
-            f"no mesh matches pp={options.pp}, dp={options.dp}, cp={options.cp}, "
-            f"tp={options.tp} on {cluster.world_size} devices ({cluster.nodes} node(s) x "
+            f"no mesh matches pp={options.pp}, dp={options.dp}, {cp}tp={options.tp} on "
+            f"{cluster.world_size} devices ({cluster.nodes} node(s) x "
             f"{cluster.devices_per_node}) for a model of {n_layers} layers",
-            where="pp/dp/cp/tp",
-            fix="pp x dp x cp x tp must equal the number of devices, tp must divide the "
-            "devices per node, and pp must not exceed the layers",
+            where="pp/dp/cp/tp" if options.cp else "pp/dp/tp",
+            fix=f"{product} must equal the number of devices, tp must divide the devices "
+            "per node, and pp must not exceed the layers",
         )
     candidates: list[Candidate] = []
     best: tuple | None = None  # (step, pp, tp, zero, cp, candidate, problem, tables, batch)
@@ -414,7 +416,8 @@ def no_plan_error(
     if shapes and all(found):
         by_reason: dict[Conflict, list[str]] = {}
         for (pp, dp, cp, tp), c in zip(shapes, found):
-            by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} cp={cp} tp={tp}")
+            by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} " + (
+                f"cp={cp} " if cp > 1 else "") + f"tp={tp}")
         return NoFeasiblePlanError(
             f"no plan satisfies the pins on {cluster.name}: " + "; ".join(
                 f"{c.reason} (mesh {', '.join(meshes)})" for c, meshes in by_reason.items()),
@@ -436,7 +439,7 @@ def no_plan_error(
     return NoFeasiblePlanError(
         f"the model fits on no mesh of {cluster.name}: the least-memory plan needs "
         f"{format_bytes(memory.total)} per device (pp={setting.pp}, dp={setting.dp}, "
-        f"cp={setting.cp}, tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
+        + (f"cp={setting.cp}, " if setting.cp > 1 else "") + f"tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
         f"{setting.microbatch}: {parts}), "
         f"{format_bytes(memory.total - capacity)} more than the {format_bytes(capacity)} usable "
         f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",

@@ -219,6 +219,7 @@ def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:
             "layer": facts.layer if facts is not None else None,
             "what": site.describe(),
             "fused": fused,
+            "causal": site.causal,
             "reason": "" if fused else (site.reason or "fusion turned off (fuse_attention=False)"),
         })
     return entries

@@ -11,7 +11,13 @@ would need a from_local/to_local pair with explicit gradient placements at every
   identity, and a replicated tensor read by sharded computation passes through
   :func:`grad_all_reduce` (Megatron's "f": identity forward, all-reduce backward);
 - on ``dp`` each device's gradient is that of its own loss term (DDP/FSDP average them
-  afterwards), so ``S -> R`` backward is a reduce-scatter and ``R -> S`` backward a zero-pad.
+  afterwards), so ``S -> R`` backward is a reduce-scatter and ``R -> S`` backward a zero-pad;
+  ``cp`` (context parallelism: each device holds some tokens of every sequence) is such an
+  axis too.
+
+An axis bound ``zigzag`` cuts each sharded block into ``2n`` chunks and gives device ``i``
+chunks ``i`` and ``2n - 1 - i`` (context parallelism's causal balance), where other axes
+give device ``i`` the ``i``-th of ``n`` pieces.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import torch.distributed as dist
 from autopar.placements import Partial, Placement, Replicate, Shard, parse_placement
 
 _GROUPS: dict[str, dist.ProcessGroup] = {}
-DATA_AXES = ("dp",)
+_ZIGZAG: set[str] = set()  # axes whose shards are zigzag chunk pairs
+DATA_AXES = ("dp", "cp")
 
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single; the GPU
@@ -32,10 +39,14 @@ DATA_AXES = ("dp",)
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def bind_axis_groups(groups: Mapping[str, dist.ProcessGroup]) -> None:
-    """Tell the collectives which process group each mesh axis name means."""
+def bind_axis_groups(groups: Mapping[str, dist.ProcessGroup], zigzag: tuple[str, ...] = ()
+                     ) -> None:
+    """Tell the collectives which process group each mesh axis name means, and which axes
+    shard in zigzag chunk pairs."""
     _GROUPS.clear()
     _GROUPS.update(groups)
+    _ZIGZAG.clear()
+    _ZIGZAG.update(zigzag)
 
 
 def _group(axis: str) -> tuple[dist.ProcessGroup | None, int, int]:
@@ -50,17 +61,43 @@ def _blocks(x: torch.Tensor, dim: int, groups: int) -> list[torch.Tensor]:
     return list(x.chunk(groups, dim)) if groups > 1 else [x]
 
 
-def local_slice(x: torch.Tensor, p: Shard, n: int, rank: int) -> torch.Tensor:
-    """This device's part of a whole tensor (split-then-shard for groups > 1).
+def _piece(block: torch.Tensor, dim: int, n: int, rank: int, zigzag: bool) -> torch.Tensor:
+    if not zigzag:
+        return block.chunk(n, dim)[rank]
+    chunks = block.chunk(2 * n, dim)
+    return torch.cat([chunks[rank], chunks[2 * n - 1 - rank]], dim)
+
+
+def local_slice(x: torch.Tensor, p: Shard, n: int, rank: int, zigzag: bool = False
+                ) -> torch.Tensor:
+    """This device's part of a whole tensor (split-then-shard for groups > 1; ``zigzag``:
+    chunks ``rank`` and ``2n - 1 - rank`` of ``2n``).
 
     >>> local_slice(torch.arange(6), Shard(0, groups=3), 2, 1).tolist()
     [1, 3, 5]
+    >>> local_slice(torch.arange(8), Shard(0), 2, 0, zigzag=True).tolist()
+    [0, 1, 6, 7]
     """
-    return torch.cat([b.chunk(n, p.dim)[rank] for b in _blocks(x, p.dim, p.groups)], p.dim)
+    return torch.cat([_piece(b, p.dim, n, rank, zigzag) for b in _blocks(x, p.dim, p.groups)],
+                     p.dim)
 
 
-def _gather(x: torch.Tensor, p: Shard, group: dist.ProcessGroup, n: int) -> torch.Tensor:
+def _unzigzag(parts: list[torch.Tensor], dim: int, n: int) -> torch.Tensor:
+    """The whole block from every device's zigzag pair (in rank order)."""
+    halves = [t.chunk(2, dim) for t in parts]
+    return torch.cat([halves[c][0] if c < n else halves[2 * n - 1 - c][1]
+                      for c in range(2 * n)], dim)
+
+
+def _gather(x: torch.Tensor, p: Shard, group: dist.ProcessGroup, n: int,
+            zigzag: bool = False) -> torch.Tensor:
     x = x.contiguous()
+    if zigzag:
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x, group=group)
+        per_rank = [_blocks(t, p.dim, p.groups) for t in parts]
+        return torch.cat([_unzigzag([r[j] for r in per_rank], p.dim, n)
+                          for j in range(p.groups)], p.dim)
     if p.dim == 0 and p.groups == 1:
         # Straight into one buffer: no per-rank parts to concatenate (half the peak memory).
         out = x.new_empty((x.shape[0] * n, *x.shape[1:]))
@@ -104,18 +141,25 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return out
 
 
-def _reduce_scatter(x: torch.Tensor, p: Shard, group, n: int, rank: int) -> torch.Tensor:
+def _reduce_scatter(x: torch.Tensor, p: Shard, group, n: int, rank: int,
+                    zigzag: bool = False) -> torch.Tensor:
     # Sum the whole tensor, keep this device's part. (gloo's reduce_scatter needs equal
     # contiguous chunks along dim 0; the all-reduce route works for any dim and groups.)
-    return local_slice(_all_reduce(x, group), p, n, rank)
+    return local_slice(_all_reduce(x, group), p, n, rank, zigzag)
 
 
-def _zero_pad(x: torch.Tensor, p: Shard, n: int, rank: int, full: torch.Size) -> torch.Tensor:
+def _zero_pad(x: torch.Tensor, p: Shard, n: int, rank: int, full: torch.Size,
+              zigzag: bool = False) -> torch.Tensor:
     out = x.new_zeros(full)
     blocks_out = _blocks(out, p.dim, p.groups)
     blocks_in = _blocks(x, p.dim, p.groups)
     for bo, bi in zip(blocks_out, blocks_in):
-        bo.narrow(p.dim, rank * bi.shape[p.dim], bi.shape[p.dim]).copy_(bi)
+        if zigzag:
+            half = bi.shape[p.dim] // 2
+            for c, part in ((rank, 0), (2 * n - 1 - rank, 1)):
+                bo.narrow(p.dim, c * half, half).copy_(bi.narrow(p.dim, part * half, half))
+        else:
+            bo.narrow(p.dim, rank * bi.shape[p.dim], bi.shape[p.dim]).copy_(bi)
     return out
 
 
@@ -133,24 +177,26 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, axis: str, src: Placement, dst: Placement):
         group, n, rank = _group(axis)
+        zz = axis in _ZIGZAG
         ctx.axis, ctx.src, ctx.dst, ctx.shape = axis, src, dst, x.shape
         if group is None or src == dst:
             return x.view_as(x)
         if isinstance(src, Partial) and isinstance(dst, Partial):  # sum <-> avg, locally
             return x * n if _is_avg(dst) else x / n
         if isinstance(src, Partial) and isinstance(dst, Shard):
-            out = _reduce_scatter(x, dst, group, n, rank)
+            out = _reduce_scatter(x, dst, group, n, rank, zz)
             return out / n if _is_avg(src) else out
-        if isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1:
+        if (isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1
+                and not zz):
             return _all_to_all(x, src, dst, group, n)
         if isinstance(src, Shard):
-            whole = _gather(x, src, group, n)
+            whole = _gather(x, src, group, n, zz)
         elif isinstance(src, Partial):
             whole = _all_reduce(x, group) / (n if _is_avg(src) else 1)
         else:
             whole = x
         if isinstance(dst, Shard):
-            return local_slice(whole, dst, n, rank).contiguous()
+            return local_slice(whole, dst, n, rank, zz).contiguous()
         if isinstance(dst, Partial) and not _is_avg(dst):
             return whole.clone() if rank == 0 else torch.zeros_like(whole)
         return whole if whole is not x else x.clone()
@@ -158,6 +204,7 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         group, n, rank = _group(ctx.axis)
+        zz = ctx.axis in _ZIGZAG
         src, dst = ctx.src, ctx.dst
         none = (None, None, None)
         if group is None or src == dst:
@@ -165,17 +212,18 @@ class _Redistribute(torch.autograd.Function):
         if ctx.axis in DATA_AXES:
             # Each device holds the gradient of its own loss term (DDP/FSDP average later).
             if isinstance(src, Shard) and isinstance(dst, Replicate):
-                return (_reduce_scatter(grad, src, group, n, rank), *none)
+                return (_reduce_scatter(grad, src, group, n, rank, zz), *none)
             if isinstance(src, Replicate) and isinstance(dst, Shard):
-                return (_zero_pad(grad, dst, n, rank, ctx.shape), *none)
-        if isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1:
+                return (_zero_pad(grad, dst, n, rank, ctx.shape, zz), *none)
+        if (isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1
+                and not zz):
             return (_all_to_all(grad.contiguous(), dst, src, group, n), *none)
         if isinstance(dst, Shard):
-            whole = _gather(grad, dst, group, n)
+            whole = _gather(grad, dst, group, n, zz)
         else:
             whole = grad * n if _is_avg(dst) else grad
         if isinstance(src, Shard):
-            return (local_slice(whole, src, n, rank).contiguous(), *none)
+            return (local_slice(whole, src, n, rank, zz).contiguous(), *none)
         return (whole / n if _is_avg(src) else whole, *none)
 
 

@@ -17,6 +17,7 @@ from autopar.passes.pipeline_split import PipelineSplit
 from autopar.passes.recompute_inputs import RecomputeInputs
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
+from autopar.passes.token_mean_loss import TokenMeanLoss
 from autopar.plan import Plan
 
 
@@ -35,11 +36,14 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     recompute = plan.training.get("recompute", "none")
     pipelined = plan.mesh.get("pp", 1) > 1
     passes = sharding_passes()
+    if plan.mesh.get("cp", 1) > 1:  # on the plan's own nodes, before collectives join
+        passes.insert(len(passes) - 1, TokenMeanLoss())
     if any(entry.get("fused") for entry in plan.attention):
         passes.append(FuseAttention())
     if pipelined:  # before outlining: stages then carry no masks, only inputs
         passes.append(RecomputeInputs())
-    if (zero == 3 and plan.mesh.get("dp", 1) > 1) or recompute != "none" or pipelined:
+    data = plan.mesh.get("dp", 1) * plan.mesh.get("cp", 1)  # ranks averaging gradients
+    if (zero == 3 and data > 1) or recompute != "none" or pipelined:
         passes.append(OutlineLayers())
     if recompute != "none":
         passes.append(CheckpointLayers())
@@ -62,6 +66,7 @@ __all__ = [
     "RecomputeInputs",
     "ShardParameters",
     "SubstituteLocalOps",
+    "TokenMeanLoss",
     "get_pass",
     "program_passes",
     "register_pass",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from autopar.context_ops import context_attention
 from autopar.kernels import attention as fused_attention
 from autopar.passes.attention_sites import (
     AttentionSite,
@@ -50,14 +51,21 @@ def _bias(graph: fx.Graph, site: AttentionSite) -> fx.Node | None:
     return graph.call_function(attention_bias, (site.q, terms, *(t.node for t in site.terms)))
 
 
-def _rewrite(gm: fx.GraphModule, site: AttentionSite) -> None:
+def _rewrite(gm: fx.GraphModule, site: AttentionSite, context: dict | None = None) -> None:
+    """``context``: the plan's context parallelism (cp > 1), whose attention op replaces the
+    kernel call (the site has no mask, bias, soft-cap or dropout: the planner refuses them)."""
     graph = gm.graph
     with graph.inserting_before(site.output):
-        kwargs = {"causal": site.causal, "scale": site.scale, "bias": _bias(graph, site),
-                  "dropout_p": site.dropout_p}
-        if site.softcap:
-            kwargs["softcap"] = site.softcap
-        call = graph.call_function(fused_attention, (site.q, site.k, site.v), kwargs)
+        if context:
+            kwargs = {"algorithm": context["algorithm"], "causal": site.causal,
+                      "scale": site.scale, "zigzag": context["layout"] == "zigzag"}
+            call = graph.call_function(context_attention, (site.q, site.k, site.v), kwargs)
+        else:
+            kwargs = {"causal": site.causal, "scale": site.scale, "bias": _bias(graph, site),
+                      "dropout_p": site.dropout_p}
+            if site.softcap:
+                kwargs["softcap"] = site.softcap
+            call = graph.call_function(fused_attention, (site.q, site.k, site.v), kwargs)
         # a flat site's output is (batch * heads, q_len, head_dim), as its matmul gave
         out = graph.call_function(aten.flatten.using_ints, (call, 0, 1)) if site.flat else call
     call.meta = dict(site.output.meta)
@@ -114,8 +122,10 @@ class FuseAttention(GraphPass):
                 changes.append(f"kept {site.name}: the plan splits {', '.join(split)} other "
                                "than over batch or heads")
                 continue
-            _rewrite(gm, site)
-            changes.append(f"fused {site.name} ({site.describe()})")
+            context = ctx.plan.context if ctx.plan.mesh.get("cp", 1) > 1 else None
+            _rewrite(gm, site, context)
+            how = f", cp {context['algorithm']}" if context else ""
+            changes.append(f"fused {site.name} ({site.describe()}{how})")
         changes += [f"kept {name}: not found in this rank's graph" for name in sorted(planned - found)]
         return PassResult(gm, modified=any(c.startswith("fused") for c in changes),
                           changes=changes)

@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from autopar.errors import PlanError
 from autopar.graph_facts import META_KEY
-from autopar.placements import Placement, Replicate, local_shape
+from autopar.placements import Placement, Replicate, Shard, local_shape
 from autopar.plan import Plan
 from autopar.strategies.rule import Strategy
 from autopar.values import is_decision, value_of
@@ -27,6 +27,8 @@ class PlanView:
         # batch is already local, and DDP/FSDP2 do the data-parallel communication.
         self.axes = [a for a in plan.mesh if a not in ("pp", "dp")] or ["tp"]
         self._strategies: dict[tuple[str, str], Strategy] = {}
+        # The graph holds one microbatch: a dim that holds the batch holds fewer sequences
+        scale = max(plan.batch.get("traced", 1) // max(plan.batch.get("microbatch", 1), 1), 1)
         for node in gm.graph.nodes:
             if not is_decision(node):
                 continue
@@ -38,10 +40,11 @@ class PlanView:
                     fix="the plan was made for a different graph; re-plan for this model "
                     "and these example inputs",
                 )
+            batch = plan.strategy(node.name, "dp")
             for axis in self.axes:
                 s = plan.strategy(node.name, axis)
                 if s is not None:
-                    self._strategies[(node.name, axis)] = s
+                    self._strategies[(node.name, axis)] = _per_microbatch(s, batch, scale)
 
     def size(self, axis: str) -> int:
         return self.plan.mesh[axis]
@@ -81,3 +84,24 @@ class PlanView:
             if p.is_shard(dim):
                 factor *= self.split(axis)
         return factor
+
+
+def _per_microbatch(s: Strategy, batch: Strategy | None, scale: int) -> Strategy:
+    """``s`` on a graph of one microbatch, ``scale`` times fewer sequences than traced: a
+    ``Shard(dim, groups)`` whose dim holds the batch (the dp placement shards the same dim)
+    cuts each sequence of the flattened dim, so its groups shrink with the batch."""
+    if scale == 1 or batch is None:
+        return s
+
+    def local(p: Placement, b: Placement | None) -> Placement:
+        if (isinstance(p, Shard) and p.groups > 1 and isinstance(b, Shard) and b.dim == p.dim
+                and p.groups % scale == 0):
+            return Shard(p.dim, p.groups // scale)
+        return p
+
+    inputs = tuple(local(p, b) for p, b in zip(s.inputs, (*batch.inputs, *[None] * len(s.inputs))))
+    outputs = tuple(local(p, b) for p, b in zip(s.outputs,
+                                                (*batch.outputs, *[None] * len(s.outputs))))
+    if inputs == s.inputs and outputs == s.outputs:
+        return s
+    return Strategy(inputs, outputs, s.local_impl)

@@ -32,6 +32,20 @@ LAUNCHES = {
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
         {"model": "llama", "dp": 2, "zero": 3, "recompute": "op"},
     ]),
+    # Context parallelism: each sequence split over 2 ranks (zigzag chunks unless said),
+    # keys and values all-gathered; GPT (learned positions) and HF Llama (rotary, GQA, the
+    # mask it computes, labels shifted with an ignored last token).
+    "cp": (2, [
+        {"model": "gpt", "cp": 2},
+        {"model": "llama", "cp": 2},
+        {"model": "llama", "cp": 2, "microbatches": 2},
+        {"model": "gpt", "cp": 2, "cp_layout": "contiguous"},
+    ]),
+    "cp-4ranks": (4, [
+        {"model": "llama", "cp": 2, "dp": 2},
+        {"model": "llama", "cp": 2, "tp": 2, "cluster": FAST},
+        {"model": "gpt", "cp": 2, "dp": 2, "zero": 3},
+    ]),
     "4ranks": (4, [
         {"model": "gpt", "dp": 2, "tp": 2, "cluster": FAST},
         {"model": "llama", "dp": 2, "tp": 2, "cluster": FAST},
@@ -56,7 +70,7 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
         for case, r in zip(cases, rank):
             assert r["ok"], r
             mesh = r["mesh"]
-            for axis in ("dp", "tp", "pp"):
+            for axis in ("dp", "tp", "pp", "cp"):
                 if axis in case:
                     assert mesh.get(axis, 1) == case[axis], (case, mesh)
             if "tp" in case:

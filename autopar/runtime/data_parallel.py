@@ -15,18 +15,19 @@ def wrap_data_parallel(
     module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
     pipelined: bool = False,
 ) -> nn.Module:
-    """Wrap ``module`` for data parallelism over the ``dp`` axis.
+    """Wrap ``module`` for data parallelism over the ``dp`` axis (with ``cp``: over dp x cp,
+    the ranks that hold the same weights).
 
     ``units`` are the submodules FSDP2 shards and gathers one at a time (the outlined
     layers), so at most the root's weights and about two layers are whole at once. A
     pipeline stage gets FSDP2's ``replicate`` for ZeRO-0 instead of DDP: the pipeline's
     first step runs a shape-inference backward that DDP's reducer counts as a real one.
     """
-    group = ctx.group("dp")
+    group = ctx.data_group()
     if group is None or group.size() == 1:
         return module
     if zero_stage == 0 and pipelined:
-        replicate(module, mesh=ctx.mesh["dp"])
+        replicate(module, mesh=ctx.data_mesh)
         return module
     if zero_stage == 0:
         return DistributedDataParallel(
@@ -36,7 +37,7 @@ def wrap_data_parallel(
             device_ids=None if ctx.device.type == "cpu" else [ctx.device],
         )
     if zero_stage == 3:
-        dp_mesh = ctx.mesh["dp"]
+        dp_mesh = ctx.data_mesh
         for unit in units:
             fully_shard(unit, mesh=dp_mesh)
         fully_shard(module, mesh=dp_mesh)

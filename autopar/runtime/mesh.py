@@ -26,11 +26,19 @@ class MeshContext:
     # coordinates), where a model's tied embedding and head meet; made in ``build_mesh`` by
     # every launched rank, idle ones included (see ``pipeline_ends_group``).
     pipeline_ends: dist.ProcessGroup | None = None
+    # The ranks that hold the same weights and average their gradients: dp, or dp x cp
+    # flattened into one dim (context parallelism replicates weights as data parallelism
+    # does; torchtitan folds cp into its FSDP mesh the same way).
+    data_mesh: DeviceMesh | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
             return None
         return self.mesh[axis].get_group()
+
+    def data_group(self) -> dist.ProcessGroup | None:
+        """The gradient-averaging group (dp x cp), or None on one device."""
+        return self.data_mesh.get_group() if self.data_mesh is not None else None
 
 
 def ensure_process_group(backend: str) -> None:
@@ -88,12 +96,16 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     names = tuple(plan.mesh)
     mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
     ends = pipeline_ends_group(mesh, rank) if plan.mesh.get("pp", 1) > 2 else None
+    # made by every launched rank, as the mesh's own groups are
+    data = mesh["dp", "cp"]._flatten("dp_cp") if "cp" in names else mesh["dp"]
     if not active:
         comm_ops.bind_axis_groups({})
         return MeshContext(mesh, {}, device, active=False)
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
-    comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names if plan.mesh[axis] > 1})
-    return MeshContext(mesh, coords, device, pipeline_ends=ends)
+    zigzag = ("cp",) if plan.context.get("layout") == "zigzag" else ()
+    comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names
+                               if plan.mesh[axis] > 1}, zigzag=zigzag)
+    return MeshContext(mesh, coords, device, pipeline_ends=ends, data_mesh=data)
 
 
 _ENDS_GROUPS: dict[tuple[int, tuple[int, int]], dist.ProcessGroup] = {}

@@ -15,7 +15,7 @@ from torch import nn
 
 from autopar import comm_ops
 from autopar.errors import RuntimeSetupError
-from autopar.placements import Shard
+from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.pipeline import PipelineRunner
@@ -59,6 +59,7 @@ class ParallelModule(nn.Module):
         self._program = program  # the per-rank fx program (printable with .code)
         self._pipeline = pipeline
         self._input_shards = self._input_placements(program)
+        self._token_dims = self._sequence_dims(program)
         self._recorder: RunRecorder | None = None
         self._ddp_hooked = False
         if pipeline is not None:
@@ -114,23 +115,42 @@ class ParallelModule(nn.Module):
             out[i] = bool(entry and entry["out"] and entry["out"][0].startswith("S("))
         return out
 
+    def _sequence_dims(self, program: fx.GraphModule) -> dict[int, int]:
+        """Placeholder position -> the dim context parallelism splits (its tokens)."""
+        out = {}
+        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+        for i, node in enumerate(placeholders):
+            entry = self.plan.strategies.get(node.name, {}).get("cp")
+            if entry and entry["out"] and entry["out"][0].startswith("S("):
+                out[i] = parse_placement(entry["out"][0]).dim
+        return out
+
     def shard_batch(self, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         """This rank's slice of a global batch: inputs the plan splits over ``dp`` are cut
-        along dim 0; everything else passes through. Returns ``(args, kwargs)``."""
+        along dim 0, and over ``cp`` along their token dim (zigzag chunk pairs when the
+        plan's layout is zigzag); everything else passes through. Returns ``(args, kwargs)``."""
         dp = self.plan.mesh.get("dp", 1)
         rank = self.mesh_context.coords.get("dp", 0)
+        cp = self.plan.mesh.get("cp", 1)
+        cp_rank = self.mesh_context.coords.get("cp", 0)
+        zigzag = self.plan.context.get("layout") == "zigzag"
         flat_inputs = list(args) + list(kwargs.values())
         sharded = [self._input_shards.get(i, False) for i in range(len(flat_inputs))]
+        tokens = [self._token_dims.get(i) for i in range(len(flat_inputs))]
 
-        def cut(value: Any, split: bool) -> Any:
-            if split and isinstance(value, torch.Tensor) and dp > 1:
-                return value.chunk(dp, 0)[rank].to(self.mesh_context.device)
-            if isinstance(value, torch.Tensor):
-                return value.to(self.mesh_context.device)
-            return value
+        def cut(value: Any, split: bool, token_dim: int | None) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            if split and dp > 1:
+                value = value.chunk(dp, 0)[rank]
+            if token_dim is not None and cp > 1:
+                value = comm_ops.local_slice(value, Shard(token_dim), cp, cp_rank, zigzag)
+            return value.to(self.mesh_context.device)
 
-        new_args = tuple(cut(a, s) for a, s in zip(args, sharded[: len(args)]))
-        new_kwargs = {k: cut(v, s) for (k, v), s in zip(kwargs.items(), sharded[len(args):])}
+        n = len(args)
+        new_args = tuple(cut(a, s, t) for a, s, t in zip(args, sharded[:n], tokens[:n]))
+        new_kwargs = {k: cut(v, s, t) for (k, v), s, t in zip(kwargs.items(), sharded[n:],
+                                                             tokens[n:])}
         return new_args, new_kwargs
 
     def train_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -167,7 +187,7 @@ class ParallelModule(nn.Module):
         return self._mean_over_dp(total)
 
     def _mean_over_dp(self, loss: torch.Tensor) -> torch.Tensor:
-        group = self.mesh_context.group("dp")
+        group = self.mesh_context.data_group()  # dp x cp: each holds its tokens' mean
         if group is not None:
             start = time.perf_counter()
             dist.all_reduce(loss, group=group)

@@ -23,6 +23,7 @@ from autopar.errors import AutoparError, RuntimeSetupError
 from autopar.graph_facts import graph_facts
 from autopar.knobs import check_keywords
 from autopar.passes import PassContext, PassManager, program_passes
+from autopar.passes.attention_sites import find_attention_sites
 from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
@@ -68,9 +69,15 @@ def parallelize(
     plan_options = check_keywords(
         plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
         "autopar.parallelize")
-    _check_cp_runs(plan_options.get("cp") or 1, "autopar.parallelize(cp=...)")
+    algorithm = plan_options.get("cp_algorithm")
+    if algorithm not in (None, EXECUTED_CP_ALGORITHM):
+        raise AutoparError(
+            f"cp_algorithm={algorithm!r} is planned and priced but not executed yet",
+            where="autopar.parallelize(cp_algorithm=...)",
+            fix=f"pass cp_algorithm={EXECUTED_CP_ALGORITHM!r} (or leave it out), or compare "
+            "algorithms with `autopar plan --cp N --cp-algorithm NAME`")
     if plan is None:
-        plan_options["cp"] = 1  # what the runtime executes today
+        plan_options["cp_algorithm"] = EXECUTED_CP_ALGORITHM  # what the runtime runs
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
     if plan is None:
@@ -94,7 +101,7 @@ def parallelize(
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
     facts = graph_facts(gm)
-    _check_cp_runs(plan.mesh.get("cp", 1), "plan.mesh.cp")
+    check_cp_runs(plan, gm)
     plan.check_model(facts.fingerprint, type(model).__name__)
     plan.check_batch(facts.batch_size, facts.seq_len)
     ctx = build_mesh(plan, cluster.backend)
@@ -119,15 +126,32 @@ def parallelize(
     return pm
 
 
-def _check_cp_runs(cp: int, where: str) -> None:
-    """Context parallelism is planned and priced, not yet executed: refuse it rather than
-    train something else."""
-    if cp > 1:
+EXECUTED_CP_ALGORITHM = "all_gather"
+"""The attention algorithm under cp the runtime executes (ring and Ulysses are priced only)."""
+
+
+def check_cp_runs(plan: Plan, gm: fx.GraphModule) -> None:
+    """Context parallelism runs all-gathered K/V attention on SDPA sites, without pipelines:
+    refuse what is planned beyond that rather than train something else."""
+    if plan.mesh.get("cp", 1) <= 1:
+        return
+    context = plan.context
+    fix = ("pin cp_algorithm='all_gather' (it is executed), or plan with cp=1; compare "
+           "layouts with `autopar plan --cp N` or `autopar estimate --cp N`")
+    if context.get("algorithm") != EXECUTED_CP_ALGORITHM:
         raise AutoparError(
-            f"cp={cp} splits sequences over {cp} ranks (context parallelism), which autopar "
-            "plans and prices but has not executed yet", where=where,
-            fix="train with cp=1 (leave cp out); plan and compare cp layouts with "
-            "`autopar plan --cp N` or `autopar estimate --cp N`")
+            f"the plan runs {context.get('algorithm')} attention over cp={plan.mesh['cp']}, "
+            "which autopar plans and prices but does not execute yet (all_gather is)",
+            where="plan.context.algorithm", fix=fix)
+    if plan.mesh.get("pp", 1) > 1:
+        raise AutoparError("context parallelism with pipeline stages is planned but not "
+                           "executed yet", where="plan.mesh", fix="plan with pp=1 or cp=1")
+    eager = [s.name for s in find_attention_sites(gm) if s.pattern != "sdpa"]
+    if eager:
+        raise AutoparError(
+            f"attention {eager[0]} is an eager chain; under cp only SDPA sites are executed yet",
+            where=f"plan.attention ({len(eager)} eager site(s))",
+            fix="build the model with scaled_dot_product_attention, or plan with cp=1")
 
 
 def _launched() -> int:

@@ -11,6 +11,8 @@ solver on this axis.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch.fx as fx
 
 from autopar.graph_facts import META_KEY
@@ -35,7 +37,8 @@ def batch_strategies(gm: fx.GraphModule, batch_size: int | None) -> dict[str, St
 
 
 def propagate_input_dim(
-    gm: fx.GraphModule, n: int, size: int | None, dim: int, *, follow_only: bool = False
+    gm: fx.GraphModule, n: int, size: int | None, dim: int, *, follow_only: bool = False,
+    overrides: Mapping[str, Strategy] | None = None,
 ) -> dict[str, Strategy]:
     """Shard dimension ``dim`` of every input whose ``dim`` has ``size`` over ``n`` devices
     and carry that sharding through the graph as far as rules allow without communication.
@@ -44,7 +47,9 @@ def propagate_input_dim(
     which tells where the sequence dimension of every tensor is. ``follow_only``: an op
     whose inputs are all replicated stays replicated (otherwise a free slice may shard it,
     e.g. positions expanded over the batch): what context parallelism executes, where
-    only tensors that follow the sequence are split.
+    only tensors that follow the sequence are split. ``overrides``: node name -> the
+    strategy it runs whatever its rule offers (an attention site under context parallelism
+    reads its keys and values split, its op passing them between ranks).
     """
     chosen: dict[str, Strategy] = {}
     for node in gm.graph.nodes:
@@ -63,6 +68,9 @@ def propagate_input_dim(
             n_in = len(tensor_inputs(node)) if node.op == "call_function" else 0
             chosen[node.name] = Strategy((R,) * n_in, (R,) * len(facts.shapes))
             continue
+        if overrides and node.name in overrides:
+            chosen[node.name] = overrides[node.name]
+            continue
         inputs = tensor_inputs(node)
         produced = [_placement(chosen, a) for a in inputs]
         sizes = [_nbytes(a) for a in inputs]
@@ -71,13 +79,16 @@ def propagate_input_dim(
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
         chosen[node.name] = min(
-            enumerate(candidates), key=lambda item: _score(item, produced, sizes)
+            enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]
     return chosen
 
 
-def _score(item: tuple[int, Strategy], produced: list[Placement], sizes: list[int]) -> tuple:
-    """Least communication, then fewest redistributions, then most sharded outputs."""
+def _score(item: tuple[int, Strategy], produced: list[Placement], sizes: list[int],
+           follow_only: bool = False) -> tuple:
+    """Least communication, then fewest redistributions, then most sharded outputs (with
+    ``follow_only``, fewest: a tensor whose split cannot be kept is gathered, not re-split
+    along another dim, which would not be the sequence)."""
     index, s = item
     comm = moves = 0
     for have, need, size in zip(produced, s.inputs, sizes):
@@ -87,7 +98,7 @@ def _score(item: tuple[int, Strategy], produced: list[Placement], sizes: list[in
         if not (isinstance(have, Replicate) and isinstance(need, Shard)):
             comm += size
     sharded = sum(1 for p in s.outputs if not isinstance(p, Replicate))
-    return (comm, moves, -sharded, index)
+    return (comm, moves, sharded if follow_only else -sharded, index)
 
 
 def _nbytes(node: fx.Node) -> int:

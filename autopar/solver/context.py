@@ -23,8 +23,10 @@ from autopar.cost_models.context_parallel import (
     unsupported,
 )
 from autopar.passes.attention_sites import find_attention_sites, shape_of
-from autopar.placements import Partial, Shard
+from autopar.placements import Partial, Replicate, Shard
 from autopar.solver.batch_axis import propagate_input_dim
+from autopar.strategies import Strategy
+from autopar.values import tensor_inputs
 
 CP_SEARCH_MIN_TOKENS = 1024
 """The solver tries ``cp`` > 1 on its own only while every rank keeps at least this many
@@ -99,7 +101,8 @@ def cp_refusal(gm: fx.GraphModule, cp: int, layout: str, seq_len: int | None,
 def sequence_scaled(problem, seq_len: int) -> frozenset[tuple[int, int]]:
     """Values (decision, output) that follow the sequence split (computed once)."""
     if "sequence_scaled" not in problem.cache:
-        marking = propagate_input_dim(problem.gm, seq_len, seq_len, dim=1, follow_only=True)
+        marking = propagate_input_dim(problem.gm, seq_len, seq_len, dim=1, follow_only=True,
+                                      overrides=attention_overrides(problem.gm))
         keys = set()
         for d in problem.decisions:
             s = marking.get(d.name)
@@ -113,8 +116,25 @@ def sequence_scaled(problem, seq_len: int) -> frozenset[tuple[int, int]]:
 
 def cp_strategies(gm: fx.GraphModule, cp: int, seq_len: int) -> dict:
     """Node name -> strategy on the ``cp`` axis: the token inputs split along the sequence,
-    carried through the graph as far as rules allow (what the runtime executes)."""
-    return propagate_input_dim(gm, cp, seq_len, dim=1, follow_only=True)
+    carried through the graph as far as rules allow (what the runtime executes). An SDPA
+    site reads its queries, keys and values split (its context attention op passes the
+    keys and values between ranks), so no collective is inserted before it."""
+    return propagate_input_dim(gm, cp, seq_len, dim=1, follow_only=True,
+                               overrides=attention_overrides(gm))
+
+
+def attention_overrides(gm: fx.GraphModule) -> dict[str, Strategy]:
+    """Each fusable SDPA site on the cp axis: q, k, v and the output split along the
+    sequence (dim 2 of (batch, heads, seq, head_dim))."""
+    out = {}
+    for site in find_attention_sites(gm):
+        if site.pattern != "sdpa" or not site.fusable:
+            continue
+        node = site.output
+        split = Shard(2)
+        rest = (Replicate(),) * (len(tensor_inputs(node)) - 3)
+        out[node.name] = Strategy((split, split, split, *rest), (split,))
+    return out
 
 
 def site_shape(site: ContextSite, tables) -> AttentionShape:

@@ -49,7 +49,7 @@ def _loss_strategies(call: OpCall, axis_size: int, reduction: int) -> list[Strat
             continue
         od = d if d < class_dim else d - 1  # the per-element loss has no class dim
         td = d if probs else od
-        for groups in _token_groups(size, axis_size) if d == 0 else (1,):
+        for groups in _token_groups(size, axis_size) if d == 0 and not probs else (1,):
             out: Placement = _REDUCED.get(reduction, Shard(od, groups))
             ins: tuple[Placement, ...] = (Shard(d, groups), Shard(td, groups)) + (R,) * (
                 n_in - 2)

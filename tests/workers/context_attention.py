@@ -18,11 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from equivalence import serve_cases  # noqa: E402
 
-from autopar.kernels import attention  # noqa: E402
-from autopar.runtime.context_attention import (  # noqa: E402
+from autopar.context_ops import (  # noqa: E402
     all_gather_kv_attention,
     sequence_shard,
 )
+from autopar.kernels import attention  # noqa: E402
 
 TOL = 1e-5
 

@@ -500,9 +500,6 @@ API_CASES = [
     api_case("parallelize-unknown-keyword-ep", lambda d: autopar.parallelize(
         tiny_gpt(), "2xcpu", (IDX, IDX), ep=2), AutoparError, "'ep'", "autopar.parallelize",
         "precision"),
-    api_case("parallelize-cp-algorithm-not-executed-yet", lambda d: autopar.parallelize(
-        tiny_gpt(), "2xcpu", (IDX, IDX), cp=2, cp_algorithm="ring"), AutoparError,
-        "cp_algorithm='ring'", "not executed"),
     api_case("plan-old-and-new-keyword", lambda d: autopar.plan(
         tiny_gpt(), "2xcpu", (IDX, IDX), virtual=2, virtual_stages=2), AutoparError, "virtual"),
     api_case("plan-model-is-text", lambda d: autopar.plan("gpt2", "2xcpu"), AutoparError,

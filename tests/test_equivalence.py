@@ -36,8 +36,8 @@ LAUNCHES = {
     # keys and values all-gathered; GPT (learned positions) and HF Llama (rotary, GQA, the
     # mask it computes, labels shifted with an ignored last token).
     "cp": (2, [
-        {"model": "gpt", "cp": 2},
-        {"model": "llama", "cp": 2},
+        *[{"model": m, "cp": 2, "cp_algorithm": a} for m in ("gpt", "llama")
+          for a in ("all_gather", "ring", "ulysses")],
         {"model": "llama", "cp": 2, "microbatches": 2},
         {"model": "gpt", "cp": 2, "cp_layout": "contiguous"},
     ]),
@@ -45,6 +45,7 @@ LAUNCHES = {
         {"model": "llama", "cp": 2, "dp": 2},
         {"model": "llama", "cp": 2, "tp": 2, "cluster": FAST},
         {"model": "gpt", "cp": 2, "dp": 2, "zero": 3},
+        *[{"model": m, "cp": 2, "pp": 2, "microbatches": 2} for m in ("gpt", "llama")],
     ]),
     "4ranks": (4, [
         {"model": "gpt", "dp": 2, "tp": 2, "cluster": FAST},

@@ -69,15 +69,6 @@ def parallelize(
     plan_options = check_keywords(
         plan_options, [k for k in PLAN_KEYWORDS if k not in ("dp", "tp", "pp")],
         "autopar.parallelize")
-    algorithm = plan_options.get("cp_algorithm")
-    if algorithm not in (None, EXECUTED_CP_ALGORITHM):
-        raise AutoparError(
-            f"cp_algorithm={algorithm!r} is planned and priced but not executed yet",
-            where="autopar.parallelize(cp_algorithm=...)",
-            fix=f"pass cp_algorithm={EXECUTED_CP_ALGORITHM!r} (or leave it out), or compare "
-            "algorithms with `autopar plan --cp N --cp-algorithm NAME`")
-    if plan is None:
-        plan_options["cp_algorithm"] = EXECUTED_CP_ALGORITHM  # what the runtime runs
     cluster = load_cluster(cluster)
     ensure_process_group(cluster.backend)
     if plan is None:
@@ -126,26 +117,11 @@ def parallelize(
     return pm
 
 
-EXECUTED_CP_ALGORITHM = "all_gather"
-"""The attention algorithm under cp the runtime executes (ring and Ulysses are priced only)."""
-
-
 def check_cp_runs(plan: Plan, gm: fx.GraphModule) -> None:
-    """Context parallelism runs all-gathered K/V attention on SDPA sites, without pipelines:
-    refuse what is planned beyond that rather than train something else."""
+    """Context parallelism runs on SDPA sites: refuse eager attention chains under cp
+    rather than train something else."""
     if plan.mesh.get("cp", 1) <= 1:
         return
-    context = plan.context
-    fix = ("pin cp_algorithm='all_gather' (it is executed), or plan with cp=1; compare "
-           "layouts with `autopar plan --cp N` or `autopar estimate --cp N`")
-    if context.get("algorithm") != EXECUTED_CP_ALGORITHM:
-        raise AutoparError(
-            f"the plan runs {context.get('algorithm')} attention over cp={plan.mesh['cp']}, "
-            "which autopar plans and prices but does not execute yet (all_gather is)",
-            where="plan.context.algorithm", fix=fix)
-    if plan.mesh.get("pp", 1) > 1:
-        raise AutoparError("context parallelism with pipeline stages is planned but not "
-                           "executed yet", where="plan.mesh", fix="plan with pp=1 or cp=1")
     eager = [s.name for s in find_attention_sites(gm) if s.pattern != "sdpa"]
     if eager:
         raise AutoparError(

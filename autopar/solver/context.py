@@ -88,6 +88,9 @@ def cp_refusal(gm: fx.GraphModule, cp: int, layout: str, seq_len: int | None,
         if not site.fusable:
             return (f"attention {site.name} cannot run as the fused kernel ({site.reason}); "
                     "under cp every attention must")
+        if site.pattern != "sdpa":
+            return (f"attention {site.name} is an eager chain ({site.describe()}); under cp "
+                    "the context attention op replaces SDPA calls only")
         if site.terms or site.dropout_p or site.softcap:
             return (f"attention {site.name} has {site.describe()}: under cp the kernels take "
                     "a causal flag only, not a mask, bias, soft-cap or dropout")

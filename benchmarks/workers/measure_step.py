@@ -26,6 +26,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--cp-algorithm", default=None)
     ap.add_argument("--recompute", default="none")
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--layers", type=int, default=4)
@@ -48,9 +50,10 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
     tgt = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
+    cp = {"cp": args.cp, "cp_algorithm": args.cp_algorithm} if args.cp > 1 else {}
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
                              zero=(0,), recompute=(args.recompute,),
-                             microbatch=args.batch // args.dp, tp_splits_batch=False)
+                             microbatch=args.batch // args.dp, tp_splits_batch=False, **cp)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
     a, k = pm.shard_batch(idx, tgt)
 
@@ -77,6 +80,7 @@ def main() -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     record = {
         "rank": rank, "mesh": pm.plan.mesh, "recompute": pm.plan.training["recompute"],
+        "cp_algorithm": pm.plan.context.get("algorithm"),
         "measured_peak_bytes": device_peak["Total"],
         "measured_by_kind": {str(kind).split(".")[-1]: v for kind, v in device_peak.items()},
         "measured_step_s": statistics.median(times),

@@ -96,12 +96,17 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     names = tuple(plan.mesh)
     mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
     ends = pipeline_ends_group(mesh, rank) if plan.mesh.get("pp", 1) > 2 else None
-    # made by every launched rank, as the mesh's own groups are
-    data = mesh["dp", "cp"]._flatten("dp_cp") if "cp" in names else mesh["dp"]
+    if "cp" in names and launched != needed:
+        # the flattened dp x cp group is made by the mesh's ranks; idle ranks have no part
+        raise RuntimeSetupError(
+            f"a plan with cp={plan.mesh['cp']} runs on exactly its {needed} devices, but "
+            f"{launched} processes were launched", where="plan.mesh.cp",
+            fix=f"launch {needed} processes (torchrun --nproc-per-node {needed})")
     if not active:
         comm_ops.bind_axis_groups({})
         return MeshContext(mesh, {}, device, active=False)
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
+    data = mesh["dp", "cp"]._flatten("dp_cp") if "cp" in names else mesh["dp"]
     zigzag = ("cp",) if plan.context.get("layout") == "zigzag" else ()
     comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names
                                if plan.mesh[axis] > 1}, zigzag=zigzag)

@@ -155,7 +155,8 @@ def context_entry(result: SearchResult, options: PlanOptions) -> dict:
               if name != setting.cp_algorithm]
     pinned = options.cp_algorithm is not None
     why = (f"{setting.cp_algorithm} {'pinned' if pinned else 'is the cheapest'}: "
-           f"{chosen_s * 1e3:.3g} ms of exposed attention communication per step (modelled)"
+           f"{chosen_s * 1e3:.3g} ms of exposed attention communication per step, all layers "
+           "together (modelled)"
            + (f", against {'; '.join(others)}" if others else ""))
     return {"label": "modelled", "cp": setting.cp, "algorithm": setting.cp_algorithm,
             "layout": setting.cp_layout, "pinned": pinned, "algorithms": algorithms,

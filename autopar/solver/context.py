@@ -28,6 +28,12 @@ from autopar.solver.batch_axis import propagate_input_dim
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs
 
+CP_LONG_CONTEXT = 32768
+"""Sequences from this length on are searched with cp > 1 beside cp = 1; shorter ones only
+when no plan fits without it (a search-space bound: published recipes below it, Llama 3's
+8,192-token stage and torchtitan's 8k runs, use no cp, and the cp meshes triple the solves;
+a pinned cp is always planned)."""
+
 CP_SEARCH_MIN_TOKENS = 1024
 """The solver tries ``cp`` > 1 on its own only while every rank keeps at least this many
 tokens of a sequence (a search-space bound, not a result: shorter shards give attention

@@ -24,7 +24,13 @@ from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.context import CP_SEARCH_MIN_TOKENS, algorithm_costs, cheapest, cp_refusal
+from autopar.solver.context import (
+    CP_LONG_CONTEXT,
+    CP_SEARCH_MIN_TOKENS,
+    algorithm_costs,
+    cheapest,
+    cp_refusal,
+)
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
@@ -152,7 +158,15 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
-    for pp, dp, cp, tp in shapes:
+    def ordered():
+        """Meshes without cp first; cp > 1 with them for long contexts (or when pinned), else
+        only when nothing fits without it."""
+        long = options.cp is not None or (facts.seq_len or 0) >= CP_LONG_CONTEXT
+        yield from (s for s in shapes if s[2] == 1 or long)
+        if not long and best is None:
+            yield from (s for s in shapes if s[2] > 1)
+
+    for pp, dp, cp, tp in ordered():
         if global_batch % dp:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
                                         f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))

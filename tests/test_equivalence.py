@@ -43,8 +43,8 @@ LAUNCHES = {
     ]),
     "cp-4ranks": (4, [
         {"model": "llama", "cp": 2, "dp": 2},
-        {"model": "llama", "cp": 2, "tp": 2, "cluster": FAST},
-        {"model": "gpt", "cp": 2, "dp": 2, "zero": 3},
+        *[{"model": m, "cp": 2, "tp": 2, "cluster": FAST} for m in ("gpt", "llama")],
+        *[{"model": m, "cp": 2, "dp": 2, "zero": 3} for m in ("gpt", "llama")],
         *[{"model": m, "cp": 2, "pp": 2, "microbatches": 2} for m in ("gpt", "llama")],
     ]),
     "4ranks": (4, [

@@ -38,18 +38,6 @@ class _GatherBlocks(torch.autograd.Function):
         return _reduce_scatter(grad, Shard(0), ctx.group, n, rank).squeeze(0), None
 
 
-def sequence_shard(x: torch.Tensor, cp: int, rank: int, *, zigzag: bool = False,
-                   dim: int = 2) -> torch.Tensor:
-    """Rank ``rank``'s positions of ``x`` along ``dim``, laid end to end as
-    ``shard_pieces`` orders them.
-
-    >>> sequence_shard(torch.arange(8), 2, 0, zigzag=True, dim=0).tolist()
-    [0, 1, 6, 7]
-    """
-    pieces = shard_pieces(x.shape[dim], cp, rank, zigzag=zigzag)
-    return torch.cat([x.narrow(dim, start, length) for start, length in pieces], dim=dim)
-
-
 def all_gather_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             group: dist.ProcessGroup | None = None, *, zigzag: bool = False,
                             causal: bool = False, window: tuple[int, int] | None = None,

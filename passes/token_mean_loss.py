@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from autopar.context_ops import token_mean_cross_entropy
+from autopar.passes.attention_sites import arg
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.plan_view import PlanView
 from autopar.placements import Partial
@@ -37,16 +38,12 @@ class TokenMeanLoss(GraphPass):
             if node.op != "call_function" or node.target is not aten.cross_entropy_loss.default:
                 continue
             s = view.strategy(node, CP)
-            reduction = node.args[3] if len(node.args) > 3 else node.kwargs.get("reduction", 1)
-            if s is None or reduction != 1 or s.outputs[0] != Partial("avg"):
+            if s is None or arg(node, 3, "reduction", 1) != 1 or s.outputs[0] != Partial("avg"):
                 continue
-            args = list(node.args) + [None] * (6 - len(node.args))
-            weight = args[2] if len(node.args) > 2 else node.kwargs.get("weight")
-            ignore = args[4] if len(node.args) > 4 else node.kwargs.get("ignore_index", -100)
-            smoothing = args[5] if len(node.args) > 5 else node.kwargs.get("label_smoothing", 0.0)
+            node.kwargs = {"weight": arg(node, 2, "weight"),
+                           "ignore_index": arg(node, 4, "ignore_index", -100),
+                           "label_smoothing": arg(node, 5, "label_smoothing", 0.0), "axis": CP}
             node.target = token_mean_cross_entropy
             node.args = (node.args[0], node.args[1])
-            node.kwargs = {"weight": weight, "ignore_index": ignore,
-                           "label_smoothing": smoothing, "axis": CP}
             changes.append(f"{node.name}: mean over the cp group's tokens")
         return PassResult(gm, modified=bool(changes), changes=changes)

@@ -58,8 +58,8 @@ class ParallelModule(nn.Module):
         self.mesh_context = ctx
         self._program = program  # the per-rank fx program (printable with .code)
         self._pipeline = pipeline
-        self._input_shards = self._input_placements(program)
-        self._token_dims = self._sequence_dims(program)
+        self._input_shards = self._input_splits(program, "dp")
+        self._token_dims = self._input_splits(program, "cp")
         self._recorder: RunRecorder | None = None
         self._ddp_hooked = False
         if pipeline is not None:
@@ -106,21 +106,13 @@ class ParallelModule(nn.Module):
         with comm_ops.keep_gathered_as_shards():
             return self.wrapped(*args, **kwargs)
 
-    def _input_placements(self, program: fx.GraphModule) -> dict[int, bool]:
-        """Placeholder position -> is it split over dp (batch-sharded)."""
+    def _input_splits(self, program: fx.GraphModule, axis: str) -> dict[int, int]:
+        """Placeholder position -> the dim the plan splits it along on ``axis`` (dp: the
+        batch; cp: its tokens); inputs left whole are absent."""
         out = {}
         placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         for i, node in enumerate(placeholders):
-            entry = self.plan.strategies.get(node.name, {}).get("dp")
-            out[i] = bool(entry and entry["out"] and entry["out"][0].startswith("S("))
-        return out
-
-    def _sequence_dims(self, program: fx.GraphModule) -> dict[int, int]:
-        """Placeholder position -> the dim context parallelism splits (its tokens)."""
-        out = {}
-        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-        for i, node in enumerate(placeholders):
-            entry = self.plan.strategies.get(node.name, {}).get("cp")
+            entry = self.plan.strategies.get(node.name, {}).get(axis)
             if entry and entry["out"] and entry["out"][0].startswith("S("):
                 out[i] = parse_placement(entry["out"][0]).dim
         return out
@@ -135,7 +127,7 @@ class ParallelModule(nn.Module):
         cp_rank = self.mesh_context.coords.get("cp", 0)
         zigzag = self.plan.context.get("layout") == "zigzag"
         flat_inputs = list(args) + list(kwargs.values())
-        sharded = [self._input_shards.get(i, False) for i in range(len(flat_inputs))]
+        sharded = [i in self._input_shards for i in range(len(flat_inputs))]
         tokens = [self._token_dims.get(i) for i in range(len(flat_inputs))]
 
         def cut(value: Any, split: bool, token_dim: int | None) -> Any:

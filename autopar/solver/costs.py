@@ -168,6 +168,7 @@ class CostTables:
         # coefficients again: each is computed once per setting.
         self._times: dict[tuple, tuple[float, float, float]] = {}
         self._moves: dict[tuple, float] = {}
+        self._comm: dict[tuple, AttentionComm] = {}
 
     # --- sizes -----------------------------------------------------------------------
     def _scale(self, d: Decision, output: int = 0) -> float:
@@ -204,8 +205,11 @@ class CostTables:
         site = self._context_sites.get(d.index)
         if site is None or self.setting.cp_algorithm not in CP_ALGORITHMS:
             return None
-        f, b, _ = self.times(d, s, comm=False)
-        return site_comm(self, site, self.setting.cp_algorithm, f, b)
+        key = (d.index, s)
+        if key not in self._comm:
+            f, b, _ = self.times(d, s, comm=False)
+            self._comm[key] = site_comm(self, site, self.setting.cp_algorithm, f, b)
+        return self._comm[key]
 
     def _unmarked_batch(self, d: Decision, output: int) -> bool:
         """A helper tensor the batch marking could not follow (a mask indexed with

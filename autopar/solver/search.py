@@ -158,6 +158,8 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
+    refusals: dict[int, str] = {}
+
     def ordered():
         """Meshes without cp first; cp > 1 with them for long contexts (or when pinned), else
         only when nothing fits without it."""
@@ -171,7 +173,10 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
                                         f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
             continue
-        refusal = cp_refusal(gm, cp, options.cp_layout, facts.seq_len, options.fuse_attention)
+        if cp not in refusals:  # the same for every mesh with this cp
+            refusals[cp] = cp_refusal(gm, cp, options.cp_layout, facts.seq_len,
+                                      options.fuse_attention)
+        refusal = refusals[cp]
         if refusal:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
                                         f"SKIPPED(cp={cp}: {refusal})"))
@@ -294,12 +299,11 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             hint = None  # candidate indices of another problem
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         if setting.cp_algorithm == "auto":
-            algorithm = cheapest(algorithm_costs(tables, _cp_algorithms(options)))
+            costs = algorithm_costs(tables, _cp_algorithms(options))
+            algorithm = cheapest(costs)
             if algorithm is None:
                 candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
-                                            + "; ".join(map(str, algorithm_costs(
-                                                tables, _cp_algorithms(options)).values()))
-                                            + ")"))
+                                            + "; ".join(map(str, costs.values())) + ")"))
                 continue
             setting = replace(setting, cp_algorithm=algorithm)
             tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)

@@ -18,11 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from equivalence import serve_cases  # noqa: E402
 
+from autopar.comm_ops import local_slice  # noqa: E402
 from autopar.context_ops import (  # noqa: E402
     all_gather_kv_attention,
-    sequence_shard,
 )
 from autopar.kernels import attention  # noqa: E402
+from autopar.placements import Shard  # noqa: E402
 
 TOL = 1e-5
 
@@ -49,7 +50,7 @@ def run_case(case: dict) -> dict:
     loss(out, lse).backward()
 
     def mine(x):
-        return sequence_shard(x, cp, rank, zigzag=zigzag)
+        return local_slice(x, Shard(2), cp, rank, zigzag)
 
     local = [mine(t).detach().clone().requires_grad_() for t in (q, k, v)]
     out_l, lse_l = all_gather_kv_attention(*local, zigzag=zigzag, **opts)

@@ -6,11 +6,12 @@ All-gathering keys and values is Llama 3's choice, cheap with GQA's few key/valu
 
 Each rank holds the queries, keys and values of the positions ``shard_pieces`` gives it
 (contiguous, or zigzag for causal balance). An all-gather brings every rank's keys and
-values; its backward returns each block's dK and dV, summed over the ranks that read it, to
-the rank that owns it (``comm_ops``'s reduce-scatter).
-``ring_attention_shard`` then runs this rank's queries against every block at its global
-position, skipping blocks the mask hides. The same shard function serves the ring algorithm,
-where the blocks arrive one by one instead.
+values, or the ring brings them one block at a time; ``kernels.ring.block_forward`` folds
+this rank's queries against each block at its global position into a running output and
+log-sum-exp, skipping blocks the mask hides. Backward brings the blocks again and
+``block_backward`` takes each block's share of dQ/dK/dV from the merged output and lse
+(FlashAttention's backward), so a layer keeps q, k, v, the output and the lse: what the
+memory model prices. dK/dV go home by reduce-scatter, or round the ring with their block.
 """
 
 from __future__ import annotations
@@ -19,55 +20,65 @@ import torch
 import torch.distributed as dist
 
 from autopar.comm_ops import _gather, _group, _reduce_scatter, _unzigzag, local_slice
-from autopar.kernels import ring_attention_shard, shard_pieces
+from autopar.kernels import shard_pieces
+from autopar.kernels.ring import RingMask, block_backward, block_forward
 from autopar.placements import Shard
 
 
-class _GatherBlocks(torch.autograd.Function):
-    """Every rank's ``x`` stacked along a new dim 0 (all-gather); backward: the summed
-    gradient of this rank's block (reduce-scatter)."""
+def _gathered(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's ``x`` stacked along a new dim 0 (an all-gather, outside autograd)."""
+    return _gather(x.unsqueeze(0), Shard(0), group, dist.get_world_size(group))
+
+
+class _AllGatherAttention(torch.autograd.Function):
+    """Forward gathers K/V and folds in every block; backward gathers them again (the
+    gathered copy is not kept between the passes), takes each block's share of the
+    gradients, and reduce-scatters dK/dV to their owners."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        ctx.group = group
-        return _gather(x.unsqueeze(0), Shard(0), group, dist.get_world_size(group))
+    def forward(ctx, q, k, v, group, zigzag: bool, mask: RingMask):
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        pieces = [shard_pieces(q.shape[2] * cp, cp, r, zigzag=zigzag) for r in range(cp)]
+        keys, values = _gathered(k, group), _gathered(v, group)
+        running = None
+        for r in [(rank - step) % cp for step in range(cp)]:  # its own block first
+            running = block_forward(q, pieces[rank], keys[r], values[r], pieces[r], running,
+                                    mask)
+        out, lse = running
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (group, pieces, rank, mask)
+        ctx.set_materialize_grads(False)
+        return out.to(q.dtype), lse
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        n, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        return _reduce_scatter(grad, Shard(0), ctx.group, n, rank).squeeze(0), None
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, pieces, rank, mask = ctx.args
+        keys, values = _gathered(k, group), _gathered(v, group)
+        dout = torch.zeros_like(q) if dout is None else dout
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dkeys = torch.empty(keys.shape, dtype=torch.float32, device=k.device)
+        dvalues = torch.empty(values.shape, dtype=torch.float32, device=v.device)
+        for r in range(len(pieces)):
+            gq, dkeys[r], dvalues[r] = block_backward(q, pieces[rank], keys[r], values[r],
+                                                      pieces[r], out, lse, dout, dlse, mask)
+            dq += gq
+        n = len(pieces)
+        dk = _reduce_scatter(dkeys, Shard(0), group, n, rank).squeeze(0)
+        dv = _reduce_scatter(dvalues, Shard(0), group, n, rank).squeeze(0)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def all_gather_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             group: dist.ProcessGroup | None = None, *, zigzag: bool = False,
                             causal: bool = False, window: tuple[int, int] | None = None,
                             scale: float | None = None,
-                            alibi_slopes: torch.Tensor | None = None,
                             softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's attention output and log-sum-exp for its sequence shard ``q`` (batch,
     heads, local_len, head_dim), against the keys and values of every rank of ``group``."""
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    pieces = [shard_pieces(q.shape[2] * cp, cp, r, zigzag=zigzag) for r in range(cp)]
-    keys = _GatherBlocks.apply(k, group)
-    values = _GatherBlocks.apply(v, group)
-    order = [(rank - step) % cp for step in range(cp)]  # its own block first, as a ring
-    blocks = [(keys[r], values[r], pieces[r]) for r in order]
-    return ring_attention_shard(q, pieces[rank], blocks, causal=causal, window=window,
-                                scale=scale, alibi_slopes=alibi_slopes, softcap=softcap)
-
-
-class _RingPass(torch.autograd.Function):
-    """Send ``x`` to the next rank of the ring and receive the previous rank's; backward
-    sends the gradient the other way (a visiting block's dK/dV travel back to its owner)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _shift(x, group, +1)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _shift(grad, ctx.group, -1), None
+    mask = RingMask(causal, None if window is None else tuple(window), scale, softcap)
+    return _AllGatherAttention.apply(q, k, v, group, zigzag, mask)
 
 
 def _shift(x: torch.Tensor, group: dist.ProcessGroup, step: int) -> torch.Tensor:
@@ -83,28 +94,56 @@ def _shift(x: torch.Tensor, group: dist.ProcessGroup, step: int) -> torch.Tensor
     return out
 
 
+class _RingAttention(torch.autograd.Function):
+    """Ring attention. Forward: ``cp - 1`` shifts pass each rank's K/V to the next rank and
+    the queries fold in each block as it arrives. Backward: the blocks go round again, each
+    carrying its dK/dV accumulator, to which every rank adds its share; after ``cp`` shifts
+    the accumulators are home. A rank holds one visiting block at a time, never all."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, zigzag: bool, mask: RingMask):
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        pieces = [shard_pieces(q.shape[2] * n, n, r, zigzag=zigzag) for r in range(n)]
+        running, key, value = None, k, v
+        for step in range(n):
+            running = block_forward(q, pieces[rank], key, value, pieces[(rank - step) % n],
+                                    running, mask)
+            if step < n - 1:
+                key, value = _shift(key, group, +1), _shift(value, group, +1)
+        out, lse = running
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (group, pieces, rank, mask)
+        ctx.set_materialize_grads(False)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, pieces, rank, mask = ctx.args
+        n = len(pieces)
+        dout = torch.zeros_like(q) if dout is None else dout
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        key, value = k, v
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for step in range(n):
+            gq, gk, gv = block_backward(q, pieces[rank], key, value, pieces[(rank - step) % n],
+                                        out, lse, dout, dlse, mask)
+            dq += gq
+            dk, dv = _shift(dk + gk, group, +1), _shift(dv + gv, group, +1)
+            if step < n - 1:
+                key, value = _shift(key, group, +1), _shift(value, group, +1)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
 def ring_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       group: dist.ProcessGroup, *, zigzag: bool = False, causal: bool = False,
                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ring attention: ``cp - 1`` steps pass each rank's keys and values to the next rank;
-    this rank's queries meet every block as it arrives (``ring_attention_shard``, merged by
-    log-sum-exp); backward returns each block's dK/dV around the ring to its owner.
-
-    The visiting blocks are kept for backward, as all-gather keeps its gathered copy: the
-    communication is the ring's (p2p with the neighbours only), the memory is not yet its
-    (a block recomputed in backward's own ring pass would be)."""
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    pieces = [shard_pieces(q.shape[2] * n, n, r, zigzag=zigzag) for r in range(n)]
-    blocks, key, value = [], k, v
-    for step in range(n):
-        blocks.append((key, value, pieces[(rank - step) % n]))
-        if step < n - 1:
-            key, value = _RingPass.apply(key, group), _RingPass.apply(value, group)
-    out, lse = ring_attention_shard(q, pieces[rank], blocks, causal=causal, scale=scale)
-    # Every rank must run every backward shift (each is a send paired with a receive): a
-    # block the mask hides from this rank's queries still gets its (zero) gradient.
-    hidden = sum((key.sum() + value.sum()) * 0 for key, value, _ in blocks[1:])
-    return out + hidden, lse
+    """Ring attention over ``group`` (see :class:`_RingAttention`): p2p with the two
+    neighbours only, one visiting block held at a time in both passes."""
+    mask = RingMask(causal, None, scale, None)
+    return _RingAttention.apply(q, k, v, group, zigzag, mask)
 
 
 def _exchange(x: torch.Tensor, group: dist.ProcessGroup, src: int, src_zigzag: bool,

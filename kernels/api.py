@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .codegen import interpreting
+from .lse import chunked_lse
 from .reference import alibi_bias, reference_attention, visible_mask
 from .spec import AttentionSpec, dtype_name
 
@@ -149,7 +150,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _sdpa_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     bias: torch.Tensor | None, slopes: torch.Tensor | None, seed: int,
                     q_offset: int, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fallback: SDPA with an explicit additive mask; lse by logsumexp when asked."""
+    """The fallback: SDPA with an explicit additive mask; lse (when asked) block by block."""
     if spec.softcap is not None:
         return _math_attention(spec, q, k, v, bias, slopes, seed, q_offset, return_lse)
     b, h, m, _ = q.shape
@@ -181,19 +182,25 @@ def _sdpa_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: to
         if bool(empty.any()):
             out = out.masked_fill(empty, 0.0)
     lse = None
-    if return_lse:
-        kk = k.repeat_interleave(spec.group_size, dim=1) if spec.group_size > 1 else k
-        s = (q.float() @ kk.float().transpose(-1, -2)) * spec.scale
-        if spec.causal and plain:
-            s = s.masked_fill(~visible_mask(m, n, causal=True, device=q.device), float("-inf"))
-        elif mask is not None:
-            s = s + mask.float()
-        # a query that sees no key: lse -inf, and no NaN from logsumexp's backward
-        # (0 * exp(-inf - -inf)) when ring attention merges this block with others
-        none = torch.isneginf(s).all(dim=-1, keepdim=True)
-        lse = torch.logsumexp(s.masked_fill(none, 0.0), dim=-1).masked_fill(
-            none.squeeze(-1), float("-inf"))
+    if return_lse and mask is not None and mask.requires_grad:
+        lse = _materialised_lse(spec, q, k, mask)
+    elif return_lse:
+        lse = chunked_lse(q, k, mask, scale=spec.scale, causal=spec.causal and plain,
+                          q_offset=q_offset)
     return out, lse
+
+
+def _materialised_lse(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """lse through the full fp32 scores, so a learned bias gets its gradient (autograd
+    keeps the scores: only for this rare case)."""
+    kk = k.repeat_interleave(spec.group_size, dim=1) if spec.group_size > 1 else k
+    s = (q.float() @ kk.float().transpose(-1, -2)) * spec.scale + mask.float()
+    # a query that sees no key: lse -inf, and no NaN from logsumexp's backward
+    # (0 * exp(-inf - -inf)) when ring attention merges this block with others
+    none = torch.isneginf(s).all(dim=-1, keepdim=True)
+    return torch.logsumexp(s.masked_fill(none, 0.0), dim=-1).masked_fill(
+        none.squeeze(-1), float("-inf"))
 
 
 def _math_attention(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

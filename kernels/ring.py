@@ -15,9 +15,10 @@ end to end. Contiguous sharding gives rank ``r`` one piece; the zigzag layout gi
 
 :func:`ring_attention_shard` is one rank's computation, given the blocks that visit it;
 :func:`simulate_ring_attention` runs every rank in one process (tests, and the reference
-the distributed version is checked against). Both are differentiable through autograd: the
-kernels' backward gives each block's dK and dV, which the distributed version sends back
-around the ring.
+the distributed version is checked against). :func:`block_forward` and
+:func:`block_backward` are the two halves the distributed versions call between messages:
+backward recomputes each block from the merged output and log-sum-exp (FlashAttention's
+backward), so only q, the blocks, the output and the lse are kept.
 
     >>> import torch
     >>> from autopar.kernels import attention
@@ -30,10 +31,12 @@ around the ring.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .api import attention, merge_partials
+from .attention_grad import attention_block_grad
 
 Pieces = tuple[tuple[int, int], ...]
 """A rank's tokens: ``(global start, length)`` runs, in the order they are laid out."""
@@ -70,6 +73,116 @@ def _hidden(q: tuple[int, int], k: tuple[int, int], causal: bool,
     return left >= 0 and ks + kn - 1 < qs - left  # every key is further left than allowed
 
 
+@dataclass(frozen=True)
+class RingMask:
+    """What every block call of one attention shares: the mask and the score transform."""
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    scale: float | None = None
+    softcap: float | None = None
+
+    def kwargs(self) -> dict:
+        return {"causal": self.causal, "window": self.window, "scale": self.scale,
+                "softcap": self.softcap}
+
+
+def _visible_pairs(q_pieces: Pieces, k_pieces: Pieces, mask: RingMask):
+    """(query slice, key slice, q_offset) of every piece pair the mask does not hide."""
+    q_at = 0
+    for qp in q_pieces:
+        k_at = 0
+        for kp in k_pieces:
+            if not _hidden(qp, kp, mask.causal, mask.window):
+                yield (slice(q_at, q_at + qp[1]), slice(k_at, k_at + kp[1]), qp[0] - kp[0])
+            k_at += kp[1]
+        q_at += qp[1]
+
+
+def _check_pieces(q: torch.Tensor, q_pieces: Pieces) -> None:
+    if sum(n for _, n in q_pieces) != q.shape[2]:
+        raise ValueError(f"q has {q.shape[2]} positions but its pieces {q_pieces} cover "
+                         f"{sum(n for _, n in q_pieces)}")
+
+
+def block_forward(q: torch.Tensor, q_pieces: Pieces, k: torch.Tensor, v: torch.Tensor,
+                  k_pieces: Pieces, running: tuple[torch.Tensor, torch.Tensor] | None,
+                  mask: RingMask, alibi_slopes: torch.Tensor | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold one visiting block into the running (output fp32, lse fp32) of ``q``, without
+    autograd (backward recomputes the block: :func:`block_backward`). Start from None."""
+    _check_pieces(q, q_pieces)
+    if running is None:
+        b, h, m, d = q.shape
+        running = (torch.zeros((b, h, m, d), dtype=torch.float32, device=q.device),
+                   torch.full((b, h, m), float("-inf"), dtype=torch.float32, device=q.device))
+    out, lse = running
+    with torch.no_grad():
+        for rows, keys, offset in _visible_pairs(q_pieces, k_pieces, mask):
+            o, s = attention(q[:, :, rows], k[:, :, keys], v[:, :, keys], **mask.kwargs(),
+                             alibi_slopes=alibi_slopes, q_offset=offset, return_lse=True)
+            out[:, :, rows], lse[:, :, rows] = merge_partials(out[:, :, rows], lse[:, :, rows],
+                                                              o.float(), s)
+    return out, lse
+
+
+def block_backward(q: torch.Tensor, q_pieces: Pieces, k: torch.Tensor, v: torch.Tensor,
+                   k_pieces: Pieces, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                   dlse: torch.Tensor | None, mask: RingMask,
+                   alibi_slopes: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in fp32 of one block's share, from the merged ``out``/``lse`` of every
+    block and their gradients; zeros where the mask hides the block."""
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    for rows, keys, offset in _visible_pairs(q_pieces, k_pieces, mask):
+        gq, gk, gv = attention_block_grad(
+            q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows], lse[:, :, rows],
+            dout[:, :, rows], None if dlse is None else dlse[:, :, rows], **mask.kwargs(),
+            alibi_slopes=alibi_slopes, q_offset=offset)
+        dq[:, :, rows] += gq
+        dk[:, :, keys] += gk
+        dv[:, :, keys] += gv
+    return dq, dk, dv
+
+
+def _grad_or_zero(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad
+
+
+class _RingShard(torch.autograd.Function):
+    """One rank's attention over its visiting blocks; keeps q, the blocks, the merged
+    output and lse, and recomputes each block in backward."""
+
+    @staticmethod
+    def forward(ctx, q, q_pieces, block_pieces, mask, slopes, *kvs):
+        running = None
+        for i, pieces in enumerate(block_pieces):
+            running = block_forward(q, q_pieces, kvs[2 * i], kvs[2 * i + 1], pieces, running,
+                                    mask, slopes)
+        out, lse = running
+        ctx.save_for_backward(q, out, lse, slopes, *kvs)
+        ctx.pieces, ctx.mask = (q_pieces, block_pieces), mask
+        ctx.set_materialize_grads(False)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, out, lse, slopes, *kvs = ctx.saved_tensors
+        q_pieces, block_pieces = ctx.pieces
+        dout = _grad_or_zero(dout, q)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dkvs = []
+        for i, pieces in enumerate(block_pieces):
+            gq, gk, gv = block_backward(q, q_pieces, kvs[2 * i], kvs[2 * i + 1], pieces, out,
+                                        lse, dout, dlse, ctx.mask, slopes)
+            dq += gq
+            dkvs += [gk.to(kvs[2 * i].dtype), gv.to(kvs[2 * i + 1].dtype)]
+        return (dq.to(q.dtype), None, None, None, None, *dkvs)
+
+
 def ring_attention_shard(q: torch.Tensor, q_pieces: Pieces,
                          blocks: Sequence[tuple[torch.Tensor, torch.Tensor, Pieces]], *,
                          causal: bool = False, window: tuple[int, int] | None = None,
@@ -77,35 +190,13 @@ def ring_attention_shard(q: torch.Tensor, q_pieces: Pieces,
                          softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One rank's attention: its queries ``q`` (laid out as ``q_pieces``) against each
     visiting block ``(k, v, k_pieces)``; returns the output and the log-sum-exp (fp32),
-    with a query that sees no key getting 0 and ``-inf``."""
-    if sum(n for _, n in q_pieces) != q.shape[2]:
-        raise ValueError(f"q has {q.shape[2]} positions but its pieces {q_pieces} cover "
-                         f"{sum(n for _, n in q_pieces)}")
-    outs, lses = [], []
-    q_at = 0
-    for qp in q_pieces:
-        q_part = q[:, :, q_at:q_at + qp[1]]
-        q_at += qp[1]
-        out = lse = None
-        for k, v, k_pieces in blocks:
-            k_at = 0
-            for kp in k_pieces:
-                k_part, v_part = k[:, :, k_at:k_at + kp[1]], v[:, :, k_at:k_at + kp[1]]
-                k_at += kp[1]
-                if _hidden(qp, kp, causal, window):
-                    continue
-                o, s = attention(q_part, k_part, v_part, causal=causal, window=window,
-                                 scale=scale, alibi_slopes=alibi_slopes, softcap=softcap,
-                                 q_offset=qp[0] - kp[0], return_lse=True)
-                out, lse = (o, s) if out is None else merge_partials(out, lse, o, s)
-        if out is None:  # every key is hidden from this piece
-            b, h = q.shape[:2]
-            out = q_part.new_zeros(q_part.shape)
-            lse = torch.full((b, h, qp[1]), float("-inf"), dtype=torch.float32,
-                             device=q.device)
-        outs.append(out)
-        lses.append(lse)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    with a query that sees no key getting 0 and ``-inf``. Differentiable in q and every
+    block; backward keeps only q, the blocks, the output and the lse."""
+    _check_pieces(q, q_pieces)
+    mask = RingMask(causal, None if window is None else tuple(window), scale, softcap)
+    kvs = [t for k, v, _ in blocks for t in (k, v)]
+    return _RingShard.apply(q, tuple(q_pieces), tuple(tuple(p) for _, _, p in blocks), mask,
+                            alibi_slopes, *kvs)
 
 
 def _gather(x: torch.Tensor, pieces: Pieces) -> torch.Tensor:

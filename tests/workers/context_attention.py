@@ -1,4 +1,4 @@
-"""Context-parallel attention (all-gather K/V) on real gloo processes against one device:
+"""Context-parallel attention (all-gather K/V or ring) on real gloo processes against one device:
 each rank's output, log-sum-exp and dQ/dK/dV for its sequence shard equal the same
 positions of the unsharded attention's. Each rank writes ``rank<r>.json`` into
 ``$AUTOPAR_TEST_OUT``.
@@ -21,6 +21,7 @@ from equivalence import serve_cases  # noqa: E402
 from autopar.comm_ops import local_slice  # noqa: E402
 from autopar.context_ops import (  # noqa: E402
     all_gather_kv_attention,
+    ring_kv_attention,
 )
 from autopar.kernels import attention  # noqa: E402
 from autopar.placements import Shard  # noqa: E402
@@ -53,7 +54,10 @@ def run_case(case: dict) -> dict:
         return local_slice(x, Shard(2), cp, rank, zigzag)
 
     local = [mine(t).detach().clone().requires_grad_() for t in (q, k, v)]
-    out_l, lse_l = all_gather_kv_attention(*local, zigzag=zigzag, **opts)
+    if case.get("algorithm") == "ring":
+        out_l, lse_l = ring_kv_attention(*local, dist.group.WORLD, zigzag=zigzag, **opts)
+    else:
+        out_l, lse_l = all_gather_kv_attention(*local, zigzag=zigzag, **opts)
     do_part, dl_part = mine(do), mine(dl)
     loss(out_l, lse_l).backward()
     diffs = {name: (a - mine(b)).abs().max().item() for name, a, b in (

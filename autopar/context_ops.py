@@ -22,6 +22,7 @@ import torch.distributed as dist
 from autopar.comm_ops import _gather, _group, _reduce_scatter, _unzigzag, local_slice
 from autopar.kernels import shard_pieces
 from autopar.kernels.ring import RingMask, block_backward, block_forward
+from autopar.loss_ops import chunkable, chunked_cross_entropy
 from autopar.placements import Shard
 
 
@@ -215,9 +216,11 @@ def token_mean_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     """``n x`` this rank's summed cross-entropy over the targets (their weights) counted on
     all ``n`` ranks of ``axis``: its average over the ranks is the exact mean over their
     tokens, however unevenly ignored targets fall (see passes.token_mean_loss)."""
-    total = torch.nn.functional.cross_entropy(
-        logits, target, weight=weight, ignore_index=ignore_index, reduction="sum",
-        label_smoothing=label_smoothing)
+    loss = (chunked_cross_entropy if chunkable(logits.dim(), target.dim(),
+                                               target.is_floating_point())
+            else torch.nn.functional.cross_entropy)
+    total = loss(logits, target, weight=weight, ignore_index=ignore_index, reduction="sum",
+                 label_smoothing=label_smoothing)
     with torch.no_grad():
         valid = target != ignore_index
         count = (weight[target.clamp(min=0)] * valid).sum() if weight is not None else valid.sum()

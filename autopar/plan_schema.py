@@ -297,7 +297,7 @@ PLAN = obj(
                            f"{' and '.join(map(str, ZERO_STAGES_RUNNABLE))} (DDP, FSDP2); "
                            "re-plan with --zero 0,3"),
             "recompute": one_of(RECOMPUTE_MODES),
-        }),
+        }, {"chunked_loss": one_of((True, False))}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
         "params": map_of(obj({"dp": placement, "tp": placement}, {"cp": placement})),
         "predicted": obj({

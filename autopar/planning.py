@@ -53,6 +53,7 @@ def plan(
     recompute: str | tuple[str, ...] = ("none", "selective", "full"),
     tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
+    chunked_loss: bool = True,
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     extrapolation_margin: float | None = None,
@@ -79,6 +80,8 @@ def plan(
     runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
     named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
     causal work) or "contiguous" chunks.
+    ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
+    tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
     tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
     plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
@@ -127,6 +130,7 @@ def plan(
         recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
         tp_splits_batch=tp_splits_batch,
         fuse_attention=fuse_attention,
+        chunked_loss=chunked_loss,
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
         extrapolation_margin=extrapolation_margin,

@@ -1,6 +1,7 @@
 """Plan-driven graph rewrites, one pass per file, run by a PassManager."""
 
 from autopar.passes.checkpoint_layers import CheckpointLayers
+from autopar.passes.chunked_loss import ChunkedLoss
 from autopar.passes.fuse_attention import FuseAttention
 from autopar.passes.infra import (
     GraphPass,
@@ -31,13 +32,16 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     ``plan``, in order: tensor parallelism; fused attention kernels; layer modules when FSDP2 gathers them, when
     checkpointing reruns them, or when pipeline stages are cut between them (after giving
     each layer its own copy of what it reads that is made from the inputs alone); the
-    checkpointing; the pipeline split."""
+    checkpointing; the pipeline split. Every program computes its cross-entropy chunked
+    (the memory model prices it so)."""
     zero = plan.training.get("zero", 0)
     recompute = plan.training.get("recompute", "none")
     pipelined = plan.mesh.get("pp", 1) > 1
     passes = sharding_passes()
     if plan.mesh.get("cp", 1) > 1:  # on the plan's own nodes, before collectives join
         passes.insert(len(passes) - 1, TokenMeanLoss())
+    if plan.training.get("chunked_loss", True):
+        passes.append(ChunkedLoss())
     if any(entry.get("fused") for entry in plan.attention):
         passes.append(FuseAttention())
     if pipelined:  # before outlining: stages then carry no masks, only inputs
@@ -54,6 +58,7 @@ def program_passes(plan: Plan) -> list[GraphPass]:
 
 __all__ = [
     "CheckpointLayers",
+    "ChunkedLoss",
     "FuseAttention",
     "GraphPass",
     "InsertCollectives",

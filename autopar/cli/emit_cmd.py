@@ -68,6 +68,9 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
     "fuse_attention": ("--no-fuse-attention",
                        lambda p: f"{sum(e['fused'] for e in p.attention)} attention site(s) fused",
                        lambda v, fused: fused.startswith("0 ")),
+    "chunked_loss": ("--no-chunked-loss",
+                     lambda p: f"chunked_loss={p.training.get('chunked_loss', True)}",
+                     lambda v, shown: shown == f"chunked_loss={v}"),
     "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
 }
 _EMIT_OWN = ("command", "model", "cluster", "plan", "rank")  # not planning choices

@@ -96,6 +96,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "cp_layout": c.cp_layout if c.cp > 1 else None, "sp": c.sp, "recompute": c.recompute, "precision": c.precision,
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
+            "chunked_loss": c.chunked_loss,
         },
         "predicted": {
             "step_time_s": step,
@@ -135,7 +136,8 @@ def format_report(r: dict) -> str:
         f"          {a['precision']}, {a['optimizer']}, ZeRO-{a['zero']}, recompute {a['recompute']}, "
         f"schedule {a['schedule']}" + (f" (v={a['virtual_stages']})" if a['virtual_stages'] > 1
                                        else "")
-        + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else ""),
+        + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else "")
+        + ("" if a["chunked_loss"] else ", torch's cross-entropy (--no-chunked-loss)"),
         "",
         "memory per device (the fullest stage)",
     ]
@@ -174,7 +176,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         global_batch=traced.batch, recompute=recompute,
         precision=args.precision or default_precision(cluster), zero=zero,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
-        fuse_attention=args.fuse_attention, layout=getattr(args, "layout", "auto"),
+        fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

@@ -257,6 +257,12 @@ def add_fuse_attention(p: argparse.ArgumentParser) -> None:
                    help="keep attention op by op as traced, instead of one generated fused kernel")
 
 
+def add_chunked_loss(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false",
+                   help="keep torch's cross-entropy (its [tokens, vocab] log-softmax), instead "
+                        "of computing it a block of tokens at a time")
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write the result as JSON to FILE")

@@ -44,6 +44,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_time_limit(p)
     flags.add_extrapolation_margin(p)
     flags.add_fuse_attention(p)
+    flags.add_chunked_loss(p)
 
 
 def _sub(sub: argparse._SubParsersAction, name: str, summary: str,
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_schedule(p, default="1f1b")
     flags.add_virtual_stages(p, default=1)
     flags.add_fuse_attention(p)
+    flags.add_chunked_loss(p)
     flags.add_json(p)
 
     p = _sub(sub, "calibrate", "measure this machine and write a cluster profile")

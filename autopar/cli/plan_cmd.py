@@ -36,6 +36,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         time_limit_s=args.time_limit,
         extrapolation_margin=args.extrapolation_margin,
         fuse_attention=args.fuse_attention,
+        chunked_loss=args.chunked_loss,
         model_name=traced.spec.name,
     )
     return result, traced

@@ -41,6 +41,8 @@ from autopar.cost_models.memory import StateBytes, activation_bytes_per_element,
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.knobs import RECOMPUTE_MODES
+from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
+from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
 from autopar.placements import Placement, Replicate, Shard
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
@@ -410,11 +412,28 @@ class CostTables:
 
     def loss_working_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of the fp32 buffer a loss keeps (its log-softmax), local to this device:
-        at backward's start its gradient is as large, the largest temporary of many steps."""
+        at backward's start its gradient is as large, the largest temporary of many steps.
+        A chunked cross-entropy keeps the logits (an activation); its backward makes their
+        gradient and one block (fp32): half of that, as the peak counts the largest
+        temporary twice."""
         if d.kind != "op" or d.facts.target not in AUTOCAST_FP32_TARGETS:
             return 0.0
         div = self.setting.tp if sharded_compute(s) else 1
+        chunked = self._chunked_loss(d)
+        if chunked is not None:
+            tokens, classes, logit_bytes = chunked
+            local = max(1, int(tokens * self._scale(d) / div))
+            return (local * classes * logit_bytes + chunked_working_bytes(local, classes)) / 2
         return d.facts.extra_saved_float_numel * 4 * self._scale(d) / div
+
+    def _chunked_loss(self, d: Decision) -> tuple[int, int, int] | None:
+        """(tokens, classes as traced, bytes of a logit) of a cross-entropy the runtime
+        computes chunked (``passes/chunked_loss.py``), else None. The loss reads the logits
+        in the compute precision (a fp32 cast before it is folded in)."""
+        if not self.options.chunked_loss:
+            return None
+        shape = _chunked_loss_shape(d)
+        return None if shape is None else (*shape, self.element_bytes)
 
     def context_buffer_bytes(self, d: Decision, s: Strategy) -> float:
         """The largest buffer the cp attention algorithm holds at ``d`` (gathered K/V, ring
@@ -430,7 +449,12 @@ class CostTables:
         div = self.setting.tp if sharded_compute(s) else 1
         # Float buffers (statistics, LSEs) follow the compute precision, or fp32 for the ops
         # autocast runs in fp32 (the loss's log-softmax); masks keep their bytes.
-        float_bytes = facts.extra_saved_float_numel * self.float_bytes(facts)
+        chunked = self._chunked_loss(d)
+        if chunked is None:
+            float_bytes = facts.extra_saved_float_numel * self.float_bytes(facts)
+        else:  # one fp32 log-sum-exp a token, and the logits themselves
+            tokens, classes, logit_bytes = chunked
+            float_bytes = chunked_saved_floats(tokens) * 4 + tokens * classes * logit_bytes
         total = (float_bytes + facts.extra_saved_other_bytes) * self._scale(d) / div
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
@@ -470,6 +494,29 @@ class CostTables:
         if not d.facts.shapes or not s.outputs:
             return 0.0
         return self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
+
+    def transient_output_bytes(self, d: Decision, s: Strategy) -> float:
+        """The output bytes the peak counts twice (an output beside its gradient): none for
+        the logits a chunked cross-entropy reads (and the views and cast between), whose
+        backward transients the loss prices (:meth:`loss_working_bytes`)."""
+        if d.nodes[0].name in self._chunked_loss_inputs:
+            return 0.0
+        return self.local_output_bytes(d, s)
+
+    @cached_property
+    def _chunked_loss_inputs(self) -> frozenset[str]:
+        names: set[str] = set()
+        for d in self.problem.decisions:
+            if self._chunked_loss(d) is None:
+                continue
+            node = d.nodes[0].args[0]
+            while isinstance(node, fx.Node) and node.op == "call_function":
+                names.add(node.name)
+                if node.target in VIEWS:
+                    node = node.args[0]
+                else:
+                    node = fp32_cast(node)  # folded into the loss; else the producer
+        return frozenset(names)
 
     def trainable_numel(self, d: Decision, s: Strategy) -> float:
         """Trainable parameters of one instance on one device (local over tp)."""
@@ -528,3 +575,12 @@ class CostTables:
 
 def _itemsize(dtype: str) -> int:
     return {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}.get(dtype, 4)
+
+
+def _chunked_loss_shape(d: Decision) -> tuple[int, int] | None:
+    """(tokens, classes) as traced of a cross-entropy the runtime computes chunked
+    (``passes/chunked_loss.py``), else None."""
+    if d.kind != "op" or not chunkable_loss(d.nodes[0]):
+        return None
+    tokens, classes = d.nodes[0].args[0].meta["val"].shape
+    return int(tokens), int(classes)

@@ -183,7 +183,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         own_plain = tables.own_activation(d, s, recompute=False)
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
-        out = tables.local_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
+        out = tables.transient_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
         # the peak counts the largest tensor twice (a gradient beside it); a cp attention
         # buffer is alive once
         out = max(out, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)

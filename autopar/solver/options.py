@@ -31,6 +31,8 @@ class PlanOptions:
     - ``zero``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
     - ``recompute``: activation recomputation modes the solver may pick per plan.
     - ``fuse_attention``: run every attention site the kernels support as one fused call.
+    - ``chunked_loss``: compute cross-entropy over class indices a block of tokens at a
+      time (``autopar.loss_ops``), keeping no ``[tokens, vocab]`` log-softmax.
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
@@ -62,6 +64,7 @@ class PlanOptions:
     tp_splits_batch: bool | None = None
     # Replace attention sites with the generated fused kernels (autopar.kernels.attention).
     fuse_attention: bool = True
+    chunked_loss: bool = True
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
     extrapolation_margin: float | None = None
@@ -123,7 +126,7 @@ class PlanOptions:
                 where="PlanOptions.recompute",
                 fix='e.g. recompute=("none", "full")',
             )
-        for name in ("tp_splits_batch", "fuse_attention"):
+        for name in ("tp_splits_batch", "fuse_attention", "chunked_loss"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"{name} must be True or False, got {getattr(self, name)!r}",
                                    where=f"PlanOptions.{name}", fix=f"pass {name}=True or False")

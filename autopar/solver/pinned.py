@@ -65,6 +65,8 @@ class PinnedConfig:
     # Model eager attention as the fused kernel the program runs (no sequence-squared
     # tensors kept); False models it op by op, as Megatron-LM ran it in 2021.
     fuse_attention: bool = True
+    # Cross-entropy a block of tokens at a time (autopar.loss_ops), as the runtime runs it.
+    chunked_loss: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual", "global_batch"):
@@ -76,7 +78,7 @@ class PinnedConfig:
                 raise AutoparError(f"PinnedConfig.{name} must be a positive integer, got "
                                    f"{value!r}", where=f"--{flag}",
                                    fix=f"pass --{flag} N with N >= 1")
-        for name in ("sp", "fuse_attention"):
+        for name in ("sp", "fuse_attention", "chunked_loss"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"PinnedConfig.{name} must be True or False, got "
                                    f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
@@ -191,7 +193,8 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     )
     options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
                           zero=(config.zero,), recompute=(config.recompute,), cp=config.cp,
-                          cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout)
+                          cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,
+                          chunked_loss=config.chunked_loss)
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)

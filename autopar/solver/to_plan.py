@@ -115,6 +115,7 @@ def make_plan(
             "optimizer": options.optimizer,
             "zero": setting.zero,
             "recompute": setting.recompute,
+            "chunked_loss": options.chunked_loss,
         },
         pipeline=pipeline_entry(setting, prediction),
         strategies=strategies,

@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -45,15 +47,16 @@ def main() -> None:
     if "profile" in cluster and not os.path.isabs(cluster["profile"]):
         cluster["profile"] = os.path.join(os.path.dirname(os.path.abspath(args.cluster)),
                                           cluster["profile"])
-    model = GPT(GPTConfig(block_size=args.seq, vocab_size=4096, n_layer=args.layers,
+    model = GPT(GPTConfig(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers,
                           n_head=8, n_embd=args.hidden))
     gen = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
-    tgt = torch.randint(0, 4096, (args.batch, args.seq), generator=gen)
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    tgt = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     cp = {"cp": args.cp, "cp_algorithm": args.cp_algorithm} if args.cp > 1 else {}
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
                              zero=(0,), recompute=(args.recompute,),
-                             microbatch=args.batch // args.dp, tp_splits_batch=False, **cp)
+                             microbatch=args.batch // args.dp, tp_splits_batch=False,
+                             chunked_loss=args.chunked_loss, **cp)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
     a, k = pm.shard_batch(idx, tgt)
 

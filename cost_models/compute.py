@@ -265,6 +265,23 @@ def curve_efficiency(curve: Sequence[tuple[float, float]], flops: float) -> floa
 # rate. 0.6 of the matmul efficiency covers both.
 ATTENTION_EFFICIENCY = 0.6
 
+ATTENTION_BLOCK = 128
+"""Query and key rows a fused attention kernel takes per tile (FlashAttention's 128)."""
+
+
+def causal_fraction(seq: int, block: int = ATTENTION_BLOCK) -> float:
+    """Share of a causal ``seq x seq`` attention's score tiles a fused kernel computes: it
+    skips the tiles above the diagonal (FlashAttention, the generated kernels, PyTorch's
+    flash kernels with ``is_causal``) and runs the diagonal ones whole. The FLOPs a trace
+    counts (``FlopCounterMode``) are the full square's; model FLOPs keep them, as
+    Megatron-LM's and PaLM's MFU formulas do.
+
+    >>> causal_fraction(8192), causal_fraction(100)
+    (0.5078125, 1.0)
+    """
+    tiles = max(1, -(-seq // block))
+    return (tiles + 1) / (2 * tiles)
+
 # glibc maps an allocation above its mmap threshold fresh from the OS, and the threshold
 # adapts up to 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): on a CPU, only tensors past
 # that size pay first-touch page faults on every step.

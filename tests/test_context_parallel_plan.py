@@ -124,3 +124,24 @@ def test_computed_causal_accepts_lower_triangles_only() -> None:
     assert not computed_causal(_mask(aten.ge.Tensor), "keep", 12, (1,))
     assert not computed_causal(_mask(aten.le.Tensor, extra_input=True), "keep", 12, (1,))
     assert not computed_causal(_mask(aten.le.Tensor), "keep", 12, (12,))  # ambiguous size
+
+
+def test_fused_causal_attention_is_priced_at_the_tiles_the_kernel_runs() -> None:
+    """The generated kernels (like FlashAttention) skip the score tiles a causal mask hides:
+    a causal site costs about half the FLOPs the trace counted, forward and backward."""
+    from autopar.cluster import load_cluster
+    from autopar.cost_models.compute import causal_fraction
+    from autopar.solver.pinned import PinnedConfig, estimate_graph
+
+    spec = "llama:layers=1,hidden=512,heads=8,kv_heads=2,ffn=1024,vocab=128,seq=8192"
+    est = estimate_graph(trace_model(spec, 1, 8192).gm, load_cluster("1xH100-80GB"),
+                         PinnedConfig(tp=1, pp=1, dp=1, microbatch=1, global_batch=1))
+    d = next(d for d in est.problem.decisions if "scaled_dot_product" in d.facts.target)
+    s = d.candidates[est.choice[d.index]]
+    assert est.problem.causal_attention.get(d.name) == 8192
+    causal = est.tables.times(d, s)
+    est.problem.causal_attention.clear()
+    est.tables._times.clear()
+    full = est.tables.times(d, s)
+    for part in (0, 1):  # forward, backward
+        assert causal[part] == pytest.approx(full[part] * causal_fraction(8192), rel=0.1)

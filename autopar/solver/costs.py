@@ -34,6 +34,7 @@ from autopar.cost_models.compute import (
     ATTENTION_EFFICIENCY,
     allocation_time,
     backward_time,
+    causal_fraction,
     forward_time,
 )
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
@@ -335,10 +336,14 @@ class CostTables:
         moved = (facts.bytes_read + written) * scale * (self.element_bytes / 4)
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
-        flops = facts.fwd_flops * scale
+        work = 1.0  # the share of the traced FLOPs this rank's kernel computes
+        causal_seq = self.problem.causal_attention.get(d.name)
+        if causal_seq:  # the kernel skips the tiles the causal mask hides
+            work *= causal_fraction(causal_seq)
         site = self._context_nodes.get(d.name)
         if site is not None:  # the slowest rank's share of causal attention
-            flops *= causal_imbalance(self.setting.cp, self.setting.cp_layout, site.causal)
+            work *= causal_imbalance(self.setting.cp, self.setting.cp_layout, site.causal)
+        flops = facts.fwd_flops * scale * work
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
         attention = "scaled_dot_product" in facts.target
@@ -348,7 +353,7 @@ class CostTables:
         bwd = 0.0
         if facts.requires_grad and attention:
             # Fused attention's backward: the FLOPs the trace counted, in one kernel.
-            bwd = forward_time(facts.bwd_flops * scale, 2 * moved, device, dtype,
+            bwd = forward_time(facts.bwd_flops * scale * work, 2 * moved, device, dtype,
                                shape=shape, efficiency_scale=eff)
         elif facts.requires_grad:
             # The trace measured which gradients autograd computes (a frozen weight has no

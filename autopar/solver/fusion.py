@@ -11,6 +11,7 @@ from autopar.passes.attention_sites import (
     find_attention_sites,
     kernel_compatible,
     placement_ranks,
+    shape_of,
 )
 from autopar.solver.problem import Problem, restrict_to
 
@@ -20,16 +21,21 @@ class Fusion:
     eager_nodes: frozenset[str] = frozenset()  # inside fused eager chains
     site_nodes: frozenset[str] = frozenset()  # inside any fused site (SDPA included)
     dead_nodes: frozenset[str] = frozenset()  # causal masks the fused kernels never read
+    causal_seq: tuple[tuple[str, int], ...] = ()  # nodes of causal sites, their q length
 
     @classmethod
     def of(cls, gm: fx.GraphModule) -> Fusion:
         sites = [s for s in find_attention_sites(gm) if s.fusable]
+        causal = tuple((n.name, shape[-2]) for s in sites if s.causal
+                       and (shape := shape_of(s.q)) and len(shape) >= 2 for n in s.nodes)
         return cls(frozenset(n.name for s in sites if s.pattern == "eager" for n in s.nodes),
-                   frozenset(n.name for s in sites for n in s.nodes), _dead_masks(sites))
+                   frozenset(n.name for s in sites for n in s.nodes), _dead_masks(sites),
+                   causal)
 
     def apply(self, problem: Problem) -> Problem:
         problem.fused_attention = self.eager_nodes
         problem.dead = self.dead_nodes
+        problem.causal_attention = dict(self.causal_seq)
         # free to the solver, so it keeps them as traced: replicated (the fusion erases them)
         restrict_to(problem, self.dead_nodes, lambda s: False)
         for d in problem.decisions:

@@ -79,6 +79,9 @@ class Problem:
     fused_attention: frozenset[str] = frozenset()
     # nodes the fused program never runs (causal masks the kernels replace by a flag)
     dead: frozenset[str] = frozenset()
+    # nodes of fused causal attention -> the sequence length: the kernels skip the score
+    # blocks above the diagonal, about half the FLOPs the trace counted
+    causal_attention: dict[str, int] = field(default_factory=dict)
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 

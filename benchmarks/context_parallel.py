@@ -93,7 +93,8 @@ def main() -> None:
                       f"{statistics.median(r['measured_step_s'] for r in ranks) * 1e3:>8.1f}",
                       flush=True)
     print(f"\npeak memory: worst error {max(errors):.1%} (target <= 10% in every case); "
-          "modelled activations per rank vs cp=1 in the act/cp1 column (target ~1/cp)")
+          "modelled activations per rank vs cp=1 in the act/cp1 column (target ~1/cp); act "
+          "is the peak's breakdown, 0 where the peak is the optimizer step (short sequences)")
 
 
 if __name__ == "__main__":

@@ -221,6 +221,14 @@ def token_mean_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
             else torch.nn.functional.cross_entropy)
     total = loss(logits, target, weight=weight, ignore_index=ignore_index, reduction="sum",
                  label_smoothing=label_smoothing)
+    return token_mean_scale(total, target, weight=weight, ignore_index=ignore_index, axis=axis)
+
+
+def token_mean_scale(total: torch.Tensor, target: torch.Tensor, *,
+                     weight: torch.Tensor | None = None, ignore_index: int = -100,
+                     axis: str = "cp") -> torch.Tensor:
+    """``n x total / (the targets' count, or weight, over the n ranks of axis)``: a rank's
+    summed loss made into its share of the exact mean over the ranks' tokens."""
     with torch.no_grad():
         valid = target != ignore_index
         count = (weight[target.clamp(min=0)] * valid).sum() if weight is not None else valid.sum()

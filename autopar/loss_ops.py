@@ -21,6 +21,7 @@ reduction), checked against it in tests.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 CHUNK_ELEMENTS = 1 << 22
 """Logit elements one block holds (4 Mi: 16 MiB in fp32); at least one token per block."""
@@ -52,33 +53,73 @@ def chunkable(logits_ndim: int, target_ndim: int, target_is_float: bool) -> bool
     return logits_ndim == 2 and target_ndim == 1 and not target_is_float
 
 
+def _reduction(reduction: str | int) -> str:
+    if isinstance(reduction, int):
+        reduction = REDUCTIONS[reduction]
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"chunked_cross_entropy: reduction {reduction!r} is not one of "
+                         f"{', '.join(REDUCTIONS)}")
+    return reduction
+
+
+def _check_chunkable(logits: torch.Tensor, target: torch.Tensor) -> None:
+    if not chunkable(logits.dim(), target.dim(), target.is_floating_point()):
+        raise ValueError(f"chunked_cross_entropy: logits {tuple(logits.shape)} and target "
+                         f"{tuple(target.shape)} are not (tokens, classes) and (tokens,) "
+                         f"class indices; use torch.nn.functional.cross_entropy")
+
+
 class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Forward keeps one log-sum-exp a token; backward rebuilds each block's softmax.
+
+    With ``group`` the logits are this rank's slice of the classes (rank r of n holds
+    classes ``[r V/n, (r+1) V/n)``, Megatron's vocabulary-parallel cross-entropy): each rank
+    takes its partial log-sum-exp, target logit and (label smoothing) logit sum, one MAX and
+    one SUM all-reduce of token-sized vectors combine them, and backward is local (each
+    rank's slice of the softmax needs only the global log-sum-exp)."""
+
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, smoothing):
-        n, classes = logits.shape
+    def forward(ctx, logits, target, weight, ignore_index, reduction, smoothing, group):
+        n, local_classes = logits.shape
+        world = 1 if group is None else dist.get_world_size(group)
+        start = 0 if group is None else dist.get_rank(group) * local_classes
+        classes = local_classes * world
         valid = target != ignore_index
-        safe = torch.where(valid, target, torch.zeros_like(target))
-        row_weight = valid.float() if weight is None else weight.float()[safe] * valid
+        local_target = target - start
+        mine = valid & (local_target >= 0) & (local_target < local_classes)
+        safe = torch.where(mine, local_target, torch.zeros_like(local_target))
+        if weight is None:
+            row_weight, class_weight = valid.float(), None
+        else:
+            class_weight = weight.float()
+            row_weight = class_weight[torch.where(valid, target, 0)] * valid
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        loss = torch.empty(n, dtype=torch.float32, device=logits.device)
-        rows = chunk_rows(classes)
+        picked = torch.zeros(n, dtype=torch.float32, device=logits.device)
+        spread = torch.zeros(n, dtype=torch.float32, device=logits.device)
+        rows = chunk_rows(local_classes)
         for r0 in range(0, n, rows):
             x = logits[r0:r0 + rows].float()
-            block_lse = torch.logsumexp(x, dim=-1)
-            lse[r0:r0 + rows] = block_lse
-            picked = x.gather(1, safe[r0:r0 + rows, None]).squeeze(1)
-            part = (1 - smoothing) * (block_lse - picked) * row_weight[r0:r0 + rows]
-            if smoothing:
-                # -sum_c w_c log p_c / C, each class weighted (torch's convention)
-                if weight is None:
-                    spread = block_lse * classes - x.sum(-1)
-                else:
-                    spread = block_lse * weight.float().sum() - x @ weight.float()
-                part = part + smoothing * spread / classes * valid[r0:r0 + rows]
-            loss[r0:r0 + rows] = part
+            lse[r0:r0 + rows] = torch.logsumexp(x, dim=-1)
+            picked[r0:r0 + rows] = x.gather(1, safe[r0:r0 + rows, None]).squeeze(1)
+            if smoothing:  # sum_c w_c x_c, each class weighted (torch's convention)
+                spread[r0:r0 + rows] = x.sum(-1) if class_weight is None else x @ class_weight
+        picked = picked * mine
+        if group is not None:
+            top = lse.clone()
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+            parts = torch.stack([torch.exp(lse - top), picked, spread])
+            dist.all_reduce(parts, group=group)
+            lse = top + torch.log(parts[0])
+            picked, spread = parts[1], parts[2]
+        total_weight = classes if class_weight is None else class_weight.sum()
+        loss = (1 - smoothing) * (lse - picked) * row_weight
+        if smoothing:  # -sum_c w_c log p_c / C
+            loss = loss + smoothing * (lse * total_weight - spread) / classes * valid
         denominator = row_weight.sum()
-        ctx.save_for_backward(logits, safe, valid, row_weight, lse, weight, denominator)
-        ctx.reduction, ctx.smoothing = reduction, smoothing
+        ctx.save_for_backward(logits, safe, valid, mine, row_weight, lse, class_weight,
+                              denominator)
+        ctx.reduction, ctx.smoothing, ctx.classes = reduction, smoothing, classes
+        ctx.total_weight = float(total_weight)
         if reduction == "none":
             return loss
         total = loss.sum()
@@ -87,30 +128,30 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        logits, safe, valid, row_weight, lse, weight, denominator = ctx.saved_tensors
-        n, classes = logits.shape
-        eps = ctx.smoothing
+        logits, safe, valid, mine, row_weight, lse, class_weight, denominator = \
+            ctx.saved_tensors
+        n, local_classes = logits.shape
+        eps, classes = ctx.smoothing, ctx.classes
         scale = grad.float() if ctx.reduction == "none" else grad.float().expand(n)
         if ctx.reduction == "mean":
             scale = scale / denominator
         # d/dx_c of (1-eps) w_t (lse - x_t) + eps (lse W - sum_c w_c x_c) / C, W = sum_c w_c:
         # (1-eps) w_t (p_c - [c = t]) + eps (p_c W - w_c) / C
-        total_weight = classes if weight is None else weight.float().sum()
-        p_weight = ((1 - eps) * row_weight + eps * valid * total_weight / classes) * scale
-        target_weight = (1 - eps) * row_weight * scale
+        p_weight = ((1 - eps) * row_weight + eps * valid * ctx.total_weight / classes) * scale
+        target_weight = (1 - eps) * row_weight * scale * mine
         out = torch.empty_like(logits)
-        rows = chunk_rows(classes)
+        rows = chunk_rows(local_classes)
         for r0 in range(0, n, rows):
             sl = slice(r0, r0 + rows)
             # one fp32 block buffer, every step in place
             g = logits[sl].to(torch.float32, copy=True).sub_(lse[sl, None]).exp_()
             g.mul_(p_weight[sl, None]).scatter_add_(1, safe[sl, None], -target_weight[sl, None])
             if eps:
-                spread = torch.ones(classes, device=g.device) if weight is None \
-                    else weight.float()
+                spread = torch.ones(local_classes, device=g.device) if class_weight is None \
+                    else class_weight
                 g.addr_(valid[sl] * scale[sl], spread, alpha=-eps / classes)
             out[sl] = g
-        return out, None, None, None, None, None
+        return out, None, None, None, None, None, None
 
 
 def chunked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
@@ -120,14 +161,21 @@ def chunked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     """``torch.nn.functional.cross_entropy(logits, target, ...)`` for ``(tokens, classes)``
     logits and class-index targets, keeping one log-sum-exp a token instead of the
     log-softmax; the loss is fp32. ``reduction`` is a name or aten's 0/1/2."""
-    if isinstance(reduction, int):
-        reduction = REDUCTIONS[reduction]
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"chunked_cross_entropy: reduction {reduction!r} is not one of "
-                         f"{', '.join(REDUCTIONS)}")
-    if not chunkable(logits.dim(), target.dim(), target.is_floating_point()):
-        raise ValueError(f"chunked_cross_entropy: logits {tuple(logits.shape)} and target "
-                         f"{tuple(target.shape)} are not (tokens, classes) and (tokens,) "
-                         f"class indices; use torch.nn.functional.cross_entropy")
+    reduction = _reduction(reduction)
+    _check_chunkable(logits, target)
     return _ChunkedCrossEntropy.apply(logits, target, weight, int(ignore_index), reduction,
-                                      float(label_smoothing))
+                                      float(label_smoothing), None)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
+                                 group: dist.ProcessGroup, *, ignore_index: int = -100,
+                                 reduction: str | int = "mean",
+                                 label_smoothing: float = 0.0) -> torch.Tensor:
+    """The cross-entropy of logits whose classes are split over ``group`` (this rank holds
+    the ``rank``-th equal slice), equal on every rank to the unsplit one; chunked as
+    :func:`chunked_cross_entropy`, so neither the whole ``[tokens, vocab]`` logits nor any
+    fp32 copy of the local slice exists (Megatron's vocabulary-parallel cross-entropy)."""
+    reduction = _reduction(reduction)
+    _check_chunkable(logits, target)
+    return _ChunkedCrossEntropy.apply(logits, target, None, int(ignore_index), reduction,
+                                      float(label_smoothing), group)

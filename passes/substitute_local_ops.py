@@ -7,6 +7,8 @@ import torch.fx as fx
 from autopar.errors import PassError
 from autopar.graph_facts import META_KEY
 from autopar.local_ops import LOCAL_IMPLS
+from autopar.loss_ops import REDUCTIONS
+from autopar.passes.attention_sites import arg
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.plan_view import PlanView
 
@@ -38,4 +40,11 @@ class SubstituteLocalOps(GraphPass):
                     node.args = (weight, indices, axis, vocab)
                     node.kwargs = {}
                     changes.append(f"{node.name}: vocabulary-parallel embedding on {axis}")
+                elif s.local_impl == "vocab_parallel_cross_entropy":
+                    node.kwargs = {"ignore_index": arg(node, 4, "ignore_index", -100),
+                                   "reduction": REDUCTIONS[arg(node, 3, "reduction", 1)],
+                                   "label_smoothing": arg(node, 5, "label_smoothing", 0.0)}
+                    node.target = impl
+                    node.args = (node.args[0], node.args[1], axis)
+                    changes.append(f"{node.name}: vocabulary-parallel cross-entropy on {axis}")
         return PassResult(gm, modified=bool(changes), changes=changes)

@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from autopar.context_ops import token_mean_cross_entropy
+from autopar.local_ops import vocab_parallel_loss
 from autopar.passes.attention_sites import arg
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.plan_view import PlanView
@@ -34,7 +35,10 @@ class TokenMeanLoss(GraphPass):
         if CP not in view.axes or view.size(CP) == 1:
             return PassResult(gm, modified=False)
         changes = []
-        for node in gm.graph.nodes:
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and node.target is vocab_parallel_loss:
+                self._scale_vocab_parallel(view, node, changes)
+                continue
             if node.op != "call_function" or node.target is not aten.cross_entropy_loss.default:
                 continue
             s = view.strategy(node, CP)
@@ -47,3 +51,14 @@ class TokenMeanLoss(GraphPass):
             node.args = (node.args[0], node.args[1])
             changes.append(f"{node.name}: mean over the cp group's tokens")
         return PassResult(gm, modified=bool(changes), changes=changes)
+
+    @staticmethod
+    def _scale_vocab_parallel(view: PlanView, node: fx.Node,
+                              changes: list[str]) -> None:
+        """A vocabulary-parallel loss (substituted already): the same mean over the cp
+        group's tokens, by its ``token_mean_axis``."""
+        s = view.strategy(node, CP)
+        if s is None or node.kwargs.get("reduction") != "mean" or s.outputs[0] != Partial("avg"):
+            return
+        node.kwargs = {**node.kwargs, "token_mean_axis": CP}
+        changes.append(f"{node.name}: mean over the cp group's tokens (vocabulary-parallel)")

@@ -212,7 +212,7 @@ def test_fusion_can_be_turned_off() -> None:
 
 def test_fused_eager_attention_is_modelled_like_sdpa() -> None:
     """Planned with fusion, nanoGPT's explicit (math) attention is predicted like its SDPA
-    twin — the same kernel runs — while unfused it keeps and moves the s x s tensors
+    twin — the same kernel runs, all its tiles — while unfused it keeps and moves the s x s tensors
     (modelled, GPT-2-small layers at sequence 2048 on A100s)."""
     from autopar.cli.load import trace_model
 
@@ -226,9 +226,11 @@ def test_fused_eager_attention_is_modelled_like_sdpa() -> None:
     sdpa_time, sdpa_memory = predicted("", True)
     fused_time, fused_memory = predicted(",math_attention=1", True)
     eager_time, eager_memory = predicted(",math_attention=1", False)
-    assert fused_time == pytest.approx(sdpa_time, rel=0.05)
+    # The SDPA twin says is_causal, so its kernel skips the tiles above the diagonal; the
+    # eager twin's tril mask reaches the kernel as a keep-mask, and every tile runs.
+    assert sdpa_time < fused_time < 1.5 * sdpa_time
     assert fused_memory == pytest.approx(sdpa_memory, rel=0.01)
-    assert eager_time > 1.2 * fused_time and eager_memory > 1.2 * fused_memory
+    assert eager_time > fused_time and eager_memory > 1.2 * fused_memory
 
 
 class _FinfoMinMask(nn.Module):

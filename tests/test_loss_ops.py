@@ -91,3 +91,21 @@ def test_the_program_computes_the_loss_chunked_reading_the_logits_before_the_fp3
 def test_no_chunked_loss_keeps_torchs_cross_entropy(capsys):
     text = _emitted(capsys, "--no-chunked-loss")
     assert "aten.cross_entropy_loss" in text and "chunked_cross_entropy" not in text
+
+
+VOCAB_PARALLEL_CASES = [{"reduction": r, "label_smoothing": e}
+                        for r in ("mean", "sum", "none") for e in (0.0, 0.1)]
+
+
+@pytest.mark.slow
+def test_vocab_parallel_cross_entropy_equals_one_device(tmp_path) -> None:
+    """Logits split by class over 2 gloo ranks: each rank's loss is the whole loss, and its
+    gradient slice the same slice of the whole gradient."""
+    from tests.distributed import run_cases
+
+    results = run_cases(2, tmp_path, VOCAB_PARALLEL_CASES, worker="vocab_parallel_loss.py",
+                        timeout=300)
+    assert len(results) == 2 and all(len(r) == len(VOCAB_PARALLEL_CASES) for r in results)
+    for rank in results:
+        for record in rank:
+            assert record["ok"], record

@@ -2,7 +2,9 @@
 nll_loss(2d)_forward.
 
 The class dim (dim 1, or 0 for a single sample) is normalized over and indexed by the
-target, so it stays ``Replicate``; class weights too. Any other (batch or spatial) dim can
+target, so it stays ``Replicate`` for the op as traced; class weights too. Cross-entropy over
+``(tokens, classes)`` logits and index targets (no class weights) may also split the classes,
+running Megatron's vocabulary-parallel cross-entropy instead (``Strategy.local_impl``). Any other (batch or spatial) dim can
 be sharded on the input and the target together. What the local loss then is depends on the
 reduction (0 none, 1 mean, 2 sum):
 
@@ -76,10 +78,20 @@ def _token_groups(size: int, axis_size: int) -> tuple[int, ...]:
     return tuple(g for g in both if g <= MAX_TOKEN_GROUPS)
 
 
+VOCAB_PARALLEL_LOSS = "vocab_parallel_cross_entropy"
+
+
 @register_rule(aten.cross_entropy_loss.default)
 def cross_entropy_loss(call: OpCall, axis_size: int) -> list[Strategy]:
     strategies = _loss_strategies(call, axis_size, int(call.arg(3, "reduction", 1)))
     x, target = call.tensor_args[:2]
+    plain = len(call.tensor_args) == 2  # no class weights
+    if plain and x.ndim == 2 and target.ndim == 1 and not target.dtype.is_floating_point \
+            and can_shard(x.shape[1], axis_size):
+        # Megatron's vocabulary-parallel cross-entropy: classes split, the loss whole on
+        # every device (autopar.loss_ops; two token-sized all-reduces inside)
+        strategies.append(Strategy((Shard(1), R), (R,) * len(call.out),
+                                   local_impl=VOCAB_PARALLEL_LOSS))
     if target.ndim == x.ndim:  # class probabilities
         smoothed = call.arg(5, "label_smoothing", 0.0) != 0.0
         strategies += partial_strategies(call, [] if smoothed else [[1]], [[1]])

@@ -398,9 +398,10 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
     each decision at its cheapest, each kept value in its smallest placement, no
     communication. A setting whose memory floor is over capacity needs no solve."""
     problem, setting = tables.problem, tables.setting
-    # Activations and compute depend on the microbatch and recomputation only (states are
-    # on parameters, activations on ops): computed once per pair.
-    key = ("floors", setting.microbatch, setting.recompute, tables.options.precision)
+    # Activations and compute depend on the microbatch, recomputation and the context
+    # split only (states are on parameters, activations on ops): computed once per tuple.
+    key = ("floors", setting.microbatch, setting.recompute, tables.options.precision,
+           setting.cp, setting.cp_algorithm, setting.cp_layout)
     if key not in problem.cache:
         activations = compute = 0.0
         for d in problem.decisions:

@@ -42,9 +42,9 @@ def chunked_saved_floats(tokens: int) -> int:
 
 
 def chunked_working_bytes(tokens: int, vocab: int) -> int:
-    """The largest temporary, in bytes: a block's fp32 logits and its exponentials (or its
-    gradient), in forward and again in backward."""
-    return 2 * min(tokens, chunk_rows(vocab)) * vocab * 4
+    """The temporary backward holds beside the logits' gradient, in bytes: one block's fp32
+    softmax, turned into its gradient in place."""
+    return min(tokens, chunk_rows(vocab)) * vocab * 4
 
 
 def chunkable(logits_ndim: int, target_ndim: int, target_is_float: bool) -> bool:
@@ -103,6 +103,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             picked[r0:r0 + rows] = x.gather(1, safe[r0:r0 + rows, None]).squeeze(1)
             if smoothing:  # sum_c w_c x_c, each class weighted (torch's convention)
                 spread[r0:r0 + rows] = x.sum(-1) if class_weight is None else x @ class_weight
+            del x
         picked = picked * mine
         if group is not None:
             top = lse.clone()
@@ -151,6 +152,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                     else class_weight
                 g.addr_(valid[sl] * scale[sl], spread, alpha=-eps / classes)
             out[sl] = g
+            del g  # freed before the next block is made: one block alive at a time
         return out, None, None, None, None, None, None
 
 

@@ -31,6 +31,21 @@ def _gathered(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return _gather(x.unsqueeze(0), Shard(0), group, dist.get_world_size(group))
 
 
+def _layout(q: torch.Tensor, group: dist.ProcessGroup, zigzag: bool) -> tuple[int, list]:
+    """This rank's index on ``group`` and every rank's pieces of the global sequence."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    return rank, [shard_pieces(q.shape[2] * n, n, r, zigzag=zigzag) for r in range(n)]
+
+
+def _keep_for_backward(ctx, q, k, v, running, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep q, k, v and the merged (output, lse) for the recomputing backward; return them."""
+    out, lse = running
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = args
+    ctx.set_materialize_grads(False)
+    return out.to(q.dtype), lse
+
+
 class _AllGatherAttention(torch.autograd.Function):
     """Forward gathers K/V and folds in every block; backward gathers them again (the
     gathered copy is not kept between the passes), takes each block's share of the
@@ -38,18 +53,14 @@ class _AllGatherAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, zigzag: bool, mask: RingMask):
-        cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        pieces = [shard_pieces(q.shape[2] * cp, cp, r, zigzag=zigzag) for r in range(cp)]
+        rank, pieces = _layout(q, group, zigzag)
+        cp = len(pieces)
         keys, values = _gathered(k, group), _gathered(v, group)
         running = None
         for r in [(rank - step) % cp for step in range(cp)]:  # its own block first
             running = block_forward(q, pieces[rank], keys[r], values[r], pieces[r], running,
                                     mask)
-        out, lse = running
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (group, pieces, rank, mask)
-        ctx.set_materialize_grads(False)
-        return out.to(q.dtype), lse
+        return _keep_for_backward(ctx, q, k, v, running, (group, pieces, rank, mask))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -103,19 +114,15 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, zigzag: bool, mask: RingMask):
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
-        pieces = [shard_pieces(q.shape[2] * n, n, r, zigzag=zigzag) for r in range(n)]
+        rank, pieces = _layout(q, group, zigzag)
+        n = len(pieces)
         running, key, value = None, k, v
         for step in range(n):
             running = block_forward(q, pieces[rank], key, value, pieces[(rank - step) % n],
                                     running, mask)
             if step < n - 1:
                 key, value = _shift(key, group, +1), _shift(value, group, +1)
-        out, lse = running
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (group, pieces, rank, mask)
-        ctx.set_materialize_grads(False)
-        return out.to(q.dtype), lse
+        return _keep_for_backward(ctx, q, k, v, running, (group, pieces, rank, mask))
 
     @staticmethod
     @torch.autograd.function.once_differentiable

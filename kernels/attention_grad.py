@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .api import backend_for, spec_for
-from .lse import BLOCK_ELEMENTS
+from .lse import expand_heads, rows_per_block
 from .reference import alibi_bias, visible_mask
 
 
@@ -48,8 +48,7 @@ def attention_block_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
 def _math_block_grad(spec, q, k, v, out, lse, dout, dlse, slopes, q_offset):
     b, h, m, _ = q.shape
     n, group = k.shape[2], spec.group_size
-    kk = (k.repeat_interleave(group, dim=1) if group > 1 else k).float()
-    vv = (v.repeat_interleave(group, dim=1) if group > 1 else v).float()
+    kk, vv = expand_heads(k, h).float(), expand_heads(v, h).float()
     finite = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse.float())
     delta = (dout.float() * out.float()).sum(-1)
     if dlse is not None:
@@ -57,7 +56,7 @@ def _math_block_grad(spec, q, k, v, out, lse, dout, dlse, slopes, q_offset):
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dkk = torch.zeros(kk.shape, dtype=torch.float32, device=q.device)
     dvv = torch.zeros(vv.shape, dtype=torch.float32, device=q.device)
-    rows = max(1, BLOCK_ELEMENTS // max(1, b * h * n))
+    rows = rows_per_block(q, n)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         qr, do = q[:, :, r0:r1].float(), dout[:, :, r0:r1].float()

@@ -26,7 +26,8 @@ from .reference import visible_mask
 BLOCK_ELEMENTS = 1 << 22
 
 
-def _rows_per_block(q: torch.Tensor, k_len: int) -> int:
+def rows_per_block(q: torch.Tensor, k_len: int) -> int:
+    """Query rows per block, so a block's scores hold at most BLOCK_ELEMENTS."""
     b, h, _, _ = q.shape
     return max(1, BLOCK_ELEMENTS // max(1, b * h * k_len))
 
@@ -44,7 +45,8 @@ def _scores(q_rows: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, sc
     return s
 
 
-def _expand_heads(k: torch.Tensor, heads: int) -> torch.Tensor:
+def expand_heads(k: torch.Tensor, heads: int) -> torch.Tensor:
+    """k with each key/value head repeated for the query heads sharing it (GQA)."""
     group = heads // k.shape[1]
     return k.repeat_interleave(group, dim=1) if group > 1 else k
 
@@ -52,10 +54,10 @@ def _expand_heads(k: torch.Tensor, heads: int) -> torch.Tensor:
 class _ChunkedLse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, mask, scale, causal, q_offset):
-        kk = _expand_heads(k, q.shape[1])
+        kk = expand_heads(k, q.shape[1])
         b, h, m, _ = q.shape
         lse = torch.empty(b, h, m, dtype=torch.float32, device=q.device)
-        rows = _rows_per_block(q, k.shape[2])
+        rows = rows_per_block(q, k.shape[2])
         for r0 in range(0, m, rows):
             s = _scores(q[:, :, r0:r0 + rows], kk, mask, scale, causal, r0, q_offset)
             # a query that sees no key: lse -inf (and no NaN from logsumexp)
@@ -69,13 +71,13 @@ class _ChunkedLse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dlse):
         q, k, mask, lse = ctx.saved_tensors
-        kk = _expand_heads(k, q.shape[1]).float()
+        kk = expand_heads(k, q.shape[1]).float()
         m = q.shape[2]
         # d lse_i / d s_ij = p_ij, the softmax; p is 0 for a query that saw no key
         finite = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
         dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         dkk = torch.zeros(kk.shape, dtype=torch.float32, device=q.device)
-        rows = _rows_per_block(q, k.shape[2])
+        rows = rows_per_block(q, k.shape[2])
         for r0 in range(0, m, rows):
             qr = q[:, :, r0:r0 + rows]
             s = _scores(qr, kk, mask, ctx.scale, ctx.causal, r0, ctx.q_offset)

@@ -17,17 +17,19 @@ RING_CASES = [{"algorithm": "ring", "causal": True, "zigzag": True, "kv_heads": 
               {"algorithm": "ring", "causal": True}]
 
 
-@pytest.mark.slow
-def test_all_gather_kv_attention_equals_one_device(tmp_path: Path) -> None:
-    results = run_cases(2, tmp_path, CASES, worker="context_attention.py", timeout=300)
+def _assert_all_equal_one_device(ranks: int, tmp_path: Path, cases: list[dict]) -> None:
+    results = run_cases(ranks, tmp_path, cases, worker="context_attention.py", timeout=300)
+    assert len(results) == ranks and all(len(r) == len(cases) for r in results)
     for rank in results:
         for record in rank:
             assert record["ok"], record
+
+
+@pytest.mark.slow
+def test_all_gather_kv_attention_equals_one_device(tmp_path: Path) -> None:
+    _assert_all_equal_one_device(2, tmp_path, CASES)
 
 
 @pytest.mark.slow
 def test_ring_kv_attention_over_4_ranks_equals_one_device(tmp_path: Path) -> None:
-    results = run_cases(4, tmp_path, RING_CASES, worker="context_attention.py", timeout=300)
-    for rank in results:
-        for record in rank:
-            assert record["ok"], record
+    _assert_all_equal_one_device(4, tmp_path, RING_CASES)

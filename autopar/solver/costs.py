@@ -435,10 +435,15 @@ class CostTables:
         """(tokens, classes as traced, bytes of a logit) of a cross-entropy the runtime
         computes chunked (``passes/chunked_loss.py``), else None. The loss reads the logits
         in the compute precision (a fp32 cast before it is folded in)."""
+        return self._chunked_losses.get(d.index)
+
+    @cached_property
+    def _chunked_losses(self) -> dict[int, tuple[int, int, int]]:
+        """The chunked cross-entropies by decision index (found once: asked on the hot path)."""
         if not self.options.chunked_loss:
-            return None
-        shape = _chunked_loss_shape(d)
-        return None if shape is None else (*shape, self.element_bytes)
+            return {}
+        return {d.index: (*shape, self.element_bytes) for d in self.problem.decisions
+                if (shape := _chunked_loss_shape(d)) is not None}
 
     def context_buffer_bytes(self, d: Decision, s: Strategy) -> float:
         """The largest buffer the cp attention algorithm holds at ``d`` (gathered K/V, ring
@@ -511,10 +516,8 @@ class CostTables:
     @cached_property
     def _chunked_loss_inputs(self) -> frozenset[str]:
         names: set[str] = set()
-        for d in self.problem.decisions:
-            if self._chunked_loss(d) is None:
-                continue
-            node = d.nodes[0].args[0]
+        for index in self._chunked_losses:
+            node = self.problem.decisions[index].nodes[0].args[0]
             while isinstance(node, fx.Node) and node.op == "call_function":
                 names.add(node.name)
                 if node.target in VIEWS:

@@ -74,6 +74,7 @@ def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, f
         recompute="full", precision="fp16", zero=0, optimizer="adam",
         schedule="interleaved" if virtual > 1 else "1f1b", virtual=virtual,
         fuse_attention=False,  # Megatron-LM's 2021 attention: op by op
+        chunked_loss=False,  # its vocabulary-parallel loss: whole logits, fp32
     )
     est = estimate_graph(gm, cluster, config)
     facts = graph_facts(gm)

@@ -197,7 +197,9 @@ def predict_row(row: dict) -> Outcome:
                           # parallelism), as torchtitan's and NeMo's runs shard: the pinned
                           # estimate lifts the memory limit, and its own fastest layout would
                           # keep some weights whole on every tp rank.
-                          layout="megatron" if tp > 1 else "auto")
+                          layout="megatron" if tp > 1 else "auto",
+                          # the published programs take the loss over whole logits
+                          chunked_loss=False)
     est = estimate_graph(gm, row_cluster(row), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

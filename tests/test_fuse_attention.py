@@ -233,6 +233,31 @@ def test_fused_eager_attention_is_modelled_like_sdpa() -> None:
     assert eager_time > fused_time and eager_memory > 1.2 * fused_memory
 
 
+def test_causal_sdpa_with_a_traced_mask_keeps_only_its_log_sum_exp() -> None:
+    """HF Llama hands SDPA a (batch, 1, seq, seq) causal mask; the fused program runs the
+    kernel with causal=True, so a layer keeps one log-sum-exp per query row, not the float
+    copy of the mask PyTorch's CPU kernel keeps: the attention's own memory grows with the
+    sequence, not its square (modelled, H100)."""
+    from autopar.cli.load import trace_model
+    from autopar.cluster import load_cluster
+    from autopar.solver.pinned import PinnedConfig, estimate_graph
+
+    def kept(seq: int) -> float:
+        traced = trace_model(f"llama:layers=1,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=256,"
+                             f"seq={seq}", 1, None)
+        est = estimate_graph(traced.gm, load_cluster("1xH100-80GB"), PinnedConfig(
+            dp=1, global_batch=1, precision="bf16", recompute="none"))
+        sdpa = [(d, d.candidates[i]) for d, i in zip(est.problem.decisions, est.choice)
+                if "scaled_dot_product" in d.facts.target]
+        assert len(sdpa) == 1 and est.problem.causal_attention
+        d, s = sdpa[0]
+        return est.tables.own_activation(d, s), est.tables.kept_extras(d)
+
+    (short, (floats, lse)), (long, _) = kept(1024), kept(4096)
+    assert floats == 0 and lse == 4 * 4 * 1024  # fp32, one per head and query row
+    assert long == pytest.approx(4 * short, rel=1e-6)
+
+
 class _FinfoMinMask(nn.Module):
     """Eager attention masking with the dtype's lowest value instead of -inf."""
 

@@ -331,9 +331,11 @@ class CostTables:
         dtype = self.options.precision
         # Buffers an op keeps for backward (a softmax's output inside cross-entropy, norm
         # statistics) are written by it too, though they are not among its outputs.
-        kept = facts.extra_saved_float_numel * 4 + facts.extra_saved_other_bytes
+        floats, fixed = self.kept_extras(d)
+        kept = floats * 4 + fixed
         written = facts.bytes_written + kept
-        moved = (facts.bytes_read + written) * scale * (self.element_bytes / 4)
+        read = max(facts.bytes_read - self._dropped_mask_bytes(d), 0)
+        moved = (read + written) * scale * (self.element_bytes / 4)
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         work = 1.0  # the share of the traced FLOPs this rank's kernel computes
@@ -460,15 +462,44 @@ class CostTables:
         # Float buffers (statistics, LSEs) follow the compute precision, or fp32 for the ops
         # autocast runs in fp32 (the loss's log-softmax); masks keep their bytes.
         chunked = self._chunked_loss(d)
+        floats, fixed = self.kept_extras(d)
         if chunked is None:
-            float_bytes = facts.extra_saved_float_numel * self.float_bytes(facts)
+            float_bytes = floats * self.float_bytes(facts)
         else:  # one fp32 log-sum-exp a token, and the logits themselves
             tokens, classes, logit_bytes = chunked
             float_bytes = chunked_saved_floats(tokens) * 4 + tokens * classes * logit_bytes
-        total = (float_bytes + facts.extra_saved_other_bytes) * self._scale(d) / div
+        total = (float_bytes + fixed) * self._scale(d) / div
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
         return total
+
+    def kept_extras(self, d: Decision) -> tuple[float, float]:
+        """(float elements in the compute dtype, bytes of the rest) that ``d`` keeps for
+        backward beside its inputs and output, as traced. At an SDPA site recognised as
+        causal the runtime's kernel takes ``causal=True`` and never sees the mask: it keeps
+        one fp32 log-sum-exp per query row (FlashAttention), not what the tracing machine's
+        kernel kept (PyTorch's CPU kernel turns a boolean mask into a float one and keeps
+        it: batch x seq x seq floats)."""
+        facts = d.facts
+        if self._causal_sdpa(d):
+            return 0.0, _numel(facts.shapes[0][:-1]) * 4.0
+        return float(facts.extra_saved_float_numel), float(facts.extra_saved_other_bytes)
+
+    def _causal_sdpa(self, d: Decision) -> bool:
+        return (d.name in self.problem.causal_attention and d.kind == "op"
+                and "scaled_dot_product" in d.facts.target and bool(d.facts.shapes))
+
+    def _dropped_mask_bytes(self, d: Decision) -> int:
+        """Bytes of the mask a causal SDPA site was traced with, which its kernel never
+        reads (the fused program erases the mask; see Fusion's dead nodes)."""
+        if not self._causal_sdpa(d):
+            return 0
+        node = d.nodes[0]
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        val = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        if val is None or not hasattr(val, "numel"):
+            return 0
+        return int(val.numel()) * val.element_size()
 
     def activation_memory(self, d: Decision, s: Strategy) -> float:
         return self.own_activation(d, s) * d.count

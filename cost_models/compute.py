@@ -41,6 +41,7 @@ import math
 from collections.abc import Sequence
 
 from autopar.cluster import DeviceSpec
+from autopar.cluster.presets import DEFAULT_ATTENTION_EFFICIENCY
 
 # --- Device defaults, used until the cluster's DeviceSpec carries the fields ------------
 DEFAULT_KERNEL_FLOOR_S = 4e-6
@@ -257,17 +258,21 @@ def curve_efficiency(curve: Sequence[tuple[float, float]], flops: float) -> floa
 
 
 # --- Times --------------------------------------------------------------------------------
-# Fused attention kernels reach a smaller share of peak than a GEMM of the same FLOPs: the
-# softmax, its exponentials and the online rescaling sit between the two matmuls.
-# The share is of the FLOPs the kernel runs: for a causal mask about half the square the
-# trace counts (:func:`causal_fraction`). FlashAttention-2 (Dao, 2023) reports 50-73% of A100
-# peak on those; the measured end-to-end runs this model is checked against (torchtitan's and
-# IBM's FSDP runs of Llama 2/3 on H100 with PyTorch SDPA, benchmarks/fidelity_published.py)
-# fit 0.3 of the matmul efficiency, as does PyTorch's CPU flash kernel on this project's CI
-# machine (0.47 forward, 0.63 backward of the calibrated matmul rate on the full square, with
-# its causal tiles skipped). Meta's Llama 3 405B runs at 131,072 tokens (380 TFLOP/s per
-# GPU) imply faster kernels than that; nothing here was fitted to them.
-ATTENTION_EFFICIENCY = 0.3
+def attention_efficiency(device: DeviceSpec) -> float:
+    """Share of the matmul rate fused attention reaches on ``device``, on the FLOPs the
+    kernel runs (for a causal mask about half the square the trace counts:
+    :func:`causal_fraction`). The softmax, its exponentials and the online rescaling sit
+    between the two matmuls, so it is below 1; how far below depends on the kernel
+    (FlashAttention-2 is an Ampere kernel: on an H100 it reaches about half the share it
+    reaches on an A100). ``device.attention_efficiency`` says it: the presets' sources are in
+    ``autopar/cluster/presets.py``; ``autopar calibrate`` measures it.
+
+    >>> from autopar.cluster import load_cluster
+    >>> attention_efficiency(load_cluster("H100-80GB").device)
+    0.3
+    """
+    return float(getattr(device, "attention_efficiency", DEFAULT_ATTENTION_EFFICIENCY))
+
 
 ATTENTION_BLOCK = 128
 """Query and key rows a fused attention kernel takes per tile (FlashAttention's 128)."""
@@ -316,7 +321,7 @@ def op_time(
     sets the efficiency; ``flops`` stays authoritative for the work). Without it the large-GEMM
     efficiency applies, or the measured curve at ``flops / kernels`` per call.
     ``efficiency_scale`` multiplies that efficiency for kernels that reach less of peak than a
-    GEMM (fused attention: :data:`ATTENTION_EFFICIENCY`).
+    GEMM (fused attention: :func:`attention_efficiency`).
 
     >>> from autopar.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device

@@ -10,8 +10,12 @@ The check runs the mask's own subgraph — which must read no input and no param
 sizes, and hold aten ops only (never a collective of a rank's program) — at the traced
 length when that is short, else at two lengths beyond every other constant it holds (so a
 sliding window shows), with every argument equal to the traced length replaced, and
-compares the result with the lower triangle. A mask that depends on data, on
-another size, or is not causal at either length is not recognised (it stays a mask).
+compares the result with the lower triangle. The batch size (the first of the other sizes)
+is replaced by 1, so a probe holds ``length²`` elements, not ``batch x length²`` (a mask
+traced at batch 2048 would take tens of GiB); a constant that only equals the batch by
+chance (a window) then distorts the probe, and the mask is not recognised, never wrongly
+recognised. A mask that depends on data, on another size, or is not causal at either length
+is not recognised (it stays a mask).
 """
 
 from __future__ import annotations
@@ -41,18 +45,19 @@ def computed_causal(mask: fx.Node, kind: str, seq_len: int, other_sizes: tuple[i
                     ) -> bool:
     """Is ``mask`` (a term of ``kind`` "keep", "drop" or "add") the causal pattern over a
     ``seq_len``-token sequence, made from positions only? ``other_sizes`` (batch, heads...)
-    must differ from ``seq_len`` so no argument is ambiguous."""
+    must differ from ``seq_len`` so no argument is ambiguous; the first is the batch."""
     if seq_len in other_sizes:
         return False
     nodes = _subgraph(mask)
     if nodes is None:
         return False
+    batch = other_sizes[0] if other_sizes else 1
     lengths = probe_lengths(nodes, seq_len, other_sizes)
     if not lengths:
         return False
     for n in lengths:
         try:
-            value = _run(nodes, mask, seq_len, n)
+            value = _run(nodes, mask, {seq_len: n, batch: 1} if batch > 1 else {seq_len: n})
         except Exception:  # noqa: BLE001 - any failure means "not recognised"
             return False
         if not _is_causal(value, kind, n):
@@ -64,11 +69,13 @@ def probe_lengths(nodes: list[fx.Node], seq_len: int, other_sizes: tuple[int, ..
                   ) -> tuple[int, ...]:
     """Lengths to run the mask at: the traced length itself when it is small enough (the
     exact answer), else two lengths beyond every other constant of the subgraph (a window,
-    an offset), so the probe sees what they do; () when that is too long."""
+    an offset), so the probe sees what they do; () when that is too long. The batch (the
+    first of ``other_sizes``), run as 1, does not count."""
     if seq_len <= MAX_PROBE_LENGTH:
         return (seq_len,)
+    batch = other_sizes[0] if other_sizes else None
     constants = [abs(a) for node in nodes for a in tree_flatten((node.args, node.kwargs))[0]
-                 if isinstance(a, int) and not isinstance(a, bool) and a != seq_len
+                 if isinstance(a, int) and not isinstance(a, bool) and a not in (seq_len, batch)
                  and abs(a) < LARGEST_CONSTANT]
     start = max([*constants, *PROBE_LENGTHS]) + 1
     lengths = tuple(n for n in range(start, start + 8) if n not in other_sizes)[:2]
@@ -95,14 +102,15 @@ def _subgraph(mask: fx.Node) -> list[fx.Node] | None:
     return sorted(seen, key=order.__getitem__)
 
 
-def _run(nodes: list[fx.Node], mask: fx.Node, seq_len: int, n: int) -> torch.Tensor:
+def _run(nodes: list[fx.Node], mask: fx.Node, sizes: dict[int, int]) -> torch.Tensor:
+    """The mask's subgraph run on CPU with every integer argument in ``sizes`` replaced."""
     env: dict[fx.Node, object] = {}
 
     def value(a: object) -> object:
         if isinstance(a, fx.Node):
             return env[a]
-        if isinstance(a, int) and not isinstance(a, bool) and a == seq_len:
-            return n
+        if isinstance(a, int) and not isinstance(a, bool) and a in sizes:
+            return sizes[a]
         if isinstance(a, torch.device):
             return torch.device("cpu")
         return a

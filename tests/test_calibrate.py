@@ -16,10 +16,12 @@ from autopar.calibrate import (
     make_profile,
     ring_factors,
 )
+from autopar.calibrate.attention import AttentionPoint
 from autopar.calibrate.matmul import BandwidthPoint, MatmulPoint
 from autopar.cli.main import main
 from autopar.cluster import format_cluster, load_cluster
 from autopar.cluster.profile import Profile, read_profile, write_profile
+from autopar.cost_models.compute import attention_efficiency, causal_fraction, op_time
 from autopar.errors import ClusterError
 
 PROFILE = {
@@ -193,10 +195,11 @@ def test_fit_clamps_negative_latency_and_rejects_flat_data():
         fit_link(flat)
 
 
-def recorded_device(floor: float = 2e-6) -> DeviceCalibration:
+def recorded_device(floor: float = 2e-6, attention: float | None = None) -> DeviceCalibration:
     """A calibration from recorded times that a known device would produce: peak 1e11 FLOP/s,
     efficiency rising with size, 20 GB/s elementwise; one size timed twice, one call shorter
-    than twice the floor, skinny shapes and a bf16 sweep beside the fp32 curve."""
+    than twice the floor, skinny shapes and a bf16 sweep beside the fp32 curve. With
+    ``attention``, causal SDPA at two lengths running at that share of the matmul rate."""
     peak = 1e11
     eff = {2 * 32**3: 0.2, 2 * 64**3: 0.5, 2 * 128**3: 0.8, 2 * 256**3: 1.0,
            2 * 4 * 64**3: 0.7}
@@ -214,7 +217,28 @@ def recorded_device(floor: float = 2e-6) -> DeviceCalibration:
     adds = [BandwidthPoint(b, 3 * b / 2e10 + floor) for b in (2**16, 2**20, 2**24)]
     adds.append(BandwidthPoint(2**26, 3 * 2**26 / 1e10 + floor))  # one slow size
     adds.append(BandwidthPoint(2**12, 3 * 2**12 / 4e10 + floor))  # one cache-sized size
-    return DeviceCalibration("cpu", 1, "fp32", tuple(points), tuple(adds), floor)
+    sdpa = ()
+    if attention is not None:  # 4 b h s² d FLOPs forward, 2.5x that backward, as counted
+        sdpa = tuple(sdpa_point(seq, peak * eff[2 * 256**3] * attention, floor)
+                     for seq in (256, 1024))  # at the largest size's efficiency: curve's end
+    return DeviceCalibration("cpu", 1, "fp32", tuple(points), tuple(adds), floor,
+                             attention=sdpa)
+
+
+def sdpa_point(seq: int, rate: float, floor: float, heads: int = 4, dim: int = 64,
+               forward_share: float = 0.3) -> AttentionPoint:
+    """A causal SDPA point whose run FLOPs took ``rate`` FLOP/s, split unevenly between the
+    passes (only their sum is fitted)."""
+    forward, backward = 4 * heads * seq**2 * dim, 10 * heads * seq**2 * dim
+    busy = (forward + backward) * causal_fraction(seq) / rate
+    fwd_s = forward_share * busy + floor
+    return AttentionPoint(1, heads, seq, dim, "fp32", fwd_s, busy + 2 * floor, forward, backward)
+
+
+@pytest.fixture(scope="module")
+def quick_device() -> DeviceCalibration:
+    """One real quick calibration, shared by the tests that check its structure."""
+    return calibrate_device("cpu", quick=True, threads=1)
 
 
 def test_calibration_arithmetic_on_recorded_times():
@@ -238,6 +262,43 @@ def test_calibration_arithmetic_on_recorded_times():
     with pytest.raises(ValueError, match="twice the kernel floor"):
         DeviceCalibration("cpu", 1, "fp32", (MatmulPoint(4, 4, 4, "fp32", 1.5 * floor),),
                           device.bandwidth, floor)
+    # without attention points the profile says nothing of it: the preset's figure stays
+    assert device.attention_efficiency is None
+    assert "attention_efficiency" not in device.profile_device()
+
+
+def test_attention_efficiency_inverts_the_cost_model_on_recorded_times(tmp_path):
+    device = recorded_device(attention=0.4)
+    assert device.attention_efficiency == pytest.approx(0.4, rel=1e-9)
+    assert device.profile_device()["attention_efficiency"] == device.attention_efficiency
+    rows = device.measurements()["attention"]
+    assert [r["seq"] for r in rows] == [256, 1024] and rows[1]["causal_fraction"] == 0.5625
+    # each pass alone is recorded too: the forward took more than its FLOPs' share here
+    assert all(r["forward_efficiency"] < 0.4 < r["backward_efficiency"] for r in rows)
+    # the profile loads, and the cost model gives back the recorded times
+    points = [CollectivePoint("all_reduce", b, 2, 1e-4 + b / 1e9) for b in (2**10, 2**20)]
+    prof = write_profile(make_profile(device, points, {"hostname": "test"}), tmp_path / "p.json")
+    c = load_cluster({"nodes": 1, "devices_per_node": 1, "device": "cpu", "profile": str(prof)})
+    assert c.device.attention_efficiency == pytest.approx(0.4, rel=1e-9)
+    for p in device.attention:
+        assert predicted_sdpa_seconds(c.device, p) == pytest.approx(p.forward_backward_s)
+    # faster than the matmul rate (or within the floors) is clamped to 1
+    fast = recorded_device(attention=1.5)
+    assert fast.attention_efficiency == 1.0
+
+
+def predicted_sdpa_seconds(dev, p: AttentionPoint) -> float:
+    """The cost model's forward plus backward of a causal SDPA node of ``p``'s shape, as
+    ``solver/costs.py`` prices it: the FLOPs the causal kernel runs, the score matmul's shape
+    for the efficiency, fused attention's efficiency scale, the backward moving 2x bytes."""
+    work = causal_fraction(p.seq)
+    shape = (p.batch * p.heads * p.seq, p.seq, p.head_dim)
+    moved = 4 * p.batch * p.heads * p.seq * p.head_dim * 4  # q, k, v read, out written (fp32)
+    scale = attention_efficiency(dev)
+    return (op_time(p.forward_flops * work, moved, dev, p.dtype, shape=shape,
+                    efficiency_scale=scale)
+            + op_time(p.backward_flops * work, 2 * moved, dev, p.dtype, shape=shape,
+                      efficiency_scale=scale))
 
 
 def test_recorded_calibration_makes_a_profile_that_loads(tmp_path):
@@ -251,10 +312,10 @@ def test_recorded_calibration_makes_a_profile_that_loads(tmp_path):
     assert c.intra_node.latency_s == pytest.approx(5e-5, rel=1e-6)  # 2 ring steps share 1e-4
 
 
-def test_quick_calibration_runs_and_keeps_its_convention():
+def test_quick_calibration_runs_and_keeps_its_convention(quick_device):
     """A real measurement: only its structure is checked (timings depend on the machine and
     its load; what they are is for ``autopar calibrate`` to print, not for a test to bound)."""
-    device = calibrate_device("cpu", quick=True, threads=1)
+    device = quick_device
     floor = device.kernel_floor_s
     assert floor > 0 and all(v > 0 for v in device.peak_flops.values())
     assert set(device.peak_flops) <= {"fp32", "bf16", "fp16"} and "fp32" in device.peak_flops
@@ -265,6 +326,30 @@ def test_quick_calibration_runs_and_keeps_its_convention():
     assert flops == sorted(set(flops))
     assert all(0 < e <= 1 for _, e in device.matmul_efficiency_curve)
     assert device.memory_bandwidth_bytes_per_s > 0
+
+
+def test_quick_calibration_measures_attention_the_cost_model_reproduces(quick_device, tmp_path):
+    """The measured SDPA times, fed back through the profile and the cost model, come back:
+    the inversion is checked, not how fast this machine is."""
+    device = quick_device
+    assert device.attention and {p.dtype for p in device.attention} == {device.curve_dtype}
+    for p in device.attention:
+        assert p.forward_flops > 0 and p.backward_flops > p.forward_flops  # counted, full square
+        assert 0 < p.forward_s < p.forward_backward_s
+    points = [CollectivePoint("all_reduce", b, 2, 1e-4 + b / 1e9) for b in (2**10, 2**20)]
+    prof = write_profile(make_profile(device, points, {"hostname": "test"}), tmp_path / "p.json")
+    measured = read_profile(prof).device["attention_efficiency"]
+    assert 0 < measured <= 1
+    assert [r["forward_backward_seconds"] for r in read_profile(prof).measurements["attention"]] \
+        == [p.forward_backward_s for p in device.attention]
+    c = load_cluster({"nodes": 1, "devices_per_node": 1, "device": "cpu", "profile": str(prof)})
+    assert c.device.attention_efficiency == measured and c.device.compute_share == 1.0
+    predicted = sum(predicted_sdpa_seconds(c.device, p) for p in device.attention)
+    actual = sum(p.forward_backward_s for p in device.attention)
+    if measured < 1:  # exact up to the memory term, which these compute-bound shapes never hit
+        assert predicted == pytest.approx(actual, rel=0.02)
+    else:  # clamped: the kernel beat the matmul rate, the model can only be slower
+        assert predicted >= actual
 
 
 def test_calibrate_cli_rejects_bad_arguments_before_measuring(tmp_path, capsys):
@@ -285,6 +370,8 @@ def test_calibrate_cli_end_to_end(tmp_path, capsys):
     assert f"wrote {out}" in text
     profile = read_profile(out)
     assert profile.host["backend"] == "gloo" and profile.host["threads_per_process"] == 1
+    # measured by both processes at once and merged: the attention figure is written
+    assert "attention efficiency" in text and 0 < profile.device["attention_efficiency"] <= 1
     kinds = {p["kind"] for p in profile.measurements["collectives"]["points"]}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
     cluster = tmp_path / "cpu.yaml"

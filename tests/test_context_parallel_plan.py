@@ -104,16 +104,25 @@ def test_hf_llama_computed_mask_is_recognised_as_causal(llama) -> None:
 aten = torch.ops.aten
 
 
-def _mask(compare, *, extra_input: bool = False) -> fx.Node:
-    """``compare(arange(12)[None, :], arange(12)[:, None])`` as an aten graph (as traced)."""
+def _mask(compare, *, extra_input: bool = False, seq: int = 12, batch: int | None = None,
+          window: int | None = None) -> fx.Node:
+    """``compare(arange(seq)[None, :], arange(seq)[:, None])`` as an aten graph (as traced),
+    optionally within a sliding ``window`` and expanded to ``(batch, 1, seq, seq)`` as HF
+    models expand theirs."""
     graph = fx.Graph()
-    pos = graph.call_function(aten.arange.default, (12,), {"device": torch.device("meta")})
+    pos = graph.call_function(aten.arange.default, (seq,), {"device": torch.device("meta")})
     cols = graph.call_function(aten.unsqueeze.default, (pos, 0))
     rows = graph.call_function(aten.unsqueeze.default, (pos, 1))
     mask = graph.call_function(compare, (cols, rows))
+    if window is not None:
+        low = graph.call_function(aten.sub.Tensor, (rows, window))
+        mask = graph.call_function(aten.logical_and.default, (
+            mask, graph.call_function(aten.gt.Tensor, (cols, low))))
     if extra_input:
         x = graph.placeholder("x")
         mask = graph.call_function(aten.logical_and.default, (mask, x))
+    if batch is not None:
+        mask = graph.call_function(aten.expand.default, (mask, [batch, 1, seq, seq]))
     graph.output(mask)
     return mask
 
@@ -124,6 +133,19 @@ def test_computed_causal_accepts_lower_triangles_only() -> None:
     assert not computed_causal(_mask(aten.ge.Tensor), "keep", 12, (1,))
     assert not computed_causal(_mask(aten.le.Tensor, extra_input=True), "keep", 12, (1,))
     assert not computed_causal(_mask(aten.le.Tensor), "keep", 12, (12,))  # ambiguous size
+
+
+def test_computed_causal_probes_one_sequence_of_a_large_batch() -> None:
+    """A mask traced at a large batch is probed at batch 1: recognised, without holding
+    batch x length² elements; a window equal to the batch is distorted, never taken for
+    plain causal."""
+    seq, batch = 8192, 2**20  # at batch size, one probe would hold 2**20 x 8193² bools
+    assert computed_causal(_mask(aten.le.Tensor, seq=seq, batch=batch), "keep", seq,
+                           (batch, 32, 8, 128))
+    assert not computed_causal(_mask(aten.le.Tensor, seq=seq, batch=4096, window=4096), "keep",
+                               seq, (4096, 32, 8, 128))
+    assert not computed_causal(_mask(aten.le.Tensor, seq=seq, batch=16, window=4096), "keep",
+                               seq, (16, 32, 8, 128))
 
 
 def test_fused_causal_attention_is_priced_at_the_tiles_the_kernel_runs() -> None:

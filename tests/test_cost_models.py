@@ -354,3 +354,27 @@ def test_step_time_composition() -> None:
     inter = step_time(fwd, bwd, m=8, schedule="interleaved", v=2, p2p_s=0.01)
     assert inter.bubble == pytest.approx(1.5 * t)
     assert step_time(2.0, 4.0, m=4, p=1).total == pytest.approx(24.0)
+
+
+def test_attention_runs_at_the_cluster_files_attention_efficiency() -> None:
+    """A cluster file's ``device.attention_efficiency`` (the kernel a run uses) sets fused
+    attention's time: twice the share, half the time of a compute-bound attention; the A100
+    preset's FlashAttention-2 share is twice the H100's (modelled)."""
+    from autopar.cli.load import trace_model
+    from autopar.solver.pinned import PinnedConfig, estimate_graph
+
+    traced = trace_model("llama:layers=1,hidden=1024,heads=8,kv_heads=2,ffn=2048,vocab=256,"
+                         "seq=8192", 1, None)
+
+    def attention_seconds(efficiency: float) -> float:
+        cluster = load_cluster({"nodes": 1, "devices_per_node": 1, "device": {
+            "preset": "H100-80GB", "attention_efficiency": efficiency}})
+        est = estimate_graph(traced.gm, cluster, PinnedConfig(
+            dp=1, global_batch=1, precision="bf16", recompute="none"))
+        (d,) = [d for d in est.problem.decisions if "scaled_dot_product" in d.facts.target]
+        forward, backward, _ = est.tables.times(d, d.candidates[0])
+        return forward + backward
+
+    assert attention_seconds(0.6) == pytest.approx(attention_seconds(0.3) / 2, rel=0.02)
+    a100, h100 = load_cluster("A100-80GB").device, load_cluster("H100-80GB").device
+    assert a100.attention_efficiency == 2 * h100.attention_efficiency

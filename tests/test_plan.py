@@ -232,3 +232,30 @@ def test_planning_error_on_rank_0_is_raised_on_every_rank(tmp_path) -> None:
     assert proc.returncode == 0 and len(records) == 2, proc.stderr[-3000:]
     assert records[0] == records[1], records
     assert records[0]["class"] == "NoFeasiblePlanError" and "tp=3" in records[0]["what"]
+
+
+def test_a_graph_traced_on_one_sequence_is_planned_at_microbatch_one() -> None:
+    """Traced on one sequence, no batch dimension can be found and every cost is that of one
+    sequence: the planner must not pick larger microbatches as if they were free (it once
+    predicted a 405B model at 106% MFU that way). Traced on several, the same plan results."""
+    from autopar.models import resolve_model
+    from autopar.trace import trace
+
+    spec = resolve_model("llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=256,seq=512")
+    plans = {}
+    for batch in (1, 8):
+        with torch.device("meta"):
+            model = spec.build()
+        gm = trace(model, spec.example_inputs(batch, 512))
+        plans[batch] = autopar.plan(gm, "8xH100-80GB", global_batch=64, precision="bf16", dp=2,
+                                    tp=4)
+    one, eight = plans[1], plans[8]
+    assert one.batch["microbatch"] == 1
+    assert one.predicted["step_time_s"] >= 0.98 * eight.predicted["step_time_s"]
+    assert one.predicted["mfu"] < 1
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(1, 512))
+    with pytest.raises(AutoparError) as err:
+        autopar.plan(gm, "8xH100-80GB", global_batch=64, microbatch=4, dp=2, tp=4)
+    assert err.value.where == "microbatch" and "one sequence" in str(err.value)

@@ -20,6 +20,9 @@ so calibration inverts exactly that, net of the floor:
 - ``matmul_efficiency`` is the curve's value at the largest size: the large-GEMM figure.
 - ``memory_bandwidth_bytes_per_s`` is bytes / busy time of out-of-place elementwise adds
   (two reads and one write, as the bytes model counts them), with ``memory_efficiency`` 1.0.
+- ``attention_efficiency`` is the share of that curve's rate causal fused attention (SDPA)
+  reaches on the tiles it runs, so the cost model's SDPA forward and backward give back the
+  measured time (``autopar.calibrate.attention``).
 
 The curve is built from compute-bound shapes: square ``n x n x n`` and tall ``4n x n x n``
 (tokens x hidden x hidden, a transformer layer's shape). Skinny shapes (``m`` of 8-32 rows
@@ -44,11 +47,16 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import torch
 
+from autopar.calibrate.attention import (
+    AttentionPoint,
+    attention_efficiency_from,
+    measure_attention,
+)
 from autopar.cluster.spec import _FrozenMap
 
 _TORCH_DTYPES = {
@@ -113,8 +121,11 @@ class DeviceCalibration:
     bandwidth: tuple[BandwidthPoint, ...]
     kernel_floor_s: float
     allocation_s_per_byte: float = 0.0
+    attention: tuple[AttentionPoint, ...] = ()
     peak_flops: Mapping[str, float] = field(init=False)
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = field(init=False)
+    attention_efficiency: float | None = field(init=False)
+    """Measured from ``attention`` (None without it: the preset's figure stays)."""
 
     def __post_init__(self) -> None:
         floor = self.kernel_floor_s
@@ -131,6 +142,8 @@ class DeviceCalibration:
         curve_points = [p for p in self.matmuls if p.dtype == self.curve_dtype]
         curve = efficiency_curve(curve_points, peaks[self.curve_dtype], floor)
         object.__setattr__(self, "matmul_efficiency_curve", curve)
+        attention = attention_efficiency_from(self.attention, peaks, curve, floor)
+        object.__setattr__(self, "attention_efficiency", attention)
 
     def efficiency(self, point: MatmulPoint) -> float:
         """A point's busy rate over its dtype's peak (skinny points fall far below 1)."""
@@ -151,7 +164,18 @@ class DeviceCalibration:
             "memory_efficiency": 1.0,
             "kernel_floor_s": self.kernel_floor_s,
             "allocation_s_per_byte": self.allocation_s_per_byte,
+            **({"attention_efficiency": self.attention_efficiency}
+               if self.attention_efficiency is not None else {}),
         }
+
+    def attention_pass_efficiency(self, point: AttentionPoint) -> tuple[float, float]:
+        """The attention efficiency the forward and the backward of ``point`` imply alone
+        (recorded, not written: the profile's one figure reproduces their sum)."""
+        peak = self.peak_flops[point.dtype]
+        forward, backward = point.matmul_seconds(peak, self.matmul_efficiency_curve)
+        floor = self.kernel_floor_s
+        return (forward / max(point.forward_s - floor, 1e-12),
+                backward / max(point.backward_s - floor, 1e-12))
 
     def measurements(self) -> dict[str, Any]:
         """Raw points for the profile's ``measurements`` section."""
@@ -182,6 +206,25 @@ class DeviceCalibration:
                     "busy_bytes_per_s": p.rate(floor),
                 }
                 for p in self.bandwidth
+            ],
+            "attention": [
+                {
+                    "kernel": "scaled_dot_product_attention, is_causal=True",
+                    "dtype": p.dtype,
+                    "batch": p.batch,
+                    "heads": p.heads,
+                    "seq": p.seq,
+                    "head_dim": p.head_dim,
+                    "forward_seconds": p.forward_s,
+                    "forward_backward_seconds": p.forward_backward_s,
+                    "forward_flops": p.forward_flops,  # the full square, as a trace counts
+                    "backward_flops": p.backward_flops,
+                    "causal_fraction": p.work,
+                    **dict(zip(("forward_efficiency", "backward_efficiency"),
+                               self.attention_pass_efficiency(p))),
+                }
+                for p in self.attention
+                if p.dtype in self.peak_flops
             ],
         }
 
@@ -255,6 +298,8 @@ def calibrate_device(
             BandwidthPoint(size, _time_add(size, device, repeats))
             for size in _add_sizes(device_type, quick)
         ]
+        say(f"fused attention {dtypes[0]}")
+        attention = measure_attention(device, dtypes[0], quick=quick, repeats=repeats)
     return DeviceCalibration(
         device_type=device_type,
         threads=threads,
@@ -263,6 +308,7 @@ def calibrate_device(
         bandwidth=tuple(bandwidth),
         kernel_floor_s=floor,
         allocation_s_per_byte=allocation,
+        attention=tuple(attention),
     )
 
 
@@ -419,6 +465,7 @@ def _device_worker(args: tuple) -> dict:
         "bandwidth": [(p.tensor_bytes, p.seconds) for p in d.bandwidth],
         "floor": d.kernel_floor_s,
         "allocation": d.allocation_s_per_byte,
+        "attention": [astuple(p) for p in d.attention],
     }
 
 
@@ -443,15 +490,18 @@ def calibrate_device_concurrently(
         with ctx.Pool(nproc) as pool:
             results = pool.map(_device_worker, [(device_type, quick, threads, barrier)] * nproc)
 
-    def median_of(rows: list[list[tuple]], index: int) -> list[tuple]:
+    def median_of(rows: list[list[tuple]], *indices: int) -> list[tuple]:
         merged = []
         for group in zip(*rows):
-            seconds = statistics.median(row[index] for row in group)
-            merged.append(group[0][:index] + (seconds,) + group[0][index + 1 :])
+            row = list(group[0])
+            for index in indices:
+                row[index] = statistics.median(r[index] for r in group)
+            merged.append(tuple(row))
         return merged
 
     matmuls = median_of([r["matmuls"] for r in results], 4)
     bandwidth = median_of([r["bandwidth"] for r in results], 1)
+    attention = median_of([r["attention"] for r in results], 5, 6)  # forward, fwd+bwd
     return DeviceCalibration(
         device_type=device_type,
         threads=threads,
@@ -460,4 +510,5 @@ def calibrate_device_concurrently(
         bandwidth=tuple(BandwidthPoint(*row) for row in bandwidth),
         kernel_floor_s=statistics.median(r["floor"] for r in results),
         allocation_s_per_byte=statistics.median(r["allocation"] for r in results),
+        attention=tuple(AttentionPoint(*row) for row in attention),
     )

@@ -179,6 +179,20 @@ def format_device(device: DeviceCalibration) -> str:
         lines.append(
             f"  {format_bytes(b.tensor_bytes):<10} {format_seconds(b.seconds):>10} {b.rate(floor) / 1e9:>8.1f}"
         )
+    if device.attention:
+        lines += ["", "fused attention, causal SDPA (measured; efficiency = the time the matmul "
+                  "curve gives the FLOPs run / busy time)"]
+        lines.append(f"  {'b x h x seq x d':<20} {'dtype':<5} {'forward':>10} {'backward':>10}"
+                     f" {'efficiency fwd, bwd':>20}")
+        for p in device.attention:
+            if p.dtype not in device.peak_flops:
+                continue
+            fwd, bwd = device.attention_pass_efficiency(p)
+            lines.append(
+                f"  {f'{p.batch} x {p.heads} x {p.seq} x {p.head_dim}':<20} {p.dtype:<5} "
+                f"{format_seconds(p.forward_s):>10} {format_seconds(p.backward_s):>10} "
+                f"{f'{fwd:.2f}, {bwd:.2f}':>20}"
+            )
     curve = device.matmul_efficiency_curve
     lines += [
         "",
@@ -194,6 +208,9 @@ def format_device(device: DeviceCalibration) -> str:
         "median over sizes; memory efficiency 1.0",
         f"  {'kernel floor':<20} {floor * 1e6:>9.2f} µs",
     ]
+    if device.attention_efficiency is not None:
+        lines.append(f"  {'attention efficiency':<20} {device.attention_efficiency:>9.2f}          "
+                     "of the matmul rate, forward and backward together")
     return "\n".join(lines)
 
 

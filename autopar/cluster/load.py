@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autopar.cluster.presets import (
+    DEFAULT_ATTENTION_EFFICIENCY,
     DEFAULT_KERNEL_FLOOR_S,
     DEFAULT_MEMORY_EFFICIENCY,
     DTYPES,
@@ -62,6 +63,7 @@ _DEVICE_UNITS = {
     "allocation_ns_per_byte": ("allocation_s_per_byte", "nonnegative", lambda v: v / 1e9),
     "allocation_s_per_byte": ("allocation_s_per_byte", "nonnegative", None),
     "memory_efficiency": ("memory_efficiency", "fraction", None),
+    "attention_efficiency": ("attention_efficiency", "fraction", None),
 }
 _CURVE = "matmul_efficiency_curve"
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
@@ -84,6 +86,7 @@ _DEFAULTS = {
     "backend": "nccl",
     "device.kernel_floor_s": DEFAULT_KERNEL_FLOOR_S,
     "device.memory_efficiency": DEFAULT_MEMORY_EFFICIENCY,
+    "device.attention_efficiency": DEFAULT_ATTENTION_EFFICIENCY,
     "device.allocation_s_per_byte": 0.0,
     f"device.{_CURVE}": (),
     "intra_node.busy_latency_s": 0.0,
@@ -424,6 +427,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         matmul_efficiency=values["device.matmul_efficiency"],
         kernel_floor_s=values["device.kernel_floor_s"],
         memory_efficiency=values["device.memory_efficiency"],
+        attention_efficiency=values["device.attention_efficiency"],
         matmul_efficiency_curve=values[f"device.{_CURVE}"],
         allocation_s_per_byte=values["device.allocation_s_per_byte"],
     )

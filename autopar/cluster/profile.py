@@ -65,6 +65,7 @@ _DEVICE_KINDS = {
     "matmul_efficiency_curve": "curve",
     "kernel_floor_s": "nonnegative",
     "memory_efficiency": "fraction",
+    "attention_efficiency": "fraction",
     "allocation_s_per_byte": "nonnegative",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",

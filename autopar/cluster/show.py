@@ -62,6 +62,8 @@ def format_cluster(cluster: Cluster) -> str:
         ("  allocation", _num(d.allocation_s_per_byte * 1e9), "ns/B",
          src("device.allocation_s_per_byte")),
         ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
+        ("  attention efficiency", _num(d.attention_efficiency), "",
+         src("device.attention_efficiency")),
     ]
     links = [("intra-node link", "intra_node", c.intra_node),
              ("inter-node link", "inter_node", c.inter_node)]

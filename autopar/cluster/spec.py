@@ -9,7 +9,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autopar.cluster.presets import DEFAULT_KERNEL_FLOOR_S, DEFAULT_MEMORY_EFFICIENCY, DTYPES
+from autopar.cluster.presets import (
+    DEFAULT_ATTENTION_EFFICIENCY,
+    DEFAULT_KERNEL_FLOOR_S,
+    DEFAULT_MEMORY_EFFICIENCY,
+    DTYPES,
+)
 from autopar.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -220,6 +225,8 @@ class DeviceSpec:
     uses its parametric curve). ``memory_efficiency`` is the fraction of
     ``memory_bandwidth_bytes_per_s`` elementwise kernels reach, and ``kernel_floor_s`` the
     time no kernel (op) beats, however small: launch plus tail on a GPU, dispatch on a CPU.
+    ``attention_efficiency`` is the share of the matmul rate fused attention reaches on the
+    tiles it runs (a property of the attention kernel too: see ``cluster/presets.py``).
     """
 
     name: str
@@ -230,6 +237,7 @@ class DeviceSpec:
     kernel_floor_s: float = DEFAULT_KERNEL_FLOOR_S
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = ()
+    attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
     # Seconds per byte of writing a freshly allocated large tensor (first-touch page faults):
     # 0 on GPUs, whose caching allocator reuses memory; measured on CPUs, where glibc maps
     # tensors above its mmap threshold fresh from the OS each time.
@@ -269,6 +277,8 @@ class DeviceSpec:
             "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
         )
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
+        _check("fraction", self.attention_efficiency, "attention_efficiency",
+               "DeviceSpec.attention_efficiency")
         curve = _check_curve(
             self.matmul_efficiency_curve,
             "matmul_efficiency_curve",
@@ -413,6 +423,7 @@ class Cluster:
                 "matmul_efficiency_curve": [list(p) for p in d.matmul_efficiency_curve],
                 "kernel_floor_s": d.kernel_floor_s,
                 "memory_efficiency": d.memory_efficiency,
+                "attention_efficiency": d.attention_efficiency,
                 "allocation_s_per_byte": d.allocation_s_per_byte,
             },
             "intra_node_link": _link_dict(self.intra_node),

@@ -31,8 +31,8 @@ import torch.fx as fx
 from autopar.cluster import Cluster, LinkSpec
 from autopar.cost_models.comm import axis_link, collective_transfer_time
 from autopar.cost_models.compute import (
-    ATTENTION_EFFICIENCY,
     allocation_time,
+    attention_efficiency,
     backward_time,
     causal_fraction,
     forward_time,
@@ -349,7 +349,7 @@ class CostTables:
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
         attention = "scaled_dot_product" in facts.target
-        eff = ATTENTION_EFFICIENCY if attention else 1.0
+        eff = attention_efficiency(device) if attention else 1.0
         fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
         fwd += allocation_time(written * scale * (self.element_bytes / 4), device)
         bwd = 0.0
@@ -382,11 +382,11 @@ class CostTables:
         moved = min(facts.bytes_read, facts.bytes_written) / (facts.bytes_read + facts.bytes_written
                                                               or 1) * moved
         fwd = forward_time(flops, moved, device, dtype, shape=shape,
-                           efficiency_scale=ATTENTION_EFFICIENCY)
+                           efficiency_scale=attention_efficiency(device))
         bwd = 0.0
         if facts.requires_grad:
             bwd = forward_time(flops * facts.bwd_flops / facts.fwd_flops, 2 * moved, device,
-                               dtype, shape=shape, efficiency_scale=ATTENTION_EFFICIENCY)
+                               dtype, shape=shape, efficiency_scale=attention_efficiency(device))
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:

@@ -36,6 +36,7 @@ from autopar.solver.problem import (
     keep_residual_stream_whole,
     shard_weight_matrices,
 )
+from autopar.solver.search import check_microbatch
 
 _FLAGS = {"virtual": "virtual-stages"}
 """PinnedConfig fields whose command-line flag is spelled otherwise."""
@@ -175,6 +176,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         raise AutoparError(
             f"global batch {global_batch} does not split over dp={config.dp}",
             where="--global-batch", fix="use a multiple of dp")
+    check_microbatch(traced, config.microbatch)
     local = global_batch // config.dp
     if local % config.microbatch:
         raise AutoparError(

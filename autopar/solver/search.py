@@ -138,6 +138,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     n_layers = n_layers_of(gm)
+    check_microbatch(traced, options.microbatch)
     check_cp(gm, options, facts.seq_len)
     shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
     if not shapes:
@@ -245,7 +246,25 @@ def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None
     return modes
 
 
-def _microbatch_sizes(options: PlanOptions, local: int) -> list[int]:
+def check_microbatch(traced: int, microbatch: int | None) -> None:
+    """A graph traced on one sequence is priced per sequence: refuse a larger microbatch."""
+    if traced <= 1 and microbatch and microbatch > 1:
+        raise AutoparError(
+            f"microbatch {microbatch} on a graph traced with one sequence: the batch "
+            "dimension cannot be told from its other dimensions, so only microbatches of one "
+            "are priced", where="microbatch",
+            fix="trace with example inputs of two or more sequences (the planner scales them "
+            "to any microbatch), or plan with microbatch=1")
+
+
+def _microbatch_sizes(options: PlanOptions, local: int, traced: int) -> list[int]:
+    """Microbatch sizes to solve, largest first. A graph traced on one sequence has no batch
+    dimension the cost model can scale (``batch_strategies``): its costs are those of one
+    sequence, so only microbatches of one are priced truly (a larger one would cost the same
+    as one and look free)."""
+    if traced <= 1:
+        return [1] if options.microbatch in (None, 1) and (
+            not options.microbatches or options.microbatches == local) else []
     if options.microbatch:
         return [options.microbatch]
     if options.microbatches:
@@ -281,7 +300,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
     previous = None  # step time at the next larger microbatch that fitted
     hint = None
     pp = base.pp
-    for mb in _microbatch_sizes(options, local):
+    for mb in _microbatch_sizes(options, local, traced):
         setting = replace(base, microbatch=mb, microbatches=local // mb)
         if local % mb:
             candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))

@@ -44,8 +44,9 @@ RECOMPUTE_MODES = ("none", "selective", "full", "op")
 et al.); keep only each layer's inputs; torchtitan's per-op policy (keep matmul outputs but
 every second, and attention's). See ``autopar/solver/costs.py``."""
 
-SEARCHED_RECOMPUTE_MODES = ("none", "selective", "full")
-"""What the planner chooses among unless told otherwise (``op`` is pinned by name)."""
+SEARCHED_RECOMPUTE_MODES = ("none", "selective", "full", "op")
+"""What the planner chooses among unless told otherwise: every mode the runtime executes
+("selective" is dropped where fused attention already recomputes the scores)."""
 
 DEPRECATED_SCHEDULES = {
     "zero-bubble": "zb_v", "zero_bubble": "zb_v", "zbv": "zb_v", "zb-v": "zb_v",

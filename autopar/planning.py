@@ -16,7 +16,7 @@ from autopar.cluster import Cluster, load_cluster
 from autopar.cost_models.compute import best_efficiency
 from autopar.errors import AutoparError, TraceError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import check_keywords, zero_stages
+from autopar.knobs import SEARCHED_RECOMPUTE_MODES, check_keywords, zero_stages
 from autopar.models.spec import SPEC_LIMITS
 from autopar.plan import Plan
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
@@ -50,7 +50,7 @@ def plan(
     precision: str | None = None,
     optimizer: str = "adamw",
     zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
-    recompute: str | tuple[str, ...] = ("none", "selective", "full"),
+    recompute: str | tuple[str, ...] = SEARCHED_RECOMPUTE_MODES,
     tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
     chunked_loss: bool = True,

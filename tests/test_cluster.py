@@ -360,3 +360,14 @@ def test_cores_per_node_shares_compute_among_a_nodes_devices(tmp_path) -> None:
     with pytest.raises(ClusterError) as err:
         load_cluster(path)
     assert "cores_per_node" in err.value.where
+
+
+def test_example_cluster_files_load() -> None:
+    """The cluster files the README and benchmarks point to stay valid."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[1] / "examples" / "clusters").glob("*.yaml"))
+    assert files
+    for path in files:
+        cluster = load_cluster(str(path))
+        assert cluster.sources["device.attention_efficiency"] == f"file {path}"

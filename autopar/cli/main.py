@@ -23,6 +23,7 @@ import sys
 from autopar.cli import flags
 from autopar.cli.estimate_cmd import DESCRIPTION
 from autopar.errors import AutoparError
+from autopar.knobs import SEARCHED_RECOMPUTE_MODES
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_microbatches(p)
     flags.add_schedule(p)
     flags.add_virtual_stages(p)
-    flags.add_recompute(p, default="none,selective,full")
+    flags.add_recompute(p, default=",".join(SEARCHED_RECOMPUTE_MODES))
     flags.add_precision(p)
     flags.add_zero(p, default="0,3")
     flags.add_optimizer(p)

@@ -129,7 +129,10 @@ def test_megatron_pairing_comes_out_of_the_solver() -> None:
 def test_llama3_70b_needs_tensor_parallelism_inside_nodes() -> None:
     pytest.importorskip("transformers")
     traced = trace_model("llama3-70b", None, None)
-    plan = autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch)
+    # Keeping every activation, it fits only with tp, inside a node. (With per-op
+    # recomputation ZeRO-3 alone fits too, and the planner may prefer it.)
+    plan = autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch,
+                        recompute=("none",))
     assert plan.mesh["tp"] > 1 and 8 % plan.mesh["tp"] == 0
     assert plan.predicted["peak_memory_bytes"] <= 80 * 2**30
     # Without tensor or context parallelism (and without recomputing activations) no plan

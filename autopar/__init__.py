@@ -12,6 +12,7 @@ from autopar.cluster import Cluster, load_cluster
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.planning import plan
+from autopar.runtime.loss_scale import LossScaleConfig
 from autopar.runtime.parallelize import parallelize
 from autopar.trace import TensorSpec, trace
 
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AutoparError",
     "Cluster",
+    "LossScaleConfig",
     "Plan",
     "TensorSpec",
     "__version__",

@@ -2,7 +2,8 @@
 
 | knob | Python keyword | command line | plan JSON |
 | --- | --- | --- | --- |
-| precision | ``precision`` | ``--precision`` | ``training.precision`` |
+| precision | ``precision`` | ``--precision`` | ``training.precision`` (per node: ``precision``) |
+| per-node precision overrides | ``precision_overrides`` | ``--precision-override NODE=DTYPE`` | ``precision_policy.overrides`` |
 | ZeRO stage(s) | ``zero`` | ``--zero`` | ``training.zero`` |
 | pipeline schedule | ``schedule`` | ``--schedule`` | ``pipeline.schedule`` |
 | chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
@@ -37,12 +38,24 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_v")
 """Pipeline schedules autopar plans and runs (ScheduleGPipe, Schedule1F1B,
 ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)."""
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+"""Compute precisions of a plan (``training.precision``): fp32, or mixed precision with fp32
+master weights computing matmuls in bf16/fp16, or fp8 linears (tensorwise scaling) with the
+rest in bf16. Per node, the plan's ``precision`` map says which ops follow it
+(:mod:`autopar.precision`)."""
+
+PRECISION_CHOICES = (*PRECISIONS, "auto")
+"""What ``precision=`` / ``--precision`` accept: ``auto`` is the fastest the device runs
+without loss scaling (bf16 where it has bf16, else fp32); fp8 and fp16 are asked for."""
 
 RECOMPUTE_MODES = ("none", "selective", "full", "op")
 """Activation recomputation: keep everything; drop the sequence-squared tensors (Korthikanti
 et al.); keep only each layer's inputs; torchtitan's per-op policy (keep matmul outputs but
 every second, and attention's). See ``autopar/solver/costs.py``."""
+
+LEANNESS = ("full", "op", "selective", "none")
+"""Recomputation modes from the least kept to the most (a plan with a mode per layer is
+solved under its leanest)."""
 
 SEARCHED_RECOMPUTE_MODES = ("none", "selective", "full", "op")
 """What the planner chooses among unless told otherwise: every mode the runtime executes

@@ -81,6 +81,11 @@ class Plan:
     # context parallelism when mesh.cp > 1: cp, algorithm, layout, pinned, the modelled
     # cost of each algorithm ("algorithms"), and why this one (autopar.solver.context)
     context: dict[str, Any] = field(default_factory=dict)
+    # per-node precision: fx node name -> "fp32" | "bf16" | "fp16" | "fp8" (every node that
+    # makes a float), and the policy it came from: compute word, parameter dtype, user
+    # overrides, and the nodes kept fp32 by reason (autopar.precision)
+    precision: dict[str, str] = field(default_factory=dict)
+    precision_policy: dict[str, Any] = field(default_factory=dict)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

@@ -44,7 +44,7 @@ from autopar.placements import parse_placement
 from autopar.solver.options import ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MESH_AXES = ("pp", "dp", "cp", "tp")
 """Axes the runtime builds, outer to inner (tp innermost: the fastest links)."""
 MAX_INT = 2**53  # JSON numbers beyond this are not exact in most readers
@@ -296,8 +296,10 @@ PLAN = obj(
             "zero": one_of(ZERO_STAGES_RUNNABLE, fix="the runtime executes ZeRO stages "
                            f"{' and '.join(map(str, ZERO_STAGES_RUNNABLE))} (DDP, FSDP2); "
                            "re-plan with --zero 0,3"),
-            "recompute": one_of(RECOMPUTE_MODES),
-        }, {"chunked_loss": one_of((True, False))}),
+            "recompute": one_of((*RECOMPUTE_MODES, "mixed")),
+        }, {"chunked_loss": one_of((True, False)),
+            # with recompute "mixed": each repeated layer's mode, in the order they run
+            "recompute_layers": list_of(one_of(RECOMPUTE_MODES))}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
         "params": map_of(obj({"dp": placement, "tp": placement}, {"cp": placement})),
         "predicted": obj({
@@ -320,7 +322,8 @@ PLAN = obj(
     },
     optional={
         "layers": list_of(obj({"block": text(), "layers": text(),
-                               "strategies": map_of(text())})),
+                               "strategies": map_of(text())},
+                              {"recompute": one_of(RECOMPUTE_MODES)})),
         "pipeline": empty_or(PIPELINE),
         "unruled_ops": map_of(COUNT),
         "explanation": EXPLANATION,
@@ -330,6 +333,11 @@ PLAN = obj(
         # context parallelism (mesh.cp > 1): the attention algorithm, the sequence layout,
         # each algorithm's modelled seconds per step (or why it cannot run), and why
         "context": empty_or(CONTEXT),
+        "precision": map_of(one_of(PRECISIONS)),
+        "precision_policy": empty_or(obj(
+            {"compute": one_of(PRECISIONS), "source": one_of(("default", "overrides")),
+             "params": one_of(PRECISIONS), "overrides": map_of(one_of(PRECISIONS)),
+             "kept_fp32": map_of(list_of(text()))})),
     },
 )
 
@@ -425,7 +433,33 @@ def _count_rules(plan: dict) -> None:
               model["trainable_params"])
 
 
-CROSS_FIELD_RULES = (_mesh_rules, _batch_rules, _pipeline_rules, _count_rules)
+def _recompute_rules(plan: dict) -> None:
+    """``recompute_layers`` is there exactly when ``recompute`` is "mixed"."""
+    training = plan["training"]
+    mixed = training["recompute"] == "mixed"
+    if mixed != ("recompute_layers" in training):
+        _fail("training.recompute_layers", "a mode per layer exactly when training.recompute "
+              "is 'mixed'", training.get("recompute_layers"))
+
+
+def _precision_rules(plan: dict) -> None:
+    """Per-node precision names nodes of the plan, and follows ``training.precision``."""
+    words, policy = plan.get("precision", {}), plan.get("precision_policy", {})
+    unknown = [name for name in words if name not in plan["strategies"]]
+    if unknown:
+        _fail(f"precision.{unknown[0]}", "a node of the plan (a key of strategies)",
+              unknown[0])
+    compute = plan["training"]["precision"]
+    if policy and policy["compute"] != compute:
+        _fail("precision_policy.compute", f"training.precision ({compute})", policy["compute"])
+    if compute == "fp32" and any(w != "fp32" for w in words.values()) and not (
+            policy and policy["overrides"]):
+        _fail("precision", "fp32 everywhere under training.precision fp32 (no overrides)",
+              sorted(set(words.values())))
+
+
+CROSS_FIELD_RULES = (_mesh_rules, _batch_rules, _pipeline_rules, _count_rules,
+                     _precision_rules, _recompute_rules)
 
 
 def validate(data: Any, source: str = "plan") -> None:

@@ -16,9 +16,10 @@ from autopar.cluster import Cluster, load_cluster
 from autopar.cost_models.compute import best_efficiency
 from autopar.errors import AutoparError, TraceError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import SEARCHED_RECOMPUTE_MODES, check_keywords, zero_stages
+from autopar.knobs import PRECISION_CHOICES, SEARCHED_RECOMPUTE_MODES, check_keywords, zero_stages
 from autopar.models.spec import SPEC_LIMITS
 from autopar.plan import Plan
+from autopar.precision import assign_precision
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
 from autopar.solver.search import search
 from autopar.solver.to_plan import make_plan
@@ -28,6 +29,32 @@ from autopar.trace import trace
 def default_precision(cluster: Cluster) -> str:
     """bf16 mixed precision on accelerators, fp32 on CPU (gloo) clusters."""
     return "fp32" if cluster.backend == "gloo" else "bf16"
+
+
+def resolve_precision(precision: str | None, cluster: Cluster) -> str:
+    """The plan's precision word: ``None`` -> :func:`default_precision`; ``"auto"`` -> the
+    fastest the device runs without loss scaling (bf16, else fp32; fp8 and fp16 change
+    training numerics, so they are asked for by name). A word the device cannot run is an
+    error naming it: fp8 needs fp8 tensor cores (H100, H200, B200, MI300X); bf16/fp16 a
+    device that lists them."""
+    if precision is None:
+        return default_precision(cluster)
+    if not isinstance(precision, str) or precision not in PRECISION_CHOICES:
+        raise AutoparError(f"unknown precision {precision!r}", where="precision",
+                           fix=f"use one of {', '.join(PRECISION_CHOICES)}")
+    device = cluster.device
+    if precision == "auto":
+        return "bf16" if "bf16" in device.peak_flops else "fp32"
+    if precision not in device.peak_flops:
+        has = ", ".join(w for w in PRECISION_CHOICES if w in device.peak_flops)
+        need = "fp8 tensor cores (H100, H200, B200, MI300X)" if precision == "fp8" else (
+            f"{precision} arithmetic")
+        raise AutoparError(
+            f"precision {precision!r} needs {need}; device {device.name} has none",
+            where=f"precision (cluster {cluster.name!r}, device {device.name})",
+            fix=f"use one of {has} (or auto), or a cluster file whose device lists "
+            f"{precision} under peak_tflops")
+    return precision
 
 
 def plan(
@@ -48,9 +75,11 @@ def plan(
     schedule: str | None = None,
     virtual_stages: int | None = None,
     precision: str | None = None,
+    precision_overrides: dict[str, str] | None = None,
     optimizer: str = "adamw",
     zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
     recompute: str | tuple[str, ...] = SEARCHED_RECOMPUTE_MODES,
+    recompute_layers: tuple[str, ...] | None = None,
     tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
     chunked_loss: bool = True,
@@ -80,6 +109,14 @@ def plan(
     runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
     named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
     causal work) or "contiguous" chunks.
+    ``precision`` ("fp32", "bf16", "fp16", "fp8" or "auto"; default bf16 on GPUs, fp32
+    on CPU) is the compute precision; :mod:`autopar.precision` says which node computes in
+    what (``plan.precision``), and ``precision_overrides`` (node name or module path ->
+    dtype word) changes single nodes.
+    ``recompute`` lists the recomputation modes the solver may give each layer (a plan may
+    recompute some layers and not others: ``training.recompute`` "mixed", with
+    ``training.recompute_layers``); ``recompute_layers`` pins one mode per repeated layer,
+    in the order they run.
     ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
     tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
@@ -124,10 +161,12 @@ def plan(
         microbatches=microbatches,
         schedule=schedule,
         virtual_stages=virtual_stages,
-        precision=precision or default_precision(cluster),
+        precision=resolve_precision(precision, cluster),
+        precision_overrides=tuple((precision_overrides or {}).items()),
         optimizer=optimizer,
         zero=zero_stages(zero),
         recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
+        recompute_layers=recompute_layers,
         tp_splits_batch=tp_splits_batch,
         fuse_attention=fuse_attention,
         chunked_loss=chunked_loss,
@@ -135,6 +174,8 @@ def plan(
         time_limit_s=time_limit_s,
         extrapolation_margin=extrapolation_margin,
     )
+    if options.precision_overrides:  # a key naming nothing fails here, before any solve
+        assign_precision(gm, options.precision, dict(options.precision_overrides))
     name = model_name or type(model).__name__
     counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
                            or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count

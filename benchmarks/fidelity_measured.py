@@ -1,7 +1,8 @@
 """Predicted vs measured on this machine: peak memory per rank and step time.
 
 Runs real training steps of a GPT on gloo with 1, 2 and 4 processes — data, tensor and
-data x tensor parallelism, each with and without recomputation — and prints, per case, the
+data x tensor parallelism, each with and without recomputation, plus bf16 mixed precision
+and recomputation per layer (one mode per layer) — and prints, per case, the
 plan's predicted peak memory (modelled) next to the peak of live tensor bytes that torch's
 MemTracker saw over a whole step (measured), and the predicted step time with a calibrated
 ``cpu`` profile next to the median measured step time.
@@ -27,15 +28,20 @@ from pathlib import Path
 from autopar.cluster import usable_cores
 
 HERE = Path(__file__).resolve().parent
-CASES = [  # (processes, dp, tp, recompute)
-    (1, 1, 1, "none"),
-    (1, 1, 1, "full"),
-    (2, 2, 1, "none"),
-    (2, 2, 1, "full"),
-    (2, 1, 2, "none"),
-    (2, 1, 2, "full"),
-    (4, 2, 2, "none"),
-    (4, 2, 2, "full"),
+CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision)
+    (1, 1, 1, "none", "fp32"),
+    (1, 1, 1, "full", "fp32"),
+    (2, 2, 1, "none", "fp32"),
+    (2, 2, 1, "full", "fp32"),
+    (2, 1, 2, "none", "fp32"),
+    (2, 1, 2, "full", "fp32"),
+    (4, 2, 2, "none", "fp32"),
+    (4, 2, 2, "full", "fp32"),
+    # mixed precision (bf16 matmuls, fp32 master weights) and recomputation per layer
+    (1, 1, 1, "none", "bf16"),
+    (2, 2, 1, "none", "bf16"),
+    (1, 1, 1, "full,none,none,full", "fp32"),
+    (2, 2, 1, "full,none,op,none", "bf16"),
 ]
 
 
@@ -70,12 +76,13 @@ def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
     return path
 
 
-def run_case(nproc: int, dp: int, tp: int, recompute: str, cluster: Path, tmp: Path) -> list[dict]:
-    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}"
+def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, cluster: Path,
+             tmp: Path) -> list[dict]:
+    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
-           "--dp", str(dp), "--tp", str(tp), "--recompute", recompute,
+           "--dp", str(dp), "--tp", str(tp), "--recompute", recompute, "--precision", precision,
            "--cluster", str(cluster), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -97,16 +104,17 @@ def main() -> None:
         links = {1: profile, 2: profile}
         print("calibrating the link with 4 processes (autopar calibrate --quick) ...", flush=True)
         links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
-        print("\nGPT 4 layers x 256 hidden, batch 8 x 256 tokens, fp32, AdamW, gloo\n")
-        print(f"{'ranks':>5} {'mesh':<10} {'recompute':<9} {'tp-sharded':>10} | "
+        print("\nGPT 4 layers x 256 hidden, batch 8 x 256 tokens, AdamW, gloo (recompute per "
+              "layer: one mode per layer)\n")
+        print(f"{'ranks':>5} {'mesh':<10} {'recompute':<19} {'prec':<5} {'tp-sharded':>10} | "
               f"{'peak MiB':>9} {'peak MiB':>9} {'error':>7} | {'step ms':>8} {'step ms':>8} "
               f"{'error':>7}")
-        print(f"{'':>5} {'':<10} {'':<9} {'weights':>10} | {'modelled':>9} {'measured':>9} "
+        print(f"{'':>5} {'':<10} {'':<19} {'':<5} {'weights':>10} | {'modelled':>9} {'measured':>9} "
               f"{'':>7} | {'modelled':>8} {'measured':>8}")
         memory_errors, time_errors = [], []
-        for nproc, dp, tp, recompute in CASES:
+        for nproc, dp, tp, recompute, precision in CASES:
             cluster = cluster_file(profile, links[nproc], nproc, tmp)
-            ranks = run_case(nproc, dp, tp, recompute, cluster, tmp)
+            ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp)
             measured_peak = max(r["measured_peak_bytes"] for r in ranks)
             predicted_peak = ranks[0]["predicted_peak_bytes"]
             measured_step = statistics.median(r["measured_step_s"] for r in ranks)
@@ -116,7 +124,8 @@ def main() -> None:
             memory_errors.append(abs(mem_err))
             time_errors.append(abs(time_err))
             mesh = f"dp{dp}xtp{tp}"
-            print(f"{nproc:>5} {mesh:<10} {recompute:<9} {ranks[0]['tp_sharded']:>10} | "
+            print(f"{nproc:>5} {mesh:<10} {recompute:<19} {precision:<5} "
+                  f"{ranks[0]['tp_sharded']:>10} | "
                   f"{predicted_peak / 2**20:>9.1f} {measured_peak / 2**20:>9.1f} {mem_err:>+7.1%} | "
                   f"{predicted_step * 1e3:>8.1f} {measured_step * 1e3:>8.1f} {time_err:>+7.1%}",
                   flush=True)

@@ -44,7 +44,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+"""fp8 trains with bf16 working weights (only the linears' operands are fp8)."""
 
 ADAM8BIT_BLOCK_SIZE = 2048
 """Values per quantization block of 8-bit Adam's states (bitsandbytes' default, Dettmers et
@@ -206,13 +207,17 @@ def model_state_bytes(
     shape: Sequence[int] | None = None,
     offload: str = "none",
     storage_bits: int | None = None,
+    fp32_params: bool = False,
 ) -> StateBytes:
     """Bytes one device holds for ``numel`` parameters (already divided by tensor parallelism).
 
     ``shape`` is the (local) parameter shape, used by Adafactor. ``offload`` moves states to
     host memory (see the module docstring; it needs ZeRO >= 1, and ``optimizer+params``
     needs ZeRO 3). ``storage_bits`` is how a *frozen* weight is stored (16, 8, 4; default:
-    the working precision).
+    the working precision). ``fp32_params``: mixed precision as autopar runs it (and
+    ``torch.amp``, FSDP2's ``MixedPrecisionPolicy``): the parameter itself is the fp32
+    master copy, its gradient is fp32, and the 16-bit working copies are made per use
+    (priced as activations, or as ZeRO-3's gathered buffers) -- 4 + 4 + optimizer bytes.
 
     >>> s = model_state_bytes(10, trainable=True, precision="bf16", optimizer="adam",
     ...                       zero_stage=2, dp=2, offload="optimizer")
@@ -232,14 +237,16 @@ def model_state_bytes(
             "storage_bits applies to frozen weights only (trainable weights are stored in the "
             "working precision); pass trainable=False for a quantized base"
         )
-    w = weight_bytes(precision) if storage_bits is None else storage_bytes(storage_bits)
+    master = fp32_params and storage_bits is None
+    w = 4 if master else (weight_bytes(precision) if storage_bits is None
+                          else storage_bytes(storage_bits))
     params = numel * w / (dp if zero_stage >= 3 else 1)
     grads = optimizer_bytes = 0.0
     if trainable:
-        grads = numel * weight_bytes(precision) / (dp if zero_stage >= 2 else 1)
-        opt_per = numel * master_weight_bytes(precision) + optimizer_state_bytes(
-            numel, optimizer, shape=shape
-        )
+        grads = numel * (4 if master else weight_bytes(precision)) / (dp if zero_stage >= 2
+                                                                       else 1)
+        masters = 0 if master else master_weight_bytes(precision)
+        opt_per = numel * masters + optimizer_state_bytes(numel, optimizer, shape=shape)
         optimizer_bytes = opt_per / (dp if zero_stage >= 1 else 1)
     if offload == "none":
         return StateBytes(float(params), float(grads), float(optimizer_bytes))

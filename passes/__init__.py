@@ -1,5 +1,6 @@
 """Plan-driven graph rewrites, one pass per file, run by a PassManager."""
 
+from autopar.passes.cast_precision import CastPrecision
 from autopar.passes.checkpoint_layers import CheckpointLayers
 from autopar.passes.chunked_loss import ChunkedLoss
 from autopar.passes.fuse_attention import FuseAttention
@@ -32,7 +33,9 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     ``plan``, in order: tensor parallelism; fused attention kernels; layer modules when FSDP2 gathers them, when
     checkpointing reruns them, or when pipeline stages are cut between them (after giving
     each layer its own copy of what it reads that is made from the inputs alone); the
-    checkpointing; the pipeline split. Every program computes its cross-entropy chunked
+    checkpointing; the pipeline split. The plan's per-node precision is cast in after the
+    passes that replace nodes and before layers are outlined (a layer's weight casts run
+    inside it). Every program computes its cross-entropy chunked
     (the memory model prices it so)."""
     zero = plan.training.get("zero", 0)
     recompute = plan.training.get("recompute", "none")
@@ -44,6 +47,8 @@ def program_passes(plan: Plan) -> list[GraphPass]:
         passes.append(ChunkedLoss())
     if any(entry.get("fused") for entry in plan.attention):
         passes.append(FuseAttention())
+    if any(word != "fp32" for word in plan.precision.values()):
+        passes.append(CastPrecision())
     if pipelined:  # before outlining: stages then carry no masks, only inputs
         passes.append(RecomputeInputs())
     data = plan.mesh.get("dp", 1) * plan.mesh.get("cp", 1)  # ranks averaging gradients
@@ -57,6 +62,7 @@ def program_passes(plan: Plan) -> list[GraphPass]:
 
 
 __all__ = [
+    "CastPrecision",
     "CheckpointLayers",
     "ChunkedLoss",
     "FuseAttention",

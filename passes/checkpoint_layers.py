@@ -6,6 +6,8 @@
   (``create_selective_checkpoint_contexts``): ops whose input holds the sequence length
   twice (attention scores, their softmax and dropout) are recomputed, everything else is
   kept — Korthikanti et al.'s selective recomputation.
+- a plan with ``recompute`` "mixed" gives each layer its own mode
+  (``training.recompute_layers``, in the order the layers run); "none" leaves a layer as is.
 - ``op``: torchtitan's per-op selective policy (``selective_ac_option = "op"``): the
   outputs of matrix multiplies are kept except every second one in each layer, and so are
   attention's; every other op (norms, rotary embedding, activations) is recomputed.
@@ -25,6 +27,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from autopar.errors import PassError
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 
@@ -88,15 +91,24 @@ class CheckpointLayers(GraphPass):
     requires = ("outline-layers",)
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        mode = ctx.plan.training.get("recompute", "none")
-        paths = set(gm.meta.get("autopar_layer_paths", []))
-        if mode == "none" or not paths:
+        training = ctx.plan.training
+        ordered = list(gm.meta.get("autopar_layer_paths", []))
+        per_layer = training.get("recompute_layers") or [training.get("recompute", "none")] * len(
+            ordered)
+        if len(per_layer) != len(ordered):
+            raise PassError(
+                f"the plan gives {len(per_layer)} layer recomputation mode(s) for the "
+                f"{len(ordered)} layers of this program", where="training.recompute_layers",
+                fix="re-plan for this model")
+        modes = dict(zip(ordered, per_layer))
+        if all(m == "none" for m in modes.values()):
             return PassResult(gm, modified=False)
         seq_len = int(ctx.plan.batch.get("seq", 0))
         changes = []
         for node in list(gm.graph.nodes):
-            if node.op != "call_module" or node.target not in paths:
+            if node.op != "call_module" or modes.get(node.target, "none") == "none":
                 continue
+            mode = modes[node.target]
             with gm.graph.inserting_before(node):
                 module = gm.graph.get_attr(node.target)
                 call = gm.graph.call_function(checkpointed, (module, mode, seq_len, *node.args))

@@ -31,6 +31,12 @@ LAUNCHES = {
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
         {"model": "llama", "dp": 2, "zero": 3, "recompute": "op"},
+        # Recomputation per layer: some layers full, some per-op, some none; and a pipeline
+        # whose first stage recomputes and whose second does not.
+        {"model": "gpt", "layers": 4, "dp": 2, "zero": 3,
+         "recompute_layers": ["full", "none", "op", "none"]},
+        {"model": "llama", "layers": 4, "pp": 2, "microbatches": 2,
+         "recompute_layers": ["full", "full", "none", "none"]},
     ]),
     # Context parallelism: each sequence split over 2 ranks (zigzag chunks unless said),
     # keys and values all-gathered; GPT (learned positions) and HF Llama (rotary, GQA, the
@@ -85,3 +91,10 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
                 assert r["microbatches"] == case["microbatches"]
             if "recompute" in case:
                 assert r["recompute"] == case["recompute"]
+            if "recompute_layers" in case:
+                assert r["recompute"] == "mixed"
+                assert r["recompute_layers"] == case["recompute_layers"]
+                # every layer a mode other than none recomputes is checkpointed in this
+                # rank's program, and no other (a pipeline rank prints its own stage)
+                mine = case["recompute_layers"][r["layer_span"][0]:r["layer_span"][1] + 1]
+                assert r["checkpointed"] == sum(m != "none" for m in mine), r

@@ -21,7 +21,7 @@ from autopar.cluster import load_cluster
 from autopar.cost_models.memory import lora_params, model_state_bytes
 from autopar.errors import AutoparError
 from autopar.graph_facts import graph_facts
-from autopar.planning import default_precision
+from autopar.planning import resolve_precision
 from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
 from autopar.solver.stages import layer_ranges
 from autopar.units import format_bytes, format_count, format_seconds
@@ -93,7 +93,8 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "global_batch": g, "seq": traced.seq, "microbatch": c.microbatch,
             "microbatches": setting.microbatches, "tp": c.tp, "pp": c.pp, "dp": c.dp,
             "cp": c.cp, "cp_algorithm": setting.cp_algorithm if c.cp > 1 else None,
-            "cp_layout": c.cp_layout if c.cp > 1 else None, "sp": c.sp, "recompute": c.recompute, "precision": c.precision,
+            "cp_layout": c.cp_layout if c.cp > 1 else None, "sp": c.sp, "recompute": est.setting.recompute,
+            "recompute_layers": list(est.setting.layer_recompute) or None, "precision": c.precision,
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
             "chunked_loss": c.chunked_loss,
@@ -174,7 +175,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, cp_algorithm=args.cp_algorithm,
         cp_layout=args.cp_layout, sp=args.sp, microbatch=args.microbatch,
         global_batch=traced.batch, recompute=recompute,
-        precision=args.precision or default_precision(cluster), zero=zero,
+        recompute_layers=tuple(args.recompute_layers or ()),
+        precision=resolve_precision(args.precision, cluster), zero=zero,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
     )

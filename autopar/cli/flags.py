@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
-from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
+from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError
-from autopar.knobs import RECOMPUTE_MODES, schedule_name, zero_stages
+from autopar.knobs import PRECISION_CHOICES, PRECISIONS, RECOMPUTE_MODES, schedule_name, zero_stages
 
 # --- value types --------------------------------------------------------------------------
 
@@ -134,6 +134,20 @@ stage_list = _knob(_stage_list)
 mode_list = _knob(_mode_list)
 
 
+def _layer_modes(text: str) -> tuple[str, ...]:
+    """One recomputation mode per layer (repeats kept)."""
+    modes = tuple(m.strip() for m in text.split(","))
+    if not all(modes) or any(m not in RECOMPUTE_MODES for m in modes):
+        raise AutoparError(f"{text!r} is not one recomputation mode per layer",
+                           where="--recompute-layers",
+                           fix=f"give a mode from {', '.join(RECOMPUTE_MODES)} for each layer, "
+                           "separated by commas, e.g. full,full,none,none")
+    return modes
+
+
+layer_modes = _knob(_layer_modes)
+
+
 class _Renamed(argparse.Action):
     """An old spelling of a flag: stores into the new flag's value and says so on stderr."""
 
@@ -231,14 +245,33 @@ def add_recompute(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--recompute", type=mode_list, default=default, metavar="MODES",
                    help="activation recomputation: none, selective, full or op (torchtitan's "
                    "per-op policy); plan may be given "
-                   "several, comma-separated, to choose from")
+                   "several, comma-separated, to choose from for each layer")
+    p.add_argument("--recompute-layers", type=layer_modes, default=None, metavar="MODES",
+                   help="one recomputation mode per repeated layer, comma-separated, in the "
+                   "order the layers run (pins recomputation per layer)")
 
 
-def add_precision(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="compute precision; bf16 and fp16 keep fp32 master weights (default: "
-                   "bf16 on GPUs, fp32 on CPU)")
-    _renamed(p, "--dtype", "--precision", choices=PRECISIONS)
+def add_precision(p: argparse.ArgumentParser, overrides: bool = False) -> None:
+    p.add_argument("--precision", choices=PRECISION_CHOICES, default=None,
+                   help="compute precision: bf16/fp16 matmuls (fp16 with loss scaling), fp8 "
+                   "linears, or fp32; mixed precision keeps fp32 master weights, and "
+                   "normalisations, softmax and losses in fp32; auto: the fastest the device "
+                   "runs without loss scaling (default: bf16 on GPUs, fp32 on CPU)")
+    _renamed(p, "--dtype", "--precision", choices=PRECISION_CHOICES)
+    if overrides:
+        p.add_argument("--precision-override", type=precision_override, action="append",
+                       default=None, dest="precision_overrides", metavar="NODE=DTYPE",
+                       help="compute one fx node, or every node of a module path, in DTYPE "
+                       f"({', '.join(PRECISIONS)}); repeatable")
+
+
+def precision_override(text: str) -> tuple[str, str]:
+    """``NODE=DTYPE`` (NODE an fx node name or a module path)."""
+    key, eq, word = text.partition("=")
+    if not eq or not key.strip() or word.strip() not in PRECISIONS:
+        raise argparse.ArgumentTypeError(
+            f"expected NODE=DTYPE with DTYPE one of {', '.join(PRECISIONS)}, got {text!r}")
+    return key.strip(), word.strip()
 
 
 def add_zero(p: argparse.ArgumentParser, default: str) -> None:

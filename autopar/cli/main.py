@@ -39,7 +39,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_schedule(p)
     flags.add_virtual_stages(p)
     flags.add_recompute(p, default=",".join(SEARCHED_RECOMPUTE_MODES))
-    flags.add_precision(p)
+    flags.add_precision(p, overrides=True)
     flags.add_zero(p, default="0,3")
     flags.add_optimizer(p)
     flags.add_time_limit(p)

@@ -28,6 +28,40 @@ def _role(name: str, strategy: str) -> str:
     return ""
 
 
+def format_recompute(plan: Plan) -> list[str]:
+    """Which layers recompute what (one line; per run of layers when the plan mixes)."""
+    mode = plan.training.get("recompute", "none")
+    if mode != "mixed":
+        return [f"recompute {mode} (every layer)"] if mode != "none" else []
+    runs = [f"{row['layers']} {row['recompute']}" for row in plan.layers
+            if row["block"] != "<outside layers>"]
+    counts: dict[str, int] = {}
+    for m in plan.training.get("recompute_layers", []):
+        counts[m] = counts.get(m, 0) + 1
+    return [f"recompute per layer ({', '.join(f'{n} {m}' for m, n in counts.items())}): "
+            f"layers {'; '.join(runs)}"]
+
+
+def format_precision(plan: Plan) -> list[str]:
+    """How many nodes compute in each dtype, and which are kept fp32 and why."""
+    words, policy = plan.precision, plan.precision_policy
+    if not words or set(words.values()) == {"fp32"} and not policy.get("overrides"):
+        return []
+    counts: dict[str, int] = {}
+    for word in words.values():
+        counts[word] = counts.get(word, 0) + 1
+    shown = ", ".join(f"{counts[w]} {w}" for w in ("fp8", "bf16", "fp16", "fp32") if w in counts)
+    lines = [f"precision {policy.get('compute', plan.training['precision'])} with fp32 master "
+             f"weights (parameters read in {policy.get('params', 'fp32')}): {shown} nodes"]
+    for why, names in policy.get("kept_fp32", {}).items():
+        example = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        lines.append(f"          kept fp32 ({why}): {len(names)} node(s): {example}")
+    if policy.get("overrides"):
+        lines.append("          overrides: " + ", ".join(
+            f"{k}={v}" for k, v in policy["overrides"].items()))
+    return lines
+
+
 def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> str:
     p = plan.predicted
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
@@ -51,6 +85,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     ]
     if plan.explanation.get("devices"):
         lines.append(f"devices   {plan.explanation['devices']['why']}")
+    lines += format_precision(plan)
     lines += format_tp(plan.explanation.get("tp", {}))
     lines += format_attention(plan.attention)
     if plan.context:
@@ -60,13 +95,20 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     if plan.unruled_ops:
         ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
         lines.append(f"replicated (no sharding rule): {ops}")
+    lines += format_recompute(plan)
     lines += ["", "tensor-parallel strategies (per layer kind)"]
-    if not plan.layers:
+    shown: set[str] = set()
+    if not any(row["strategies"] for row in plan.layers):
         lines.append("  everything replicated on tp" + (
             " (every tp rank computes the whole model)" if plan.mesh.get("tp", 1) > 1
             else " (pure data parallelism)"))
     for row in plan.layers:
-        lines.append(f"  {row['block']}  layers {row['layers']}")
+        if not row["strategies"] or row["block"] in shown:
+            continue  # rows that differ only in recomputation show their strategies once
+        shown.add(row["block"])
+        lines.append(f"  {row['block']}  layers {row['layers']}"
+                     + (" (and the block's other layers)"
+                        if sum(r["block"] == row["block"] for r in plan.layers) > 1 else ""))
         for name, strategy in row["strategies"].items():
             if "(" in name and not any(k in name for k in _KEY_OPS):
                 continue

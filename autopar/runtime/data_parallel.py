@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from autopar.errors import RuntimeSetupError
@@ -13,7 +14,7 @@ from autopar.runtime.mesh import MeshContext
 
 def wrap_data_parallel(
     module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
-    pipelined: bool = False,
+    pipelined: bool = False, param_dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
     """Wrap ``module`` for data parallelism over the ``dp`` axis (with ``cp``: over dp x cp,
     the ranks that hold the same weights).
@@ -22,6 +23,11 @@ def wrap_data_parallel(
     layers), so at most the root's weights and about two layers are whole at once. A
     pipeline stage gets FSDP2's ``replicate`` for ZeRO-0 instead of DDP: the pipeline's
     first step runs a shape-inference backward that DDP's reducer counts as a real one.
+
+    ``param_dtype`` (the plan's ``precision_policy.params``): ZeRO-3 gathers parameters in
+    it (FSDP2's ``MixedPrecisionPolicy``) and reduce-scatters gradients in fp32; the sharded
+    parameters the optimizer steps stay fp32. Inputs are not cast (the program's own casts
+    say what computes in which dtype).
     """
     group = ctx.data_group()
     if group is None or group.size() == 1:
@@ -38,9 +44,11 @@ def wrap_data_parallel(
         )
     if zero_stage == 3:
         dp_mesh = ctx.data_mesh
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                      cast_forward_inputs=False)
         for unit in units:
-            fully_shard(unit, mesh=dp_mesh)
-        fully_shard(module, mesh=dp_mesh)
+            fully_shard(unit, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
         return module
     raise RuntimeSetupError(
         f"ZeRO stage {zero_stage} is modelled but not executable yet",

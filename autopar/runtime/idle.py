@@ -19,7 +19,7 @@ from torch import nn
 from autopar.errors import RuntimeSetupError
 from autopar.plan import Plan
 from autopar.runtime.mesh import MeshContext
-from autopar.runtime.parallel_module import ParallelModule
+from autopar.runtime.parallel_module import ParallelModule, scaler_for
 
 
 def share_loss(loss: torch.Tensor) -> torch.Tensor:
@@ -48,6 +48,7 @@ class IdleRank(nn.Module):
         self.model = model
         self.plan = plan
         self.mesh_context = ctx
+        self._scaler = scaler_for(plan, None)
 
     @property
     def code(self) -> str:
@@ -60,7 +61,10 @@ class IdleRank(nn.Module):
         return args, kwargs
 
     def train_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """No work here; the loss the training ranks computed for this step."""
+        """No work here; the loss the training ranks computed for this step (under fp16,
+        after taking part in their overflow check, with nothing to report)."""
+        if self._scaler is not None:
+            self._scaler.update(self._scaler.unscale_and_check([]))
         return share_loss(torch.zeros((), device=self.mesh_context.device))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

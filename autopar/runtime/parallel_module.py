@@ -17,6 +17,7 @@ from autopar import comm_ops
 from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
+from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.pipeline import PipelineRunner
 from autopar.runtime.record import RunRecorder, ddp_timing_hook
@@ -48,10 +49,19 @@ class ParallelModule(nn.Module):
     ``shard_batch(*global_inputs)`` cuts that share out of a global batch; ``train_step``
     runs forward and backward over the plan's microbatches and returns the global loss.
     Gradients land on this rank's (local) parameters for an ordinary ``optimizer.step()``.
+
+    An fp16 plan scales the loss dynamically (``torch.amp.GradScaler``'s rule, on every rank
+    at once): ``train_step`` backpropagates the scaled loss, unscales the gradients and
+    checks every rank's for inf/nan with one all-reduce. On overflow every rank drops its
+    gradients (``p.grad = None``, so a torch optimizer's ``step()`` changes nothing), halves
+    the scale and counts the skip (``skipped_steps``, ``last_step_skipped``);
+    :meth:`step` does not even call the optimizer then. The scale grows after
+    ``growth_interval`` clean steps (``loss_scale``, the current scale).
     """
 
     def __init__(self, program: fx.GraphModule, wrapped: nn.Module, plan: Plan,
-                 ctx: MeshContext, pipeline: PipelineRunner | None = None):
+                 ctx: MeshContext, pipeline: PipelineRunner | None = None,
+                 loss_scale: LossScaleConfig | None = None):
         super().__init__()
         self.wrapped = wrapped
         self.plan = plan
@@ -64,6 +74,38 @@ class ParallelModule(nn.Module):
         self._ddp_hooked = False
         if pipeline is not None:
             pipeline.recorder_of = lambda: self._recorder
+        self._scaler = scaler_for(plan, loss_scale)
+
+    # --- fp16 loss scaling ---------------------------------------------------------------
+    @property
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale (None unless the plan computes in fp16)."""
+        return self._scaler.scale if self._scaler is not None else None
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped so far because some rank's gradients overflowed."""
+        return self._scaler.skipped_steps if self._scaler is not None else 0
+
+    @property
+    def last_step_skipped(self) -> bool:
+        return self._scaler.last_step_skipped if self._scaler is not None else False
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """``optimizer.step()`` unless the last ``train_step`` overflowed; whether it ran."""
+        if self.last_step_skipped:
+            return False
+        optimizer.step()
+        return True
+
+    def _after_backward(self) -> None:
+        """Unscale, agree on overflow over every rank, drop the gradients if so, update."""
+        scaler = self._scaler
+        found = scaler.unscale_and_check(self.parameters())
+        if found:
+            for p in self.parameters():
+                p.grad = None
+        scaler.update(found)
 
     def record_run(self, directory: str | os.PathLike[str]) -> RunRecorder:
         """Record this rank's training steps and collectives until the returned recorder is
@@ -153,16 +195,21 @@ class ParallelModule(nn.Module):
         # must happen there; with DDP (or none) they wait for one bucketed all-reduce.
         # (Pipeline stages use FSDP2 for data parallelism, so they sum them in backward.)
         recorder = self._recorder
-        if recorder is None:
-            return self._train_step(args, kwargs)
-        recorder.step_begin()
+        if recorder is not None:
+            recorder.step_begin()
         try:
-            return self._train_step(args, kwargs)
+            loss = self._train_step(args, kwargs)
+            if self._scaler is not None:
+                self._after_backward()
+            return loss
         finally:
-            recorder.step_end()
+            if recorder is not None:
+                recorder.step_end()
 
     def _train_step(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self._pipeline is not None:
+            if self._scaler is not None:
+                self._pipeline.loss_multiplier = self._scaler.scale
             return self._mean_over_dp(self._pipeline.step(self._named_inputs(args, kwargs)))
         defer = self.plan.training.get("zero", 0) == 0
         m = self.plan.batch.get("microbatches", 1)
@@ -174,7 +221,8 @@ class ParallelModule(nn.Module):
                 no_sync = not sync and hasattr(self.wrapped, "no_sync")
                 with self.wrapped.no_sync() if no_sync else _null():
                     loss = find_loss(self(*a, **k)) / len(chunks)
-                    loss.backward()
+                    scaled = self._scaler.scale_loss(loss) if self._scaler is not None else loss
+                    scaled.backward()
                 total += loss.detach()
         return self._mean_over_dp(total)
 
@@ -212,6 +260,19 @@ class ParallelModule(nn.Module):
         """How parameter ``fqn`` is split on ``axis`` (None when whole)."""
         p = self.plan.param_placement(fqn, axis)
         return p if isinstance(p, Shard) else None
+
+
+def scaler_for(plan: Plan, config: LossScaleConfig | None) -> DynamicLossScaler | None:
+    """A dynamic loss scaler for an fp16 plan (None otherwise; ``config`` then must be None)."""
+    if plan.training.get("precision") != "fp16":
+        if config is not None:
+            raise RuntimeSetupError(
+                f"loss_scale was given, but the plan computes in "
+                f"{plan.training.get('precision')}, which needs no loss scaling",
+                where="autopar.parallelize(loss_scale=...)",
+                fix="drop loss_scale, or plan with precision='fp16'")
+        return None
+    return DynamicLossScaler(config or LossScaleConfig())
 
 
 class _null:

@@ -27,10 +27,12 @@ from autopar.passes.attention_sites import find_attention_sites
 from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
+from autopar.precision import TORCH_DTYPES
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.idle import IdleRank, PartOfWorld
+from autopar.runtime.loss_scale import LossScaleConfig
 from autopar.runtime.mesh import build_mesh, check_world_size, ensure_process_group
-from autopar.runtime.parallel_module import ParallelModule
+from autopar.runtime.parallel_module import ParallelModule, scaler_for
 from autopar.runtime.pipeline import PipelineRunner
 from autopar.trace import trace
 from autopar.trace.align import rename_like
@@ -47,6 +49,7 @@ def parallelize(
     pp: int | None = None,
     plan: Plan | str | Path | None = None,
     record_run: str | Path | None = None,
+    loss_scale: LossScaleConfig | None = None,
     **plan_options: Any,
 ) -> ParallelModule | IdleRank:
     """This rank's part of ``model``, planned for ``cluster`` and ready to train.
@@ -61,6 +64,9 @@ def parallelize(
     run it, and every other rank gets an :class:`~autopar.runtime.idle.IdleRank`, which
     trains nothing and whose ``train_step`` returns the same loss. A plan on fewer devices
     may also be launched on just those (``plan=`` the plan's file).
+
+    ``loss_scale`` tunes fp16's dynamic loss scaling (``LossScaleConfig``: initial scale,
+    growth and backoff factors, growth interval; ``torch.amp.GradScaler``'s defaults).
 
     ``record_run`` (a directory) records every training step's time and collectives there
     (``ParallelModule.record_run``), for ``autopar calibrate --from-run DIR`` to refit this
@@ -91,6 +97,7 @@ def parallelize(
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
+    scaler_for(plan, loss_scale)  # a loss_scale an fp16-less plan cannot use: on every rank
     facts = graph_facts(gm)
     check_cp_runs(plan, gm)
     plan.check_model(facts.fingerprint, type(model).__name__)
@@ -101,17 +108,20 @@ def parallelize(
     # With ranks idle beside it (a plan on fewer devices), each step's loss goes to them too.
     module_class = PartOfWorld if _launched() > plan.world_size else ParallelModule
     zero = plan.training.get("zero", 0)
+    param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     local = _microbatch_graph(model, example_inputs, plan, gm)
     program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords))
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
-            wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True)))
-        pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner)
+            wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,
+                               param_dtype=param_dtype)))
+        pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner,
+                          loss_scale=loss_scale)
     else:
         program.to(ctx.device)
         units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
-        wrapped = wrap_data_parallel(program, ctx, zero, units=units)
-        pm = module_class(program, wrapped, plan, ctx)
+        wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype)
+        pm = module_class(program, wrapped, plan, ctx, loss_scale=loss_scale)
     if record_run is not None:
         pm.record_run(record_run)
     return pm

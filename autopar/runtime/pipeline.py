@@ -187,13 +187,20 @@ class PipelineRunner:
         # parameter, and not per stage (scale_grads=True), keeps a weight that two chunks of
         # this rank share (a tied embedding and head under ZB-V) from being scaled twice.
         self.schedule = cls(stages if schedule in MULTI_CHUNK else stages[0], m,
-                            loss_fn=_loss_of, scale_grads=False)
+                            loss_fn=self._scaled_loss, scale_grads=False)
         self.microbatches = m
         unique = {id(p): p for module in self.modules for p in module.parameters()}
         self._params = list(unique.values())
         self.holds_first = 0 in self.mine
         self.last_rank = ranks[-1]
         self.recorder_of: Callable[[], Any] = lambda: None  # set by ParallelModule
+        # fp16 loss scaling: what the last stage multiplies each microbatch's loss by before
+        # backward (set by ParallelModule every step; the reported loss is unscaled)
+        self.loss_multiplier = 1.0
+
+    def _scaled_loss(self, outputs: Any, target: Any) -> torch.Tensor:
+        loss = _loss_of(outputs, target)
+        return loss * self.loss_multiplier if self.loss_multiplier != 1.0 else loss
 
     def step(self, inputs: dict[str, Any]) -> torch.Tensor:
         """Forward and backward over the microbatches; the mean loss, on every pp rank."""
@@ -214,6 +221,7 @@ class PipelineRunner:
         dtype = torch.get_default_dtype()
         if losses:
             loss = torch.stack([x.detach().reshape(()).to(dtype) for x in losses]).mean()
+            loss /= self.loss_multiplier
         else:
             loss = torch.zeros((), dtype=dtype, device=self.ctx.device)
         group = self.ctx.group("pp")

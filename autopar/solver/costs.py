@@ -45,6 +45,7 @@ from autopar.knobs import RECOMPUTE_MODES
 from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
 from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
 from autopar.placements import Placement, Replicate, Shard
+from autopar.precision import BYTES, PrecisionAssignment, assign_precision, params_word
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
 from autopar.solver.options import PlanOptions
@@ -80,10 +81,21 @@ class Setting:
     cp: int = 1  # context parallelism: the sequence split over cp ranks
     cp_algorithm: str = "none"  # attention under cp (cost_models.context_parallel)
     cp_layout: str = "zigzag"
+    # per repeated layer, in the order they run (recompute "mixed"); empty: ``recompute``
+    layer_recompute: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
+        if self.recompute == "mixed":
+            if not self.layer_recompute or any(m not in RECOMPUTE_MODES
+                                               for m in self.layer_recompute):
+                raise ValueError("recompute 'mixed' needs a mode per layer, got "
+                                 f"{self.layer_recompute!r}")
+        elif self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
+
+    def layer_mode(self, position: int) -> str:
+        """The recomputation of the ``position``-th repeated layer (in running order)."""
+        return self.layer_recompute[position] if self.layer_recompute else self.recompute
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -228,8 +240,55 @@ class CostTables:
     def _bytes(self, facts: NodeFacts, output: int) -> float:
         shape, dtype = facts.shapes[output], facts.dtypes[output]
         if dtype in _FLOAT_DTYPES:
-            return _numel(shape) * self.element_bytes
+            return _numel(shape) * self.precision.bytes_per_element(facts.name)
         return _numel(shape) * _itemsize(dtype)
+
+    # --- precision -------------------------------------------------------------------
+    @cached_property
+    def precision(self) -> PrecisionAssignment:
+        """Which dtype each node computes and stores in (:mod:`autopar.precision`); shared
+        by every setting with the same parameter dtype."""
+        return precision_assignment(self.problem, self.options, self.setting.zero)
+
+    def dtype(self, d: Decision) -> str:
+        """The dtype ``d``'s kernel computes in (its peak FLOP/s)."""
+        return self.precision.word(d.nodes[0].name)
+
+    def _stored_fraction(self, d: Decision) -> float:
+        """Bytes of one element ``d`` stores, over fp32's (what traced byte counts assume)."""
+        return self.precision.bytes_per_element(d.nodes[0].name) / 4
+
+    @cached_property
+    def _low_read_params(self) -> frozenset[int]:
+        """Decisions of parameters a low-precision node reads in fp32: each read casts a
+        working copy (kept for backward by the matmul), as torch.autocast does."""
+        p = self.precision
+        if p.params != "fp32":
+            return frozenset()
+        out = set()
+        for name, word in p.enforced.items():
+            if word == "fp32" or name not in self.problem.decision_of:
+                continue
+            node = self.problem.decisions[self.problem.decision_of[name]].nodes[0]
+            for arg in node.all_input_nodes:
+                facts = arg.meta.get(META_KEY)
+                if arg.op == "get_attr" and facts is not None and facts.param is not None \
+                        and arg.name in self.problem.decision_of:
+                    out.add(self.problem.decision_of[arg.name])
+        return frozenset(out)
+
+    def _weight_cast_bytes(self, d: Decision) -> float:
+        """Bytes one forward of ``d`` moves casting fp32 weights to its low precision
+        (read 4, write the copy), whole over tp."""
+        word = self.precision.enforced.get(d.nodes[0].name)
+        if word in (None, "fp32") or self.precision.params != "fp32":
+            return 0.0
+        total = 0.0
+        for arg in d.nodes[0].all_input_nodes:
+            facts = arg.meta.get(META_KEY)
+            if arg.op == "get_attr" and facts is not None and facts.param is not None:
+                total += facts.param.numel * (4 + BYTES[word])
+        return total
 
     def value_bytes(self, key: ValueKey) -> float:
         """Bytes of one instance of a value per microbatch (whole over tp, local over dp);
@@ -328,14 +387,15 @@ class CostTables:
             return 0.0, 0.0, 0.0
         div = self.setting.tp if sharded_compute(s) else 1
         scale = self._scale(d) / div
-        dtype = self.options.precision
+        dtype = self.dtype(d)
         # Buffers an op keeps for backward (a softmax's output inside cross-entropy, norm
         # statistics) are written by it too, though they are not among its outputs.
         floats, fixed = self.kept_extras(d)
         kept = floats * 4 + fixed
         written = facts.bytes_written + kept
         read = max(facts.bytes_read - self._dropped_mask_bytes(d), 0)
-        moved = (read + written) * scale * (self.element_bytes / 4)
+        stored = self._stored_fraction(d)
+        moved = (read + written) * scale * stored
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         work = 1.0  # the share of the traced FLOPs this rank's kernel computes
@@ -351,7 +411,10 @@ class CostTables:
         attention = "scaled_dot_product" in facts.target
         eff = attention_efficiency(device) if attention else 1.0
         fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
-        fwd += allocation_time(written * scale * (self.element_bytes / 4), device)
+        fwd += allocation_time(written * scale * stored, device)
+        cast = self._weight_cast_bytes(d) / div
+        if cast:  # the fp32 weight's working copy, and its gradient cast back in backward
+            fwd += forward_time(0.0, cast, device, dtype)
         bwd = 0.0
         if facts.requires_grad and attention:
             # Fused attention's backward: the FLOPs the trace counted, in one kernel.
@@ -365,7 +428,9 @@ class CostTables:
                                 weight_grad=both) if facts.fwd_flops else backward_time(
                 0.0, moved, device, dtype)
         if facts.requires_grad:  # the gradients it writes, one per input it reads
-            bwd += allocation_time(facts.bytes_read * scale * (self.element_bytes / 4), device)
+            bwd += allocation_time(facts.bytes_read * scale * stored, device)
+            if cast:
+                bwd += forward_time(0.0, cast, device, dtype)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _fused_times(self, d: Decision, flops: float, moved: float,
@@ -378,7 +443,7 @@ class CostTables:
         facts = d.facts
         if not facts.fwd_flops:
             return 0.0, 0.0, 0.0
-        device, dtype = self.cluster.device, self.options.precision
+        device, dtype = self.cluster.device, self.dtype(d)
         moved = min(facts.bytes_read, facts.bytes_written) / (facts.bytes_read + facts.bytes_written
                                                               or 1) * moved
         fwd = forward_time(flops, moved, device, dtype, shape=shape,
@@ -415,7 +480,8 @@ class CostTables:
         """Bytes of one float element an op makes: the compute precision's, except for the
         losses autocast runs in fp32 (``torch.amp``'s fp32 op list: ``log_softmax``,
         ``nll_loss``, ``cross_entropy``), which read and keep fp32 whatever the precision."""
-        return 4 if facts.target in AUTOCAST_FP32_TARGETS else self.element_bytes
+        return 4 if facts.target in AUTOCAST_FP32_TARGETS else self.precision.bytes_per_element(
+            facts.name)
 
     def loss_working_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of the fp32 buffer a loss keeps (its log-softmax), local to this device:
@@ -521,14 +587,16 @@ class CostTables:
             zero_stage=self.setting.zero,
             dp=self.setting.grad_group,
             shape=tuple(shape) if shape else None,
+            fp32_params=True,
         )
 
     def grad_bytes(self, d: Decision, s: Strategy) -> float:
-        """Bytes of one instance's gradients on one device before data-parallel sync."""
+        """Bytes of one instance's gradients on one device before data-parallel sync: fp32,
+        as the parameters are (FSDP2 reduces in fp32 too: ``reduce_dtype``)."""
         param = d.facts.param
         if d.kind != "param" or param is None or not param.trainable:
             return 0.0
-        return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes
+        return param.numel / divisor(s.outputs[0], self.setting.tp) * 4
 
     def local_output_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of one instance's (first) output on one device, per microbatch."""
@@ -565,11 +633,12 @@ class CostTables:
         return param.numel / divisor(s.outputs[0], self.setting.tp)
 
     def weight_bytes(self, d: Decision, s: Strategy) -> float:
-        """Bytes of one instance's working weights, whole over dp (what ZeRO-3 gathers)."""
+        """Bytes of one instance's working weights, whole over dp (what ZeRO-3 gathers, in
+        FSDP2's ``param_dtype``)."""
         param = d.facts.param
-        if d.kind != "param" or param is None:
-            return 0.0
-        return param.numel / divisor(s.outputs[0], self.setting.tp) * self.element_bytes
+        if d.kind != "param" or param is None or param.is_buffer:
+            return 0.0  # FSDP2 neither shards nor gathers buffers
+        return param.numel / divisor(s.outputs[0], self.setting.tp) * BYTES[self.precision.params]
 
     # --- per value (one instance) ------------------------------------------------------
     def redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
@@ -603,13 +672,38 @@ class CostTables:
 
     def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
         """Bytes of one instance of a value kept for backward, in ``placement``."""
-        if self.problem.decisions[key[0]].kind == "param":
-            return 0.0  # weights are counted as parameters
+        d = self.problem.decisions[key[0]]
+        if d.kind == "param":  # weights are counted as parameters; their working copies:
+            return self._working_copy_bytes(d) / divisor(placement, self.setting.tp)
         return self.value_bytes(key) / divisor(placement, self.setting.tp)
+
+    def _working_copy_bytes(self, d: Decision) -> float:
+        """The low-precision copy of an fp32 weight a matmul keeps for backward (per
+        microbatch in flight); none where the layer recomputes it (full, op) or ZeRO-3
+        gathers in the low precision."""
+        if d.index not in self._low_read_params or d.facts.param is None:
+            return 0.0
+        if self.setting.recompute in ("full", "op") and d.facts.layer is not None:
+            return 0.0
+        return d.facts.param.numel * BYTES[self.options.precision if
+                                           self.options.precision != "fp8" else "bf16"]
 
     @cached_property
     def capacity(self) -> float:
         return self.cluster.device.memory_bytes * self.options.memory_fraction
+
+
+def precision_assignment(problem: Problem, options: PlanOptions,
+                         zero: int) -> PrecisionAssignment:
+    """The per-node precision of ``problem``'s graph under ``options`` at ZeRO ``zero``
+    (which decides the dtype parameters are read in), computed once per problem."""
+    compute = options.precision
+    key = ("precision", compute, options.precision_overrides, params_word(compute, zero))
+    if key not in problem.cache:
+        problem.cache[key] = assign_precision(problem.gm, compute,
+                                              dict(options.precision_overrides), key[3],
+                                              fused=problem.fused_attention)
+    return problem.cache[key]
 
 
 def _itemsize(dtype: str) -> int:

@@ -289,6 +289,40 @@ def evaluate(tables: CostTables, choice: list[int], setting: Setting | None = No
     return assemble(tables, unit_costs(tables, choice), setting or tables.setting)
 
 
+def chunk_bounds(setting: Setting, n_layers: int) -> list[tuple[int, int]]:
+    """Units of each pipeline chunk, [first, last]: chunk 0 also runs unit 0 (before the
+    layers), the last chunk unit L+1 (after them)."""
+    chunks = setting.pp * setting.virtual
+    partition = setting.partition or (equal_partition(n_layers, chunks) if setting.pp > 1
+                                      else (n_layers,))
+    bounds, start = [], 1
+    for c, count in enumerate(partition):
+        first = 0 if c == 0 else start
+        last = start + count - 1 if c < len(partition) - 1 else n_layers + 1
+        bounds.append((first, last))
+        start += count
+    return bounds
+
+
+def rank_units(setting: Setting, n_layers: int) -> list[list[int]]:
+    """The units each pipeline rank runs (one list per rank)."""
+    out: list[list[int]] = [[] for _ in range(setting.pp)]
+    schedule = schedule_name(setting.schedule)
+    for c, (first, last) in enumerate(chunk_bounds(setting, n_layers)):
+        out[rank_of_chunk(c, setting.pp, schedule)].extend(range(first, last + 1))
+    return out
+
+
+def recompute_transient(u: UnitCosts, unit: int, mode: str) -> float:
+    """What layer ``unit`` makes again at once in backward under ``mode``: a fully
+    recomputed layer all it would keep, the ``op`` policy what it drops."""
+    if mode == "full":
+        return u.layer_plain[unit]
+    if mode == "op":
+        return u.layer_plain[unit] - u.act[unit]
+    return 0.0
+
+
 def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     """Sum units into pipeline stages and compose the step (modelled)."""
     pp, m = setting.pp, setting.microbatches
@@ -297,13 +331,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     n_layers = len(u.layers)
     partition = setting.partition or (equal_partition(n_layers, chunks) if pp > 1
                                       else (n_layers,))
-    # units of each chunk: [first, last]; chunk 0 also runs unit 0, the last chunk unit L+1
-    bounds, start = [], 1
-    for c, count in enumerate(partition):
-        first = 0 if c == 0 else start
-        last = start + count - 1 if c < len(partition) - 1 else n_layers + 1
-        bounds.append((first, last))
-        start += count
+    bounds = chunk_bounds(setting, n_layers)
     rank_units: list[list[int]] = [[] for _ in range(pp)]
     p2p = [0.0] * pp
     link = axis_link(tables.cluster, setting.mesh, "pp") if pp > 1 else None
@@ -328,11 +356,8 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         units = rank_units[r]
         flight = in_flight(schedule, pp, m, r, setting.virtual) if pp > 1 else 1.0
         layer_units = [i for i in units if 0 < i <= n_layers]
-        transient = 0.0
-        if setting.recompute == "full" and layer_units:
-            transient = max(u.layer_plain[i] for i in layer_units)
-        elif setting.recompute == "op" and layer_units:  # what one layer makes again
-            transient = max(u.layer_plain[i] - u.act[i] for i in layer_units)
+        transient = max((recompute_transient(u, i, setting.layer_mode(i - 1))
+                         for i in layer_units), default=0.0)
         act = total(u.act, r)
         memory = peak_phase(tables, setting, total(u.params, r), total(u.grads, r),
                             total(u.opt, r), act * flight, transient,

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
-from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
+from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError
-from autopar.knobs import RECOMPUTE_MODES, SEARCHED_RECOMPUTE_MODES, schedule_name, zero_stages
+from autopar.knobs import (
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    SEARCHED_RECOMPUTE_MODES,
+    schedule_name,
+    zero_stages,
+)
 
 ZERO_STAGES_RUNNABLE = (0, 3)
 
@@ -26,10 +33,13 @@ class PlanOptions:
     - ``schedule``/``virtual_stages``: pin the pipeline schedule ("gpipe", "1f1b",
       "interleaved", "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining``
       runs) and the chunks per pipeline rank (interleaved only).
-    - ``precision``: compute/storage precision of weights and activations ("bf16" and
-      "fp16" mean mixed precision with fp32 master weights).
+    - ``precision``: compute precision ("bf16", "fp16" and "fp8" mean mixed precision with
+      fp32 master weights; which node computes in what: :mod:`autopar.precision`).
+    - ``precision_overrides``: node name or module path -> dtype word, over the policy.
     - ``zero``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
-    - ``recompute``: activation recomputation modes the solver may pick per plan.
+    - ``recompute``: activation recomputation modes the solver may pick, per layer (a plan
+      may recompute some layers and not others: ``training.recompute`` "mixed").
+    - ``recompute_layers``: pins one mode per repeated layer, in the order they run.
     - ``fuse_attention``: run every attention site the kernels support as one fused call.
     - ``chunked_loss``: compute cross-entropy over class indices a block of tokens at a
       time (``autopar.loss_ops``), keeping no ``[tokens, vocab]`` log-softmax.
@@ -54,9 +64,12 @@ class PlanOptions:
     microbatch: int | None = None
     microbatches: int | None = None  # microbatches per step (the alternative to microbatch)
     precision: str = "fp32"
+    precision_overrides: tuple[tuple[str, str], ...] = ()
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE_MODES
+    # pins the recomputation of each repeated layer, in the order they run
+    recompute_layers: tuple[str, ...] | None = None
     # May tensor parallelism split the batch (data parallelism inside a tp group)? Off, tp
     # splits work within each sequence only, as Megatron's does. None (the default): off
     # when tp is pinned (a pinned tp means Megatron's tensor parallelism), on when the
@@ -112,6 +125,22 @@ class PlanOptions:
                 where="PlanOptions.precision",
                 fix=f"use one of {', '.join(PRECISIONS)}",
             )
+        overrides = self.precision_overrides
+        if isinstance(overrides, Mapping):
+            overrides = tuple(overrides.items())
+        if not isinstance(overrides, tuple) or any(
+                not isinstance(o, tuple) or len(o) != 2 or not isinstance(o[0], str)
+                for o in overrides):
+            raise AutoparError(
+                f"precision_overrides must map node names or module paths to dtypes, got "
+                f"{self.precision_overrides!r}", where="PlanOptions.precision_overrides",
+                fix='e.g. precision_overrides={"lm_head": "fp32"}')
+        for key, word in overrides:
+            if word not in PRECISIONS:
+                raise AutoparError(f"unknown precision {word!r} for {key!r}",
+                                   where=f"precision_overrides[{key!r}]",
+                                   fix=f"use one of {', '.join(PRECISIONS)}")
+        object.__setattr__(self, "precision_overrides", tuple(sorted(overrides)))
         if self.optimizer not in OPTIMIZERS:
             raise AutoparError(
                 f"unknown optimizer {self.optimizer!r}",
@@ -126,6 +155,15 @@ class PlanOptions:
                 where="PlanOptions.recompute",
                 fix='e.g. recompute=("none", "full")',
             )
+        if self.recompute_layers is not None:
+            layers = self.recompute_layers
+            if isinstance(layers, str) or not isinstance(layers, (tuple, list)) or not layers \
+                    or any(m not in modes for m in layers):
+                raise AutoparError(
+                    f"recompute_layers must give one of {modes} per layer, got {layers!r}",
+                    where="PlanOptions.recompute_layers",
+                    fix='e.g. recompute_layers=("full", "full", "none", "none")')
+            object.__setattr__(self, "recompute_layers", tuple(layers))
         for name in ("tp_splits_batch", "fuse_attention", "chunked_loss"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"{name} must be True or False, got {getattr(self, name)!r}",

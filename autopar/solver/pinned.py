@@ -20,14 +20,15 @@ from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
 from autopar.cost_models.pipeline import ZB_V_CHUNKS
 from autopar.errors import AutoparError
 from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import RECOMPUTE_MODES, schedule_name
+from autopar.knobs import LEANNESS, RECOMPUTE_MODES, schedule_name
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
-from autopar.solver.evaluate import Prediction, evaluate
+from autopar.solver.evaluate import Prediction, assemble, evaluate, unit_costs
 from autopar.solver.fusion import Fusion
+from autopar.solver.layer_recompute import compose_units, with_modes
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import (
     Problem,
@@ -54,7 +55,11 @@ class PinnedConfig:
     microbatch: int = 1
     global_batch: int | None = None
     recompute: str = "none"
+    # one mode per repeated layer, in running order (overrides ``recompute``)
+    recompute_layers: tuple[str, ...] = ()
     precision: str = "bf16"
+    # node name or module path -> dtype word, over autopar's precision policy
+    precision_overrides: tuple[tuple[str, str], ...] = ()
     zero: int = 0
     optimizer: str = "adamw"
     schedule: str = "1f1b"
@@ -90,6 +95,10 @@ class PinnedConfig:
                 where = "PinnedConfig.layout" if name == "layout" else f"--{name}"
                 raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
                                    fix=f"use one of {', '.join(allowed)}")
+        if any(m not in RECOMPUTE_MODES for m in self.recompute_layers):
+            raise AutoparError(f"unknown recomputation in {self.recompute_layers!r}",
+                               where="--recompute-layers",
+                               fix=f"give one of {', '.join(RECOMPUTE_MODES)} per layer")
         if self.cp_algorithm is not None and self.cp_algorithm not in CP_ALGORITHMS:
             raise AutoparError(f"unknown cp algorithm {self.cp_algorithm!r}",
                                where="--cp-algorithm", fix=f"use one of {', '.join(CP_ALGORITHMS)}")
@@ -187,14 +196,22 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         raise AutoparError(
             f"{n_layers} layers cannot fill {config.pp} stages x {config.virtual} chunks",
             where="--pp", fix="use fewer stages")
+    layer_modes = config.recompute_layers
+    if layer_modes and len(layer_modes) != n_layers:
+        raise AutoparError(
+            f"--recompute-layers gives {len(layer_modes)} mode(s) for {n_layers} layers",
+            where="--recompute-layers", fix="give one mode per layer, in running order")
+    base = min(layer_modes, key=LEANNESS.index) if layer_modes else config.recompute
     setting = Setting(
         dp=config.dp, tp=config.tp, zero=config.zero, microbatch=config.microbatch,
-        microbatches=local // config.microbatch, recompute=config.recompute, pp=config.pp,
+        microbatches=local // config.microbatch, recompute=base, pp=config.pp,
         schedule=config.schedule, virtual=config.virtual, cp=config.cp,
         cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
     )
-    options = PlanOptions(precision=config.precision, optimizer=config.optimizer,
-                          zero=(config.zero,), recompute=(config.recompute,), cp=config.cp,
+    options = PlanOptions(precision=config.precision,
+                          precision_overrides=config.precision_overrides,
+                          optimizer=config.optimizer,
+                          zero=(config.zero,), recompute=(base,), cp=config.cp,
                           cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,
                           chunked_loss=config.chunked_loss)
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
@@ -226,5 +243,11 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         raise AutoparError(
             f"no tensor-parallel layout found ({result.status})",
             where="estimate", fix="try another --tp")
-    return Estimate(config, setting, evaluate(tables, result.choice), problem, result.choice,
-                    tables)
+    prediction = evaluate(tables, result.choice)
+    if layer_modes:  # each layer's own mode: the layout's units under each, composed
+        by_mode = {m: unit_costs(tables if m == base else CostTables(
+            problem, cluster, options, replace(setting, recompute=m), traced, facts.seq_len),
+            result.choice) for m in set(layer_modes)}
+        setting = with_modes(setting, layer_modes)
+        prediction = assemble(tables, compose_units(by_mode, layer_modes), setting)
+    return Estimate(config, setting, prediction, problem, result.choice, tables)

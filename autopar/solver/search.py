@@ -23,6 +23,7 @@ from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
+from autopar.knobs import LEANNESS, RECOMPUTE_MODES
 from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.context import (
     CP_LONG_CONTEXT,
@@ -35,6 +36,7 @@ from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.fusion import Fusion
+from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
 from autopar.solver.options import PlanOptions
 from autopar.solver.pin_conflicts import Conflict, conflict, pinned
 from autopar.solver.problem import (
@@ -204,7 +206,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
         for zero in options.zero:
             if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
-            for recompute in _recompute_modes(options, problem, facts.seq_len):
+            for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
                 base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
                                cp_algorithm="auto" if cp > 1 else "none",
                                cp_layout=options.cp_layout)
@@ -232,10 +234,21 @@ def _cp_algorithms(options: PlanOptions) -> tuple[str, ...]:
     return (options.cp_algorithm,) if options.cp_algorithm else CP_ALGORITHMS
 
 
-def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None) -> list[str]:
+def _recompute_modes(options: PlanOptions, problem: Problem, seq_len: int | None,
+                     n_layers: int) -> list[str]:
     """The allowed recomputation modes, without "selective" when no activation autograd
     keeps is quadratic in the sequence (flash-style or fused attention already recomputes
-    its scores; a causal mask is not an activation): it would plan the same as "none"."""
+    its scores; a causal mask is not an activation): it would plan the same as "none".
+    With ``recompute_layers`` pinned: the leanest of them (the layout is solved under it,
+    then each layer gets its pinned mode)."""
+    if options.recompute_layers is not None:
+        pinned = options.recompute_layers
+        if len(pinned) != n_layers:
+            raise AutoparError(
+                f"recompute_layers gives {len(pinned)} mode(s); the model has {n_layers} "
+                "repeated layer(s)", where="recompute_layers",
+                fix=f"give one of {', '.join(RECOMPUTE_MODES)} per layer, in running order")
+        return [min(pinned, key=LEANNESS.index)]
     modes = list(options.recompute)
     if "selective" in modes and seq_len:
         quadratic = any(list(s).count(seq_len) >= 2 for d in problem.decisions
@@ -340,9 +353,12 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         # solve. Only when it does not fit is the layout solved for this mesh.
         reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.grad_group > 1,
                      setting.cp, setting.cp_algorithm)
-        fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants, cluster,
-                                    candidates, best, problem, batch, reused=True)
-        if fastest is None:
+        uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
+        fastest = None
+        if uniform:
+            fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants,
+                                        cluster, candidates, best, problem, batch, reused=True)
+        if fastest is None and (uniform or reuse_key not in layouts):
             result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
                            activation_scale=flight / pp)
             if result.choice is None:
@@ -350,8 +366,14 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                 continue
             hint = (problem, result.choice)
             layouts[reuse_key] = result
-            fastest, best = _try_layout(result, tables, setting, variants, cluster, candidates,
-                                        best, problem, batch)
+            if uniform:
+                fastest, best = _try_layout(result, tables, setting, variants, cluster,
+                                            candidates, best, problem, batch)
+        if _mixing(options, setting):
+            step, best = _try_mixed(layouts.get(reuse_key), tables, setting, variants, cluster,
+                                    candidates, best, problem, batch)
+            if step is not None:
+                fastest = step if fastest is None else min(fastest, step)
         if fastest is None:
             continue
         # Larger microbatches amortize per-microbatch costs, but near the memory limit they
@@ -395,6 +417,64 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         fastest = step if fastest is None else min(fastest, step)
         # Validated ground first: a layout beyond it must win by the model's error there.
         key = (step * (1 + ground_margin(variant, cluster, tables.options)), pp, setting.tp,
+               setting.zero, setting.cp)
+        if best is None or key < best[:5]:
+            best = (*key, cand, problem, tables, batch)
+    return fastest, best
+
+
+def _mixing(options: PlanOptions, setting: Setting) -> bool:
+    """Whether to try per-layer modes from this setting's layout: always when they are
+    pinned; else when the setting recomputes and keeping everything is also allowed."""
+    if options.recompute_layers is not None:
+        return len(set(options.recompute_layers)) > 1
+    return setting.recompute != "none" and "none" in options.recompute
+
+
+def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
+               cluster: Cluster, candidates: list, best, problem, batch):
+    """Price ``result``'s layout with a mode per layer: the pinned ones, or "none" or the
+    setting's mode chosen per layer by CP-SAT (:mod:`autopar.solver.layer_recompute`);
+    (fastest step that fits or None, best so far)."""
+    if result is None or result.choice is None:
+        return None, best
+    options = tables.options
+    pinned = options.recompute_layers
+    modes = sorted(set(pinned)) if pinned else ["none", setting.recompute]
+    by_mode = {}
+    for mode in modes:
+        t = tables if mode == setting.recompute else CostTables(
+            problem, cluster, options, replace(setting, recompute=mode), tables.traced_batch,
+            tables.seq_len)
+        by_mode[mode] = unit_costs(t, result.choice)
+    pp, m = setting.pp, setting.microbatches
+    fastest = None
+    for schedule, virtual in variants:
+        variant = replace(setting, schedule=schedule, virtual=virtual)
+        if pp > 1:
+            units = compose_units(by_mode, pinned) if pinned else by_mode[setting.recompute]
+            load = stage_load(units, axis_link(cluster, setting.mesh, "pp"),
+                              busy_latency(cluster, setting.mesh, "pp"))
+            variant = replace(variant, partition=balance(load, pp, schedule, virtual, m,
+                                                         tables.capacity))
+        if pinned:
+            mixed = with_modes(variant, pinned)
+            prediction = assemble(tables, compose_units(by_mode, pinned), mixed)
+        else:
+            found = choose_layer_modes(tables, by_mode, variant)
+            if found is None:
+                continue
+            mixed, prediction = with_modes(variant, found[0]), found[1]
+        cand = Candidate(mixed, f"{result.status}(recompute per layer)", prediction=prediction,
+                         choice=result.choice)
+        if prediction.peak_memory_bytes > tables.capacity:
+            cand.status = "REJECTED(evaluated memory above capacity)"
+            candidates.append(cand)
+            continue
+        candidates.append(cand)
+        step = prediction.step_time_s
+        fastest = step if fastest is None else min(fastest, step)
+        key = (step * (1 + ground_margin(mixed, cluster, options)), pp, setting.tp,
                setting.zero, setting.cp)
         if best is None or key < best[:5]:
             best = (*key, cand, problem, tables, batch)

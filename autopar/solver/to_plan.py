@@ -15,7 +15,7 @@ from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.context import algorithm_costs, cp_strategies
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables, Setting, precision_assignment
 from autopar.solver.evaluate import Prediction
 from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
@@ -62,6 +62,7 @@ def make_plan(
                     params[param.fqn]["cp"] = str(sequence[node.name].outputs[0])
 
     _check_in_place_writes(gm, problem, choice, setting)
+    precision = precision_assignment(problem, options, setting.zero)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
     seq = facts.seq_len or 1
@@ -115,6 +116,8 @@ def make_plan(
             "optimizer": options.optimizer,
             "zero": setting.zero,
             "recompute": setting.recompute,
+            **({"recompute_layers": list(setting.layer_recompute)}
+               if setting.recompute == "mixed" else {}),
             "chunked_loss": options.chunked_loss,
         },
         pipeline=pipeline_entry(setting, prediction),
@@ -128,11 +131,13 @@ def make_plan(
             "nodes": len(strategies),
             "candidates": [c.summary() for c in result.candidates],
         },
-        layers=_layer_summary(result),
+        layers=layer_rows(gm, _layer_summary(result), setting),
         unruled_ops=dict(sorted(unruled.items())),
         attention=attention_entries(gm, options),
         explanation=_explanation(gm, result, cluster, options),
         context=context_entry(result, options),
+        precision={n: w for n, w in precision.nodes.items() if n in strategies},
+        precision_policy=precision.policy(),
     )
 
 
@@ -261,6 +266,32 @@ def pipeline_entry(setting: Setting, prediction: Prediction) -> dict:
         "chunks": chunks,
         "stages": stages,
     }
+
+
+def layer_rows(gm: fx.GraphModule, summary: list[dict], setting: Setting) -> list[dict]:
+    """``summary``'s rows with each layer's recomputation: one row per run of consecutive
+    layers of one block under one mode (``layers`` "first-last"), the code outside the
+    layers last (never recomputed)."""
+    blocks: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get("autopar")
+        if facts is not None and facts.layer is not None and facts.block is not None:
+            blocks.setdefault(facts.layer, facts.block)
+    strategies = {row["block"]: row["strategies"] for row in summary}
+    rows: list[dict] = []
+    for position, layer in enumerate(sorted(blocks)):
+        mode, block = setting.layer_mode(position), blocks[layer]
+        last = rows[-1] if rows else None
+        if last is not None and last["block"] == block and last["recompute"] == mode:
+            last["layers"] = f"{last['layers'].split('-')[0]}-{layer}"
+            continue
+        rows.append({"block": block, "layers": str(layer), "recompute": mode,
+                     "strategies": dict(strategies.get(block, {}))})
+    outside = strategies.get("<outside layers>")
+    if outside:
+        rows.append({"block": "<outside layers>", "layers": "-", "recompute": "none",
+                     "strategies": dict(outside)})
+    return rows
 
 
 def _layer_summary(result: SearchResult) -> list[dict]:

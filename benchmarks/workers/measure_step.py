@@ -28,7 +28,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--cp-algorithm", default=None)
-    ap.add_argument("--recompute", default="none")
+    ap.add_argument("--recompute", default="none",
+                    help="a mode, or one per layer, comma-separated (recompute per layer)")
+    ap.add_argument("--precision", default="fp32")
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
@@ -53,8 +55,11 @@ def main() -> None:
     idx = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     tgt = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     cp = {"cp": args.cp, "cp_algorithm": args.cp_algorithm} if args.cp > 1 else {}
+    modes = args.recompute.split(",")
+    per_layer = {"recompute_layers": tuple(modes)} if len(modes) > 1 else {}
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
-                             zero=(0,), recompute=(args.recompute,),
+                             zero=(0,), recompute=(modes[0],), precision=args.precision,
+                             **per_layer,
                              microbatch=args.batch // args.dp, tp_splits_batch=False,
                              chunked_loss=args.chunked_loss, **cp)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
@@ -83,6 +88,7 @@ def main() -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     record = {
         "rank": rank, "mesh": pm.plan.mesh, "recompute": pm.plan.training["recompute"],
+        "precision": pm.plan.training["precision"],
         "cp_algorithm": pm.plan.context.get("algorithm"),
         "measured_peak_bytes": device_peak["Total"],
         "measured_by_kind": {str(kind).split(".")[-1]: v for kind, v in device_peak.items()},

@@ -91,11 +91,23 @@ def run_case(case: dict) -> dict:
     return {"case": case, "rank": dist.get_rank() if dist.is_initialized() else 0,
             "mesh": plan.mesh, "zero": plan.training["zero"],
             "microbatches": plan.batch["microbatches"], "recompute": plan.training["recompute"],
+            "recompute_layers": plan.training.get("recompute_layers"),
+            "checkpointed": pm.code.count("checkpointed("), "layer_span": _layer_span(pm),
             "schedule": plan.pipeline.get("schedule"),
             "virtual_stages": plan.pipeline.get("virtual_stages"),
             "losses": losses, "reference": ref_losses, "grad_digest": digest.hexdigest(),
             "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
             **result.to_dict()}
+
+
+def _layer_span(pm) -> list[int]:
+    """The first and last layer this rank's program runs (all of them without pipelines)."""
+    plan = pm.plan
+    if plan.mesh.get("pp", 1) == 1:
+        return [0, len(plan.training.get("recompute_layers") or [0]) - 1]
+    mine = [c["layers"] for c in plan.pipeline["chunks"]
+            if c["rank"] == pm.mesh_context.coords["pp"]]
+    return [min(a for a, _ in mine), max(b for _, b in mine)]
 
 
 def serve_cases(run_case) -> int:

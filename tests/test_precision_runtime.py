@@ -1,0 +1,34 @@
+"""Mixed precision executed: ``parallelize(..., precision="bf16")`` computes every matmul in
+bf16 through casts the rank program shows, steps fp32 parameters, and trains like
+single-device ``torch.autocast`` (``tests/workers/precision.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed import run_cases
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    {"model": "gpt", "dp": 2, "zero": 0, "precision": "bf16"},
+    {"model": "llama", "dp": 2, "zero": 0, "precision": "bf16"},
+    {"model": "llama", "dp": 2, "zero": 3, "precision": "bf16", "steps": 5},
+    {"model": "llama", "pp": 2, "dp": 1, "microbatches": 2, "precision": "bf16", "steps": 5},
+]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    return run_cases(2, tmp_path_factory.mktemp("precision"), CASES, worker="precision.py")
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_bf16_tracks_autocast(records, index: int) -> None:
+    for rank in records:
+        r = rank[index]
+        assert r["worst_rel"] <= 1e-2, (r["case"], r["losses"], r["reference"])
+        assert r["param_dtypes"] == ["torch.float32"]  # the optimizer steps fp32 masters
+        assert set(r["matmul_dtypes"]) == {"torch.bfloat16"}, r["matmul_dtypes"]
+        assert r["casts"] > 0 and r["bf16_casts"] > 0  # visible in pm.code
+        assert len(r["losses"]) == r["case"].get("steps", 20)

@@ -39,7 +39,8 @@ def _scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                    b_scale: torch.Tensor) -> torch.Tensor:
     """``(a / a_scale) @ (b / b_scale)`` in fp32 accumulation, output bf16; ``a`` is 2-d
     row-major, ``b`` 2-d (used as given)."""
-    if a.is_cuda and hasattr(torch, "_scaled_mm"):
+    aligned = all(d % 16 == 0 for d in (*a.shape, b.shape[1]))  # _scaled_mm's rule
+    if a.is_cuda and aligned and hasattr(torch, "_scaled_mm"):
         return torch._scaled_mm(a, b.t().contiguous().t(), scale_a=a_scale.reciprocal(),
                                 scale_b=b_scale.reciprocal(), out_dtype=OUT_DTYPE)
     return ((a.float() / a_scale) @ (b.float() / b_scale)).to(OUT_DTYPE)

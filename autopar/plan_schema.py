@@ -337,7 +337,8 @@ PLAN = obj(
         "precision_policy": empty_or(obj(
             {"compute": one_of(PRECISIONS), "source": one_of(("default", "overrides")),
              "params": one_of(PRECISIONS), "overrides": map_of(one_of(PRECISIONS)),
-             "kept_fp32": map_of(list_of(text()))})),
+             "kept_fp32": map_of(list_of(text()))},
+            {"cast_back": map_of(one_of(PRECISIONS))})),
     },
 )
 

@@ -118,7 +118,10 @@ class PrecisionAssignment:
       override);
     - ``stored``: node name -> the word its output is stored in (parameters included: fp32,
       or the low precision where ZeRO-3 gathers them so);
-    - ``params``: the word parameters are read in.
+    - ``params``: the word parameters are read in;
+    - ``cast_back``: node name -> the word its output is cast back to: a normalisation
+      computes in fp32 and hands on its input's dtype (HF's ``.to(input_dtype)``,
+      torchtitan's ``type_as``), so a 16-bit residual stream stays 16-bit.
     """
 
     compute: str
@@ -128,6 +131,7 @@ class PrecisionAssignment:
     overrides: Mapping[str, str] = field(default_factory=dict)
     stored: Mapping[str, str] = field(default_factory=dict)
     params: str = "fp32"
+    cast_back: Mapping[str, str] = field(default_factory=dict)
 
     def word(self, name: str) -> str:
         """The word node ``name`` computes in (fp32 when it makes no float)."""
@@ -145,6 +149,7 @@ class PrecisionAssignment:
         """The policy as plan data: what was lowered, what was kept fp32 and why."""
         return {"compute": self.compute, "source": "overrides" if self.overrides else "default",
                 "params": self.params, "overrides": dict(self.overrides),
+                "cast_back": dict(self.cast_back),
                 "kept_fp32": {why: sorted(n for n, w in self.kept_fp32.items() if w == why)
                               for why in sorted(set(self.kept_fp32.values()))}}
 
@@ -157,10 +162,20 @@ def check_word(word: str, where: str) -> str:
     return word
 
 
-def params_word(compute: str, zero: int) -> str:
-    """The dtype parameters are read in: fp32 (each use casts its own copy), except under
-    ZeRO-3, where FSDP2's ``MixedPrecisionPolicy`` gathers them in the low precision."""
-    return "fp32" if compute == "fp32" or zero < 3 else ("bf16" if compute == "fp8" else compute)
+MASTER_WEIGHTS = ("params", "optimizer")
+"""Where the fp32 master weights live: ``params`` -- the parameters are fp32 and every use
+casts its own 16-bit copy (``torch.autocast``; what autopar runs without ZeRO-3);
+``optimizer`` -- the model computes with 16-bit parameters and the optimizer keeps the fp32
+masters (Megatron-LM's Float16Module, FSDP2's ``MixedPrecisionPolicy``, which is what ZeRO-3
+runs). ``autopar estimate --master-weights optimizer`` prices the second for any stage."""
+
+
+def params_word(compute: str, zero: int, master_weights: str = "params") -> str:
+    """The dtype parameters are read in: fp32 (each use casts its own copy), except where
+    16-bit parameters are gathered or kept (ZeRO-3, or master weights in the optimizer)."""
+    if compute == "fp32" or (zero < 3 and master_weights == "params"):
+        return "fp32"
+    return "bf16" if compute == "fp8" else compute
 
 
 def assign_precision(gm: fx.GraphModule, compute: str,
@@ -194,12 +209,61 @@ def assign_precision(gm: fx.GraphModule, compute: str,
         enforced[node.name] = word
         if word == "fp32" and compute != "fp32":
             kept[node.name] = why
-    nodes, stored = _propagate(gm, enforced, params)
+    outputs, affine = _norm_outputs(gm, kept) if compute != "fp32" else ({}, [])
+    for name in affine:  # a norm's weight and bias apply in its input's dtype
+        enforced.pop(name, None)
+        kept.pop(name, None)
+    nodes, stored, cast_back = _propagate(gm, enforced, params, outputs)
     if compute == "fp32" and not overrides:
         enforced = {}
     return PrecisionAssignment(compute, MappingProxyType(nodes), MappingProxyType(enforced),
                                MappingProxyType(kept), MappingProxyType(overrides),
-                               MappingProxyType(stored), params)
+                               MappingProxyType(stored), params, MappingProxyType(cast_back))
+
+
+_AFFINE = ("aten.mul.Tensor", "aten.add.Tensor")
+
+
+def _norm_outputs(gm: fx.GraphModule, kept: Mapping[str, str]
+                  ) -> tuple[dict[str, str], list[str]]:
+    """Where each kept-fp32 normalisation hands back its input's dtype: (node name -> name
+    of the node whose dtype it takes, the affine steps after it). A norm module written out
+    of ops (HF's ``LlamaRMSNorm``, torchtitan's) normalises in fp32, casts back, and applies
+    its weight in the input's dtype: the cast goes before the trailing multiply/add by a
+    parameter, which then follows promotion. A norm op of its own casts back its output."""
+    groups: dict[str, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(META_KEY)
+        if facts is None or node.op == "get_attr":
+            continue
+        if facts.module_type.endswith(NORM_MODULE_SUFFIXES):  # every node of the module
+            groups.setdefault(facts.module_path, []).append(node)
+        elif kept.get(node.name) == "normalisation":  # a norm op of its own
+            groups.setdefault(node.name, []).append(node)
+    out: dict[str, str] = {}
+    affine: list[str] = []
+    for members in groups.values():
+        inside = set(members)
+        entry = next((a for n in members for a in n.all_input_nodes
+                      if a not in inside and a.op != "get_attr"), None)
+        last = members[-1]
+        if kept.get(last.name) != "normalisation" or entry is None:
+            continue  # computed as overridden: as it is
+        if not any(u not in inside for u in last.users):
+            continue
+        node, tail = last, []
+        while node in inside and (node.meta[META_KEY].target in _AFFINE
+                                  or node.meta[META_KEY].target in _CAST_TARGETS):
+            rest = [a for a in node.all_input_nodes if a.op != "get_attr"]
+            if len(rest) != 1 or rest[0] not in inside:
+                break
+            tail.append(node.name)
+            node = rest[0]
+        if node is entry or node not in inside:
+            node, tail = last, []
+        out[node.name] = entry.name
+        affine += tail
+    return out, affine
 
 
 def _policy_word(node: fx.Node, facts: NodeFacts, compute: str,
@@ -293,13 +357,17 @@ def _override_targets(gm: fx.GraphModule, overrides: Mapping[str, str]) -> dict[
     return out
 
 
-def _propagate(gm: fx.GraphModule, enforced: Mapping[str, str],
-               params: str) -> tuple[dict[str, str], dict[str, str]]:
+def _propagate(gm: fx.GraphModule, enforced: Mapping[str, str], params: str,
+               hand_on: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str],
+                                                    dict[str, str]]:
     """The word each float-making node computes in: its enforced word, else its inputs'
     promoted dtype (dimensioned tensors win over 0-d ones, as in PyTorch), else (no float
-    input: an explicit cast, a factory, a parameter read) the dtype it was traced with."""
+    input: an explicit cast, a factory, a parameter read) the dtype it was traced with.
+    A node in ``hand_on`` stores its output in the dtype of the node it names (a norm's
+    output cast back to its input's dtype); those that differ are returned too."""
     out: dict[str, str] = {}
     stored: dict[str, str] = {}  # node name -> the word its output is stored in
+    cast_back: dict[str, str] = {}
     for node in gm.graph.nodes:
         facts = node.meta.get(META_KEY)
         if facts is None or not _makes_float(facts):
@@ -311,28 +379,57 @@ def _propagate(gm: fx.GraphModule, enforced: Mapping[str, str],
         elif node.op == "get_attr" and traced in ("fp32", "bf16", "fp16"):
             buffer = facts.param is not None and facts.param.is_buffer
             word = stored[node.name] = traced if buffer else params
+        elif facts.target in _CAST_TARGETS and (source := traced_noop_cast(node)) is not None:
+            word = stored[node.name] = stored.get(source.name, traced)
         elif node.op == "placeholder" or facts.target in _CAST_TARGETS:
             word = stored[node.name] = traced
         else:
             word = stored[node.name] = _promote(node, stored) or traced
         if node.op not in ("placeholder", "get_attr", "output"):
             out[node.name] = word
-    return out, stored
+        source = hand_on.get(node.name)
+        if source is not None and stored.get(source, word) != stored[node.name]:
+            stored[node.name] = cast_back[node.name] = stored[source]
+    return out, stored, cast_back
 
 
 def _promote(node: fx.Node, stored: Mapping[str, str]) -> str | None:
-    dims, scalars = [], []
-    for arg in node.all_input_nodes:
-        if arg.name not in stored:
-            continue
-        facts = arg.meta.get(META_KEY)
-        zero_dim = facts is not None and facts.shapes and facts.shapes[0] == ()
-        (scalars if zero_dim else dims).append(stored[arg.name])
-    words = set(dims or scalars)
+    """PyTorch's type promotion over the inputs' words (dimensioned tensors win over 0-d
+    ones), with one exception: fp32 constants (no gradient flows to them: rotary tables,
+    masks) meeting a 16-bit activation take the activation's dtype, as models write
+    ``cos.to(x.dtype)`` -- the trace froze such casts at fp32, the dtype of everything then."""
+    args = [a for a in node.all_input_nodes if a.name in stored]
+    dims = [a for a in args if not _zero_dim(a)] or args
+    words = {stored[a.name] for a in dims}
     if not words:
         return None
     if "fp64" in words:
         return "fp64"
-    if "fp32" in words or words == {"bf16", "fp16"}:
-        return "fp32"
-    return words.pop()
+    low = words - {"fp32"}
+    constants = all(not a.meta[META_KEY].requires_grad for a in dims
+                    if stored[a.name] == "fp32" and META_KEY in a.meta)
+    if len(low) == 1 and ("fp32" not in words or constants):
+        return low.pop()
+    return "fp32"
+
+
+def traced_noop_cast(node: fx.Node) -> fx.Node | None:
+    """The input of a cast that changed nothing while tracing (a float cast to the dtype it
+    had), else None. Everything is fp32 while tracing, so such a cast cannot say whether it
+    meant "upcast" (``.float()``) or "to the input's dtype" (``.to(x.dtype)``); it follows
+    its input, and the ops that need fp32 get it from the policy. (The trace also reuses
+    such a cast's result wherever the uncast value was read: HF Llama's residual stream
+    reads its norm's ``.to(torch.float32)``.)"""
+    facts = node.meta.get(META_KEY)
+    source = node.args[0] if node.args else None
+    if facts is None or not isinstance(source, fx.Node) or META_KEY not in source.meta:
+        return None
+    before, after = source.meta[META_KEY].dtypes[:1], facts.dtypes[:1]
+    if before and before == after and _word(after[0]) in ("fp32", "bf16", "fp16"):
+        return source
+    return None
+
+
+def _zero_dim(node: fx.Node) -> bool:
+    facts = node.meta.get(META_KEY)
+    return facts is not None and bool(facts.shapes) and facts.shapes[0] == ()

@@ -38,6 +38,12 @@ from autopar.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "megatron_sc21_table1.csv"
+MEGATRON_PRECISION = {"master_weights": "optimizer",
+                      "precision_overrides": (("transformer.h", "fp16"),)}
+"""Megatron-LM's mixed precision, as it ran: 16-bit parameters in the model (fp32 masters in
+the optimizer) and every activation of a layer stored in 16 bits (its fused softmax and
+LayerNorm kernels compute in fp32 and write fp16), where autopar's own programs keep fp32
+parameters, normalisations and softmax as torch.autocast does."""
 SEQ, VOCAB = 2048, 51200
 
 
@@ -75,6 +81,7 @@ def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, f
         schedule="interleaved" if virtual > 1 else "1f1b", virtual=virtual,
         fuse_attention=False,  # Megatron-LM's 2021 attention: op by op
         chunked_loss=False,  # its vocabulary-parallel loss: whole logits, fp32
+        **MEGATRON_PRECISION,
     )
     est = estimate_graph(gm, cluster, config)
     facts = graph_facts(gm)

@@ -23,20 +23,28 @@ from autopar.precision import KEPT_FP32, LOWERED_TARGETS, NORM_MODULE_SUFFIXES
 PRECISIONS = ("fp32", "bf16", "fp8")
 
 
-def coverage(gm, words: dict[str, str]) -> dict[str, float]:
-    """Shares of the policy's promises the plan keeps (1.0 = all)."""
-    kept, lowered = [], []
+def coverage(gm, plan) -> dict[str, float]:
+    """Shares of the policy's promises the plan keeps (1.0 = all): normalisation (the
+    statistics and the normalised value; a norm module's trailing weight multiply applies in
+    its input's dtype, as HF's and torchtitan's RMSNorm do), softmax and loss nodes in fp32,
+    and matmul nodes (linears, attention) in bf16 or fp8."""
+    words = plan.precision
+    kept = {n for names in plan.precision_policy.get("kept_fp32", {}).values() for n in names}
+    fp32, lowered = [], []
     for node in gm.graph.nodes:
         facts = node.meta.get(META_KEY)
         if facts is None or node.name not in words:
             continue
-        if facts.target in KEPT_FP32 or facts.module_type.endswith(NORM_MODULE_SUFFIXES):
-            kept.append(words[node.name] == "fp32")
+        if facts.target in KEPT_FP32 or (facts.module_type.endswith(NORM_MODULE_SUFFIXES)
+                                         and node.name in kept):
+            fp32.append(words[node.name] == "fp32")
         elif facts.target in LOWERED_TARGETS:
             lowered.append(words[node.name] in ("bf16", "fp8"))
-    return {"norm/softmax/loss nodes fp32": sum(kept) / max(len(kept), 1),
+    norm_nodes = sum(1 for n in gm.graph.nodes if n.name in words and META_KEY in n.meta
+                     and n.meta[META_KEY].module_type.endswith(NORM_MODULE_SUFFIXES))
+    return {"normalisation/softmax/loss nodes fp32": sum(fp32) / max(len(fp32), 1),
             "matmul nodes bf16 or fp8": sum(lowered) / max(len(lowered), 1),
-            "checked": len(kept) + len(lowered)}
+            "checked": len(fp32) + len(lowered), "nodes in norm modules": norm_nodes}
 
 
 def main() -> int:
@@ -63,7 +71,7 @@ def main() -> int:
               f"{plan.training['recompute']:>10}{p['step_time_s']:>10.2f}"
               f"{p['tflops_per_device']:>9.1f}{p['peak_memory_bytes'] / 2**30:>10.1f}"
               f"{wall:>8.1f}  {counts}")
-        rows[precision] = (plan, coverage(traced.gm, plan.precision))
+        rows[precision] = (plan, coverage(traced.gm, plan))
     print()
     for precision, (_, cover) in rows.items():
         print(f"{precision}: " + ", ".join(

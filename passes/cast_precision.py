@@ -24,12 +24,13 @@ from collections.abc import Mapping
 import torch
 import torch.fx as fx
 
+from autopar import comm_ops
 from autopar.fp8_ops import fp8_linear
 from autopar.graph_facts import META_KEY
 from autopar.local_ops import LOCAL_IMPLS
 from autopar.loss_ops import chunked_cross_entropy
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.precision import TORCH_DTYPES, WORD_OF_DTYPE
+from autopar.precision import TORCH_DTYPES, WORD_OF_DTYPE, traced_noop_cast
 
 aten = torch.ops.aten
 
@@ -44,6 +45,38 @@ _UPCASTS_ITSELF = {chunked_cross_entropy, *(f for name, f in LOCAL_IMPLS.items()
 """Losses that read low-precision logits and upcast block by block."""
 
 _STORED = {"fp8": "bf16"}  # an fp8 linear's output is bf16
+_DTYPE_CASTS = (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default)
+_COLLECTIVES = (comm_ops.redistribute, comm_ops.gather_scatter_grad, comm_ops.grad_all_reduce)
+
+
+def _cast_before_collectives(arg: fx.Node, want: str, words: Mapping[str, str],
+                             stored: dict[fx.Node, str]) -> fx.Node | None:
+    """When ``arg`` is the end of a chain of collectives whose every reader computes in
+    ``want``, cast the chain's source instead, so the collectives move the smaller dtype
+    (the cost model prices it so); the cast node, or None when that is not so."""
+    chain = []
+    node = arg
+    while node.op == "call_function" and node.target in _COLLECTIVES:
+        chain.append(node)
+        node = node.args[0]
+    if not chain or stored.get(node) in (None, want):
+        return None
+    for link in chain:
+        for user in link.users:
+            if user in chain:
+                continue
+            word = words.get(_planned_name(user))
+            if word is None or _STORED.get(word, word) != want or user.target in _UPCASTS_ITSELF:
+                return None
+    first = chain[-1]
+    with first.graph.inserting_before(first):
+        cast = first.graph.call_function(cast_to, (node, TORCH_DTYPES[want]))
+    cast.meta = {k: v for k, v in node.meta.items() if k != META_KEY}
+    first.replace_input_with(node, cast)
+    for link in chain:
+        stored[link] = want
+    stored[cast] = want
+    return cast
 
 
 def _planned_name(node: fx.Node) -> str:
@@ -68,7 +101,9 @@ def stored_words(gm: fx.GraphModule, words: Mapping[str, str],
     for node in gm.graph.nodes:
         traced = _traced_word(node)
         planned = words.get(_planned_name(node))
-        if planned is not None:
+        if node.target is cast_to:
+            out[node] = WORD_OF_DTYPE[str(node.args[1])]
+        elif planned is not None:
             out[node] = _STORED.get(planned, planned)
         elif node.op == "get_attr" and traced in ("fp32", "bf16", "fp16"):
             facts = node.meta.get(META_KEY)
@@ -85,6 +120,36 @@ def stored_words(gm: fx.GraphModule, words: Mapping[str, str],
     return out
 
 
+def _retarget_noop_casts(gm: fx.GraphModule, words: Mapping[str, str]) -> int:
+    """A cast that changed nothing while tracing casts to the plan's dtype instead (see
+    :func:`autopar.precision.traced_noop_cast`); how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        word = words.get(_planned_name(node))
+        if word is None or node.target not in _DTYPE_CASTS or traced_noop_cast(node) is None:
+            continue
+        want = TORCH_DTYPES[_STORED.get(word, word)]
+        node.target, node.args, node.kwargs = cast_to, (node.args[0], want), {}
+        count += 1
+    return count
+
+
+def _cast_back(gm: fx.GraphModule, words: Mapping[str, str]) -> int:
+    """Cast the outputs the plan hands back in another dtype (a normalisation computed in
+    fp32 whose input was 16-bit) right after they are made; how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        word = words.get(_planned_name(node)) if node.op == "call_function" else None
+        if word is None or node.target is cast_to:
+            continue
+        with gm.graph.inserting_after(node):
+            back = gm.graph.call_function(cast_to, (node, TORCH_DTYPES[word]))
+        back.meta = {k: v for k, v in node.meta.items() if k != META_KEY}
+        node.replace_all_uses_with(back, delete_user_cb=lambda user, back=back: user is not back)
+        count += 1
+    return count
+
+
 @register_pass
 class CastPrecision(GraphPass):
     name = "cast-precision"
@@ -94,6 +159,8 @@ class CastPrecision(GraphPass):
         if not words or set(words.values()) == {"fp32"}:
             return PassResult(gm, modified=False)
         params = ctx.plan.precision_policy.get("params", "fp32")
+        retargeted = _retarget_noop_casts(gm, words)
+        back = _cast_back(gm, ctx.plan.precision_policy.get("cast_back", {}))
         stored = stored_words(gm, words, params)
         casts: dict[tuple[fx.Node, str], fx.Node] = {}
         counts: dict[str, int] = {}
@@ -113,6 +180,9 @@ class CastPrecision(GraphPass):
                 have = stored.get(arg)
                 if have is None or have == want or have not in TORCH_DTYPES:
                     continue
+                if _cast_before_collectives(arg, want, words, stored) is not None:
+                    counts[want] = counts.get(want, 0) + 1
+                    continue
                 key = (arg, want)
                 if key not in casts:  # one cast per value and dtype, before its first use
                     with gm.graph.inserting_before(node):
@@ -126,6 +196,10 @@ class CastPrecision(GraphPass):
         for check in checks:
             gm.graph.erase_node(check)
         changes = [f"{n} value(s) cast to {w}" for w, n in sorted(counts.items())]
+        if back:
+            changes.append(f"{back} normalisation output(s) cast back to their input's dtype")
+        if retargeted:
+            changes.append(f"{retargeted} cast(s) that were no-ops while tracing follow the plan")
         if fp8:
             changes.append(f"{fp8} linear(s) in fp8 (tensorwise scaling)")
         return PassResult(gm, modified=bool(changes), changes=changes)

@@ -205,3 +205,24 @@ def test_fp8_linear_is_close_to_the_fp32_one() -> None:
     (ref * g).sum().backward()
     for got, want in ((gx, x.grad), (gw, w.grad)):
         assert ((got - want).norm() / want.norm()).item() < 0.15
+
+
+def test_zero3_keeps_a_16bit_residual_stream_and_norms_hand_it_back(llama) -> None:
+    """Under ZeRO-3 the parameters are gathered in bf16, so the residual stream is bf16; a
+    norm normalises in fp32 and casts back before its weight (as HF's RMSNorm does), and the
+    rotary tables meet q and k in their dtype. With fp32 parameters (ZeRO-0) the stream is
+    fp32 and nothing is cast back."""
+    a = assign_precision(llama, "bf16", params="bf16")
+    adds = [n.name for n in llama.graph.nodes if n.meta.get(META_KEY) is not None
+            and n.meta[META_KEY].module_type == "LlamaDecoderLayer"
+            and n.meta[META_KEY].target == "aten.add.Tensor"]
+    assert adds and {a.nodes[n] for n in adds} == {"bf16"}
+    assert a.cast_back and set(a.cast_back.values()) == {"bf16"}
+    assert all(a.nodes[n] == "fp32" for n in a.cast_back)  # normalised in fp32
+    stats = [n for n, why in a.kept_fp32.items() if why == "normalisation"]
+    assert stats and {a.nodes[n] for n in stats} == {"fp32"}
+    rotary = [n.name for n in llama.graph.nodes if n.meta.get(META_KEY) is not None
+              and n.meta[META_KEY].module_type == "LlamaAttention"
+              and n.meta[META_KEY].target == "aten.mul.Tensor"]
+    assert rotary and {a.nodes[n] for n in rotary} == {"bf16"}
+    assert not assign_precision(llama, "bf16", params="fp32").cast_back

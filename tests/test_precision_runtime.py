@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed import run_cases
+from tests.distributed import FAST, run_cases
 
 pytestmark = pytest.mark.slow
 
@@ -15,6 +15,9 @@ CASES = [
     {"model": "llama", "dp": 2, "zero": 0, "precision": "bf16"},
     {"model": "llama", "dp": 2, "zero": 3, "precision": "bf16", "steps": 5},
     {"model": "llama", "pp": 2, "dp": 1, "microbatches": 2, "precision": "bf16", "steps": 5},
+    # tensor parallelism: values are cast before the collectives that move them
+    {"model": "llama", "tp": 2, "dp": 1, "precision": "bf16", "steps": 5, "cluster": FAST},
+    {"model": "gpt", "tp": 2, "dp": 1, "precision": "bf16", "steps": 5, "cluster": FAST},
 ]
 
 
@@ -32,3 +35,5 @@ def test_bf16_tracks_autocast(records, index: int) -> None:
         assert set(r["matmul_dtypes"]) == {"torch.bfloat16"}, r["matmul_dtypes"]
         assert r["casts"] > 0 and r["bf16_casts"] > 0  # visible in pm.code
         assert len(r["losses"]) == r["case"].get("steps", 20)
+        if "tp" in r["case"]:
+            assert r["sharded"] > 0  # the layout really splits weights over tp

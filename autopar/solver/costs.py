@@ -587,7 +587,7 @@ class CostTables:
             zero_stage=self.setting.zero,
             dp=self.setting.grad_group,
             shape=tuple(shape) if shape else None,
-            fp32_params=True,
+            fp32_params=self.options.master_weights == "params",
         )
 
     def grad_bytes(self, d: Decision, s: Strategy) -> float:
@@ -651,13 +651,34 @@ class CostTables:
 
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         n, link = self.setting.tp, self.tp_link
-        nbytes = self.value_bytes(key)
+        nbytes = self.value_bytes(key) * self._wire_fraction(key)
         backend = self.cluster.backend
         t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
                                 backend=backend)
         if self.in_recomputed_layer(self.problem.decisions[key[0]]):
             t += redistribution_time(src, dst, nbytes, n, link, backward=False, backend=backend)
         return t
+
+    def _wire_fraction(self, key: ValueKey) -> float:
+        """The share of a value's bytes its collectives move: when every reader computes in
+        one lower precision, the value is cast before it is communicated
+        (``passes/cast_precision.py``)."""
+        d = self.problem.decisions[key[0]]
+        if d.kind != "op" or self.options.precision == "fp32":
+            return 1.0
+        words = set()
+        for use in self.problem.values[key].uses:
+            if use.consumer < 0:
+                return 1.0
+            consumer = self.problem.decisions[use.consumer].nodes[0].name
+            word = self.precision.enforced.get(consumer)
+            if word is None:
+                return 1.0
+            words.add("bf16" if word == "fp8" else word)
+        if len(words) != 1:
+            return 1.0
+        have = self.precision.bytes_per_element(d.nodes[0].name)
+        return min(BYTES[words.pop()] / have, 1.0)
 
     def partial_grad(self, key: ValueKey, src: Placement) -> float:
         if not self.requires_grad(key):
@@ -698,7 +719,8 @@ def precision_assignment(problem: Problem, options: PlanOptions,
     """The per-node precision of ``problem``'s graph under ``options`` at ZeRO ``zero``
     (which decides the dtype parameters are read in), computed once per problem."""
     compute = options.precision
-    key = ("precision", compute, options.precision_overrides, params_word(compute, zero))
+    key = ("precision", compute, options.precision_overrides,
+           params_word(compute, zero, options.master_weights))
     if key not in problem.cache:
         problem.cache[key] = assign_precision(problem.gm, compute,
                                               dict(options.precision_overrides), key[3],

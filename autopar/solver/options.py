@@ -16,6 +16,7 @@ from autopar.knobs import (
     schedule_name,
     zero_stages,
 )
+from autopar.precision import MASTER_WEIGHTS
 
 ZERO_STAGES_RUNNABLE = (0, 3)
 
@@ -65,6 +66,9 @@ class PlanOptions:
     microbatches: int | None = None  # microbatches per step (the alternative to microbatch)
     precision: str = "fp32"
     precision_overrides: tuple[tuple[str, str], ...] = ()
+    # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS); the runtime
+    # executes "params" (and ZeRO-3's gathered 16-bit parameters); "optimizer" is priced only
+    master_weights: str = "params"
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE_MODES
@@ -141,6 +145,10 @@ class PlanOptions:
                                    where=f"precision_overrides[{key!r}]",
                                    fix=f"use one of {', '.join(PRECISIONS)}")
         object.__setattr__(self, "precision_overrides", tuple(sorted(overrides)))
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise AutoparError(f"unknown master_weights {self.master_weights!r}",
+                               where="PlanOptions.master_weights",
+                               fix=f"use one of {', '.join(MASTER_WEIGHTS)}")
         if self.optimizer not in OPTIMIZERS:
             raise AutoparError(
                 f"unknown optimizer {self.optimizer!r}",

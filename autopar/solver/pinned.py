@@ -60,6 +60,9 @@ class PinnedConfig:
     precision: str = "bf16"
     # node name or module path -> dtype word, over autopar's precision policy
     precision_overrides: tuple[tuple[str, str], ...] = ()
+    # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS): "optimizer"
+    # prices 16-bit parameters as Megatron-LM keeps them
+    master_weights: str = "params"
     zero: int = 0
     optimizer: str = "adamw"
     schedule: str = "1f1b"
@@ -210,6 +213,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     )
     options = PlanOptions(precision=config.precision,
                           precision_overrides=config.precision_overrides,
+                          master_weights=config.master_weights,
                           optimizer=config.optimizer,
                           zero=(config.zero,), recompute=(base,), cp=config.cp,
                           cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,

@@ -344,6 +344,11 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         if memory_floor > tables.capacity:
             candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
             continue
+        if best is not None and _mixing(options, setting) and options.recompute_layers is None:
+            # a mix recomputes only some layers: its floor is the one that keeps everything
+            keep_all = replace(setting, recompute="none")
+            time_floor = lower_bounds(CostTables(problem, cluster, options, keep_all, traced,
+                                                 facts.seq_len), 1 / pp, flight / pp)[1]
         if best is not None and time_floor / pp >= best[0]:
             candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
             break

@@ -22,12 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from equivalence import build, serve_cases  # noqa: E402
+from equivalence import build, cluster_for, serve_cases  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar.runtime.parallel_module import find_loss  # noqa: E402
 
-MODEL_KEYS = ("model", "layers", "tied", "steps", "rtol")
+MODEL_KEYS = ("model", "layers", "tied", "steps", "rtol", "cluster")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -77,7 +77,7 @@ def run_case(case: dict) -> dict:
     if isinstance(options["recompute"], str):
         options["recompute"] = (options["recompute"],)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    pm = autopar.parallelize(model, f"{world}xcpu", (a, k), **options)
+    pm = autopar.parallelize(model, cluster_for(case.get("cluster"), world), (a, k), **options)
     la, lk = pm.shard_batch(*a, **k)
     opt = _optimizer(pm.parameters())
     losses = []
@@ -97,6 +97,7 @@ def run_case(case: dict) -> dict:
             "matmul_dtypes": seen.counts,
             "casts": code.count("cast_to("), "bf16_casts": code.count("torch.bfloat16"),
             "precision_counts": _counts(pm.plan.precision),
+            "sharded": sum(1 for ax in pm.plan.params.values() if ax.get("tp", "R") != "R"),
             "ok": worst <= rtol and stepped == ["torch.float32"]}
 
 

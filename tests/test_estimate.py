@@ -27,13 +27,21 @@ def estimate(tmp_path, *extra: str, status: int | None = 0) -> dict:
 
 @pytest.mark.slow
 def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, capsys) -> None:
-    """16Ψ accounting: 2 B weights + 2 B gradients + 12 B (fp32 master, momentum, variance)."""
-    e = estimate(tmp_path, "--zero", "0", status=EXIT_DOES_NOT_FIT)
-    m = e["predicted"]["memory"]
+    """16Ψ as autopar runs mixed precision: 4 B fp32 parameters (the master copy) + 4 B fp32
+    gradients + 8 B (momentum, variance); with the masters beside the optimizer states
+    (``--master-weights optimizer``), ZeRO's 2 B weights + 2 B gradients + 12 B."""
     params = 8.03e9
+    e = estimate(tmp_path, "--zero", "0", "--master-weights", "optimizer",
+                 status=EXIT_DOES_NOT_FIT)
+    m = e["predicted"]["memory"]
     assert m["params"] == pytest.approx(2 * params, rel=0.01)
     assert m["grads"] == pytest.approx(2 * params, rel=0.01)
     assert m["optimizer"] == pytest.approx(12 * params, rel=0.01)
+    e = estimate(tmp_path, "--zero", "0", status=EXIT_DOES_NOT_FIT)
+    m = e["predicted"]["memory"]
+    assert m["params"] == pytest.approx(4 * params, rel=0.01)
+    assert m["grads"] == pytest.approx(4 * params, rel=0.01)
+    assert m["optimizer"] == pytest.approx(8 * params, rel=0.01)
     # The peak is the optimizer step here (foreach AdamW's fp32 scratch), when activations
     # are gone: the breakdown is of the peak.
     assert m["activations"] + m["temporaries"] > 0
@@ -48,7 +56,9 @@ def test_llama3_8b_zero0_is_16_bytes_per_parameter_and_does_not_fit(tmp_path, ca
 def test_llama3_8b_zero3_fits(tmp_path) -> None:
     e = estimate(tmp_path, "--zero", "3")
     assert e["predicted"]["fits"] is True
-    assert e["predicted"]["memory"]["optimizer"] == pytest.approx(12 * 8.03e9 / 8, rel=0.01)
+    memory = e["predicted"]["memory"]  # fp32 shards: parameters 4 B, moments 8 B
+    assert memory["optimizer"] == pytest.approx(8 * 8.03e9 / 8, rel=0.01)
+    assert memory["params"] == pytest.approx(4 * 8.03e9 / 8, rel=0.01)
 
 
 def test_pinned_degrees_must_match_the_cluster(capsys) -> None:

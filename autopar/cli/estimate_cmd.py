@@ -177,6 +177,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         global_batch=traced.batch, recompute=recompute,
         recompute_layers=tuple(args.recompute_layers or ()),
         precision=resolve_precision(args.precision, cluster), zero=zero,
+        master_weights=args.master_weights,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
     )

@@ -24,6 +24,7 @@ from autopar.cli import flags
 from autopar.cli.estimate_cmd import DESCRIPTION
 from autopar.errors import AutoparError
 from autopar.knobs import SEARCHED_RECOMPUTE_MODES
+from autopar.precision import MASTER_WEIGHTS
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -96,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_microbatch(p, default=1)
     flags.add_recompute(p, default="none")
     flags.add_precision(p)
+    p.add_argument("--master-weights", choices=MASTER_WEIGHTS, default="params",
+                   help="where mixed precision keeps the fp32 master weights: 'params' (the "
+                   "parameters are fp32, cast per use; what autopar runs) or 'optimizer' "
+                   "(16-bit parameters, fp32 masters beside the optimizer states: Megatron-LM, "
+                   "DeepSpeed; ZeRO's 2 + 2 + 12 bytes per parameter)")
     flags.add_zero(p, default="0")
     flags.add_optimizer(p)
     p.add_argument("--lora-rank", type=flags.positive_int, default=None, metavar="R",

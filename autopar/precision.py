@@ -57,6 +57,12 @@ WORD_OF_DTYPE = MappingProxyType({
     "torch.float64": "fp64",
 })
 
+def stored_word(word: str) -> str:
+    """The word a value computed in ``word`` is stored in: an fp8 matmul writes bf16, and
+    fp8 training keeps its other activations and working weights in bf16."""
+    return "bf16" if word == "fp8" else word
+
+
 BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "fp64": 8})
 """Bytes of one element a node of each word writes (an fp8 matmul writes bf16)."""
 
@@ -175,7 +181,7 @@ def params_word(compute: str, zero: int, master_weights: str = "params") -> str:
     16-bit parameters are gathered or kept (ZeRO-3, or master weights in the optimizer)."""
     if compute == "fp32" or (zero < 3 and master_weights == "params"):
         return "fp32"
-    return "bf16" if compute == "fp8" else compute
+    return stored_word(compute)
 
 
 def assign_precision(gm: fx.GraphModule, compute: str,
@@ -201,7 +207,7 @@ def assign_precision(gm: fx.GraphModule, compute: str,
             continue
         word, why = _policy_word(node, facts, compute, routers)
         if node.name in fused and compute != "fp32":
-            word, why = ("bf16" if compute == "fp8" else compute), ""
+            word, why = stored_word(compute), ""
         if node.name in matched:
             word, why = matched[node.name], "override"
         if word is None:
@@ -375,7 +381,7 @@ def _propagate(gm: fx.GraphModule, enforced: Mapping[str, str], params: str,
         traced = _word(facts.dtypes[0]) or "fp32"
         if node.name in enforced:
             word = enforced[node.name]
-            stored[node.name] = "bf16" if word == "fp8" else word
+            stored[node.name] = stored_word(word)
         elif node.op == "get_attr" and traced in ("fp32", "bf16", "fp16"):
             buffer = facts.param is not None and facts.param.is_buffer
             word = stored[node.name] = traced if buffer else params

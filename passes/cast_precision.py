@@ -30,7 +30,7 @@ from autopar.graph_facts import META_KEY
 from autopar.local_ops import LOCAL_IMPLS
 from autopar.loss_ops import chunked_cross_entropy
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.precision import TORCH_DTYPES, WORD_OF_DTYPE, traced_noop_cast
+from autopar.precision import TORCH_DTYPES, WORD_OF_DTYPE, stored_word, traced_noop_cast
 
 aten = torch.ops.aten
 
@@ -44,7 +44,6 @@ _UPCASTS_ITSELF = {chunked_cross_entropy, *(f for name, f in LOCAL_IMPLS.items()
                                             if "cross_entropy" in name)}
 """Losses that read low-precision logits and upcast block by block."""
 
-_STORED = {"fp8": "bf16"}  # an fp8 linear's output is bf16
 _DTYPE_CASTS = (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default)
 _COLLECTIVES = (comm_ops.redistribute, comm_ops.gather_scatter_grad, comm_ops.grad_all_reduce)
 
@@ -66,7 +65,7 @@ def _cast_before_collectives(arg: fx.Node, want: str, words: Mapping[str, str],
             if user in chain:
                 continue
             word = words.get(_planned_name(user))
-            if word is None or _STORED.get(word, word) != want or user.target in _UPCASTS_ITSELF:
+            if word is None or stored_word(word) != want or user.target in _UPCASTS_ITSELF:
                 return None
     first = chain[-1]
     with first.graph.inserting_before(first):
@@ -104,7 +103,7 @@ def stored_words(gm: fx.GraphModule, words: Mapping[str, str],
         if node.target is cast_to:
             out[node] = WORD_OF_DTYPE[str(node.args[1])]
         elif planned is not None:
-            out[node] = _STORED.get(planned, planned)
+            out[node] = stored_word(planned)
         elif node.op == "get_attr" and traced in ("fp32", "bf16", "fp16"):
             facts = node.meta.get(META_KEY)
             buffer = facts is not None and facts.param is not None and facts.param.is_buffer
@@ -128,7 +127,7 @@ def _retarget_noop_casts(gm: fx.GraphModule, words: Mapping[str, str]) -> int:
         word = words.get(_planned_name(node))
         if word is None or node.target not in _DTYPE_CASTS or traced_noop_cast(node) is None:
             continue
-        want = TORCH_DTYPES[_STORED.get(word, word)]
+        want = TORCH_DTYPES[stored_word(word)]
         node.target, node.args, node.kwargs = cast_to, (node.args[0], want), {}
         count += 1
     return count
@@ -175,7 +174,7 @@ class CastPrecision(GraphPass):
                 node.target = fp8_linear
                 fp8 += 1
                 continue
-            want = _STORED.get(word, word)
+            want = stored_word(word)
             for arg in node.all_input_nodes:
                 have = stored.get(arg)
                 if have is None or have == want or have not in TORCH_DTYPES:

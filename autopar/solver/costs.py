@@ -45,7 +45,13 @@ from autopar.knobs import RECOMPUTE_MODES
 from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
 from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
 from autopar.placements import Placement, Replicate, Shard
-from autopar.precision import BYTES, PrecisionAssignment, assign_precision, params_word
+from autopar.precision import (
+    BYTES,
+    PrecisionAssignment,
+    assign_precision,
+    params_word,
+    stored_word,
+)
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
 from autopar.solver.options import PlanOptions
@@ -184,6 +190,9 @@ class CostTables:
         self._times: dict[tuple, tuple[float, float, float]] = {}
         self._moves: dict[tuple, float] = {}
         self._comm: dict[tuple, AttentionComm] = {}
+        # choice -> its unit costs (autopar.solver.search prices a layout uniformly, then
+        # per layer, from the same units)
+        self.units: dict[tuple[int, ...], object] = {}
 
     # --- sizes -----------------------------------------------------------------------
     def _scale(self, d: Decision, output: int = 0) -> float:
@@ -674,7 +683,7 @@ class CostTables:
             word = self.precision.enforced.get(consumer)
             if word is None:
                 return 1.0
-            words.add("bf16" if word == "fp8" else word)
+            words.add(stored_word(word))
         if len(words) != 1:
             return 1.0
         have = self.precision.bytes_per_element(d.nodes[0].name)
@@ -706,8 +715,7 @@ class CostTables:
             return 0.0
         if self.setting.recompute in ("full", "op") and d.facts.layer is not None:
             return 0.0
-        return d.facts.param.numel * BYTES[self.options.precision if
-                                           self.options.precision != "fp8" else "bf16"]
+        return d.facts.param.numel * BYTES[stored_word(self.options.precision)]
 
     @cached_property
     def capacity(self) -> float:

@@ -397,7 +397,7 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
     if result is None or result.choice is None:
         return None, best
     pp, m = setting.pp, setting.microbatches
-    units = unit_costs(tables, result.choice)
+    units = _units(tables, result.choice)
     load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None,
                       busy_latency(cluster, setting.mesh, "pp"))
     status = f"{result.status}(layout reused)" if reused else result.status
@@ -436,6 +436,14 @@ def _mixing(options: PlanOptions, setting: Setting) -> bool:
     return setting.recompute != "none" and "none" in options.recompute
 
 
+def _units(tables: CostTables, choice: list[int]):
+    """``unit_costs(tables, choice)``, computed once per tables and layout."""
+    key = tuple(choice)
+    if key not in tables.units:
+        tables.units[key] = unit_costs(tables, choice)
+    return tables.units[key]
+
+
 def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
                cluster: Cluster, candidates: list, best, problem, batch):
     """Price ``result``'s layout with a mode per layer: the pinned ones, or "none" or the
@@ -451,7 +459,7 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
         t = tables if mode == setting.recompute else CostTables(
             problem, cluster, options, replace(setting, recompute=mode), tables.traced_batch,
             tables.seq_len)
-        by_mode[mode] = unit_costs(t, result.choice)
+        by_mode[mode] = _units(t, result.choice)
     pp, m = setting.pp, setting.microbatches
     fastest = None
     for schedule, virtual in variants:

@@ -10,8 +10,10 @@ would need a from_local/to_local pair with explicit gradient placements at every
   all-gather whose backward is a local slice, ``P -> R`` an all-reduce whose backward is the
   identity, and a replicated tensor read by sharded computation passes through
   :func:`grad_all_reduce` (Megatron's "f": identity forward, all-reduce backward);
-- on ``dp`` each device's gradient is that of its own loss term (DDP/FSDP average them
-  afterwards), so ``S -> R`` backward is a reduce-scatter and ``R -> S`` backward a zero-pad;
+- on ``dp`` each device's backward computes the gradient of the sum of every device's loss
+  term along its own tensors (DDP/FSDP average them afterwards), so ``S -> R`` backward is
+  a reduce-scatter, ``R -> S`` backward a zero-pad and ``P -> R`` (a batch statistic made
+  whole) an all-reduce;
   ``cp`` (context parallelism: each device holds some tokens of every sequence) is such an
   axis too.
 
@@ -215,6 +217,11 @@ class _Redistribute(torch.autograd.Function):
                 return (_reduce_scatter(grad, src, group, n, rank, zz), *none)
             if isinstance(src, Replicate) and isinstance(dst, Shard):
                 return (_zero_pad(grad, dst, n, rank, ctx.shape, zz), *none)
+            if isinstance(src, Partial) and isinstance(dst, Replicate):
+                # every device's loss term read the reduced value, and this device's part
+                # of it fed them all: the gradient of the sum of their terms
+                whole = _all_reduce(grad.contiguous(), group)
+                return (whole / n if _is_avg(src) else whole, *none)
         if (isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1
                 and not zz):
             return (_all_to_all(grad.contiguous(), dst, src, group, n), *none)

@@ -13,6 +13,7 @@
 | context parallelism | ``cp`` | ``--cp`` | ``mesh.cp`` |
 | attention under cp | ``cp_algorithm`` | ``--cp-algorithm`` | ``context.algorithm`` |
 | sequence layout under cp | ``cp_layout`` | ``--cp-layout`` | ``context.layout`` |
+| batch statistics under dp | ``batch_coupling`` | ``--batch-coupling`` | ``training.batch_coupling`` |
 | margin beyond validated ground | ``extrapolation_margin`` | ``--extrapolation-margin`` | ``predicted.ground_margin`` |
 | record a run for refitting | ``record_run`` (``parallelize``) | ``--record-run`` (``demo``), ``--from-run`` (``calibrate``) | -- |
 

@@ -86,6 +86,10 @@ class Plan:
     # overrides, and the nodes kept fp32 by reason (autopar.precision)
     precision: dict[str, str] = field(default_factory=dict)
     precision_policy: dict[str, Any] = field(default_factory=dict)
+    # ops that couple the samples of the batch: [{node, op, kind ("statistic" |
+    # "mixes_batch"), exact, where}] (autopar.solver.batch_coupling); a statistic is made
+    # whole over dp by the sync-batch-statistics pass
+    batch_coupled: list[dict[str, Any]] = field(default_factory=list)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

@@ -41,10 +41,11 @@ from autopar.errors import AutoparError, PlanError
 from autopar.knobs import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
 from autopar.local_ops import LOCAL_IMPLS
 from autopar.placements import parse_placement
+from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 from autopar.solver.options import ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MESH_AXES = ("pp", "dp", "cp", "tp")
 """Axes the runtime builds, outer to inner (tp innermost: the fastest links)."""
 MAX_INT = 2**53  # JSON numbers beyond this are not exact in most readers
@@ -298,6 +299,7 @@ PLAN = obj(
                            "re-plan with --zero 0,3"),
             "recompute": one_of((*RECOMPUTE_MODES, "mixed")),
         }, {"chunked_loss": one_of((True, False)),
+            "batch_coupling": one_of(BATCH_COUPLING_MODES),
             # with recompute "mixed": each repeated layer's mode, in the order they run
             "recompute_layers": list_of(one_of(RECOMPUTE_MODES))}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
@@ -334,6 +336,9 @@ PLAN = obj(
         # each algorithm's modelled seconds per step (or why it cannot run), and why
         "context": empty_or(CONTEXT),
         "precision": map_of(one_of(PRECISIONS)),
+        "batch_coupled": list_of(obj({"node": text(), "op": text(),
+                                      "kind": one_of(("statistic", "mixes_batch")),
+                                      "exact": flag, "where": text(empty=True)})),
         "precision_policy": empty_or(obj(
             {"compute": one_of(PRECISIONS), "source": one_of(("default", "overrides")),
              "params": one_of(PRECISIONS), "overrides": map_of(one_of(PRECISIONS)),

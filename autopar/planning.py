@@ -83,6 +83,7 @@ def plan(
     tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
     chunked_loss: bool = True,
+    batch_coupling: str = "exact",
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     extrapolation_margin: float | None = None,
@@ -117,6 +118,12 @@ def plan(
     recompute some layers and not others: ``training.recompute`` "mixed", with
     ``training.recompute_layers``); ``recompute_layers`` pins one mode per repeated layer,
     in the order they run.
+    ``batch_coupling`` ("exact", the default) splits the batch (over dp, or into
+    microbatches) only where ops that couple its samples stay exact: a batch statistic a
+    balancing loss uses whole is all-reduced over dp, and an op that reads other samples
+    (batch norm) keeps the batch whole; "local" splits anyway, each rank's statistics its
+    own as under DDP. ``plan.batch_coupled`` names those ops (:mod:`autopar.solver.
+    batch_coupling`).
     ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
     tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
@@ -170,6 +177,7 @@ def plan(
         tp_splits_batch=tp_splits_batch,
         fuse_attention=fuse_attention,
         chunked_loss=chunked_loss,
+        batch_coupling=batch_coupling,
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
         extrapolation_margin=extrapolation_margin,

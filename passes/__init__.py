@@ -19,6 +19,7 @@ from autopar.passes.pipeline_split import PipelineSplit
 from autopar.passes.recompute_inputs import RecomputeInputs
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
+from autopar.passes.sync_batch_statistics import SyncBatchStatistics
 from autopar.passes.token_mean_loss import TokenMeanLoss
 from autopar.plan import Plan
 
@@ -43,6 +44,9 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     passes = sharding_passes()
     if plan.mesh.get("cp", 1) > 1:  # on the plan's own nodes, before collectives join
         passes.insert(len(passes) - 1, TokenMeanLoss())
+    if plan.mesh.get("dp", 1) > 1 and any(
+            c["kind"] == "statistic" and c["exact"] for c in plan.batch_coupled):
+        passes.append(SyncBatchStatistics())
     if plan.training.get("chunked_loss", True):
         passes.append(ChunkedLoss())
     if any(entry.get("fused") for entry in plan.attention):
@@ -77,6 +81,7 @@ __all__ = [
     "RecomputeInputs",
     "ShardParameters",
     "SubstituteLocalOps",
+    "SyncBatchStatistics",
     "TokenMeanLoss",
     "get_pass",
     "program_passes",

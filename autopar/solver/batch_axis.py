@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._pytree import tree_map
 
 from autopar.graph_facts import META_KEY
 from autopar.placements import Partial, Placement, Replicate, Shard
 from autopar.strategies import Strategy, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.factories import makes_constant
+from autopar.strategies.rule import OpCall, TensorMeta
 from autopar.values import is_decision, tensor_inputs, value_of
 
 R = Replicate()
@@ -33,12 +37,12 @@ def batch_strategies(gm: fx.GraphModule, batch_size: int | None) -> dict[str, St
     batch too, so it is marked even without data parallelism). A graph traced on one
     sequence has no batch dimension to find: everything is replicated."""
     split = batch_size if batch_size and batch_size > 1 else 1
-    return propagate_input_dim(gm, split, batch_size, dim=0)
+    return propagate_input_dim(gm, split, batch_size, dim=0, token_sets=True)
 
 
 def propagate_input_dim(
     gm: fx.GraphModule, n: int, size: int | None, dim: int, *, follow_only: bool = False,
-    overrides: Mapping[str, Strategy] | None = None,
+    overrides: Mapping[str, Strategy] | None = None, token_sets: bool = False,
 ) -> dict[str, Strategy]:
     """Shard dimension ``dim`` of every input whose ``dim`` has ``size`` over ``n`` devices
     and carry that sharding through the graph as far as rules allow without communication.
@@ -49,7 +53,8 @@ def propagate_input_dim(
     e.g. positions expanded over the batch): what context parallelism executes, where
     only tensors that follow the sequence are split. ``overrides``: node name -> the
     strategy it runs whatever its rule offers (an attention site under context parallelism
-    reads its keys and values split, its op passing them between ranks).
+    reads its keys and values split, its op passing them between ranks). ``token_sets``:
+    data-dependent routing ops run on each rank's own tokens (:func:`token_set_strategy`).
     """
     chosen: dict[str, Strategy] = {}
     for node in gm.graph.nodes:
@@ -73,8 +78,15 @@ def propagate_input_dim(
             continue
         inputs = tensor_inputs(node)
         produced = [_placement(chosen, a) for a in inputs]
+        local = token_set_strategy(node, produced) if token_sets else None
+        if local is not None:
+            chosen[node.name] = local
+            continue
         sizes = [_nbytes(a) for a in inputs]
-        candidates = strategies_for(op_call(node), n)
+        call = op_call(node)
+        if token_sets:
+            call = _counted_rows(node, call, n)
+        candidates = strategies_for(call, n)
         if makes_constant(node.target) or (follow_only and all(p == R for p in produced)):
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
@@ -120,3 +132,127 @@ def _placement(chosen: dict[str, Strategy], node: fx.Node) -> Placement:
 def batch_scaled(placement: Placement) -> bool:
     """Does a value with this dp placement shrink with the (micro)batch?"""
     return isinstance(placement, (Shard, Partial))
+
+
+# Ops that find, order or count tokens by their values (MoE routing). Their indices are
+# positions in the tensor they ran on, so no global-index rule shards them; but run on each
+# rank's own tokens, indices from local tokens index those same local tokens, and the
+# composite (pick a token's expert, run it, add the result back at the token) is what the
+# whole batch would compute, token by token. Counts of local tokens sum to the global
+# counts: Partial(sum), and a grouped matmul reads them as the sizes of its local groups.
+_aten = torch.ops.aten
+_FINDS = {_aten.nonzero.default, _aten.where.default, _aten.argwhere.default}
+_ORDERS = {_aten.argsort.default, _aten.argsort.stable, _aten.sort.default, _aten.sort.stable}
+_COUNTS = {_aten.histc.default, _aten.bincount.default}
+_RANGES = {_aten.arange.default, _aten.arange.start, _aten.arange.start_step}
+_COUNTED = {_aten.to.dtype, _aten._to_copy.default, _aten.cumsum.default}
+_PICKS = {_aten.index.Tensor, _aten.index_select.default}
+_PUTS = {_aten.index_add.default, _aten.index_copy.default, _aten.index_put.default,
+         _aten.scatter_add.default, _aten.scatter.src, _aten.scatter.value,
+         _aten.scatter_reduce.two, _aten.index_add_.default, _aten.index_copy_.default,
+         _aten.index_put_.default, _aten.scatter_add_.default, _aten.scatter_.src,
+         _aten.scatter_.value}
+
+
+def _grouped_matmuls() -> set:
+    """torch's grouped GEMM, autopar's, and Hugging Face's fallback where loaded."""
+    ops = {_aten._grouped_mm.default}
+    for namespace, name in (("autopar", "grouped_mm"), ("transformers", "grouped_mm_fallback")):
+        packet = getattr(getattr(torch.ops, namespace, None), name, None)
+        if packet is not None:
+            ops.add(packet.default)
+    return ops
+
+
+def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | None:
+    """The batch-axis strategy of a routing op reading some rank's own tokens, or None
+    (no token input, or not a routing op: its sharding rule decides)."""
+    target = node.target
+    if target in _COUNTED and produced and produced[0] == Partial("sum"):
+        # token counts stay exact counts in any dtype and when summed up (a rule keeps
+        # partials floating point)
+        return Strategy(tuple(produced), (Partial("sum"),))
+    if not any(isinstance(p, Shard) for p in produced):
+        return None
+    n_out = len(node.meta[META_KEY].shapes)
+    rows = Shard(0)
+    if target in _FINDS:
+        return Strategy(tuple(produced), (rows,) * n_out)
+    if target in _COUNTS:
+        return Strategy(tuple(produced), (Partial("sum"),) * n_out)
+    if target in _ORDERS:
+        dim = _arg(node, 1, "dim", -1)
+        shard = produced[0]
+        rank = len(node.meta[META_KEY].shapes[0])
+        if isinstance(shard, Shard) and shard.dim == dim % max(rank, 1):
+            return Strategy(tuple(produced), (shard,) * n_out)
+        return None
+    if target in _PICKS:
+        source = produced[0]
+        picked_by_tokens = any(isinstance(p, Shard) for p in produced[1:])
+        if target is _aten.index_select.default:
+            if _arg(node, 1, "dim", 0) != 0:
+                return None
+        elif list(_arg(node, 1, "indices", []))[:1] == [None]:
+            return None  # x[:, i]: the token dim is not the indexed one
+        if picked_by_tokens and not isinstance(source, Partial):
+            return Strategy(tuple(produced), (rows,))
+        return None
+    if target in _PUTS:
+        dest = produced[0]
+        puts_rows = target in (_aten.index_put.default, _aten.index_put_.default)
+        dim = 0 if puts_rows else _arg(node, 1, "dim", 0)
+        inputs = tensor_inputs(node)
+        # a constant sized by the local tokens (zeros to add into, positions 0..n) is
+        # made on each rank for its own tokens
+        local = [isinstance(p, Shard) or makes_constant(a.target) or a.target in _RANGES
+                 for p, a in zip(produced, inputs)]
+        if (isinstance(dest, Shard) and dest.dim == dim or local[0]) and all(local[1:]):
+            return Strategy(tuple(produced), (Shard(dim),))
+        return None
+
+    if target in _grouped_matmuls():
+        if isinstance(produced[0], Shard) and produced[0].dim == 0:
+            return Strategy(tuple(produced), (rows,))
+    return None
+
+
+def _arg(node: fx.Node, index: int, name: str, default):
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _counted_rows(node: fx.Node, call, n: int):
+    """``call`` with every data-dependent size (tokens an expert got, ``u0`` in the trace,
+    recorded as 1) replaced by a multiple of ``n``: a rank's own tokens need not split
+    evenly, so the rule may shard them."""
+    vals = [a.meta.get("val") for a in tensor_inputs(node)]
+    out = node.meta.get("val")
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if not any(_unbacked(v) for v in (*vals, *outs)):
+        return call
+
+    def sized(meta, val):
+        if not _unbacked(val):
+            return meta
+        shape = tuple(n * _ROWS if _is_unbacked(s) else m for s, m in zip(val.shape, meta.shape))
+        return TensorMeta(shape, meta.dtype)
+
+    metas = iter(vals)
+    args, kwargs = tree_map(
+        lambda a: sized(a, next(metas)) if isinstance(a, TensorMeta) else a,
+        (tuple(call.args), dict(call.kwargs)))
+    outs_meta = tuple(sized(m, v) for m, v in zip(call.out, outs))
+    return OpCall(call.target, args, kwargs, outs_meta, call.hints)
+
+
+_ROWS = 1024  # any multiple of the axis size; large, so no dim looks broadcast (size 1)
+
+
+def _is_unbacked(size) -> bool:
+    return isinstance(size, torch.SymInt) and bool(free_unbacked_symbols(size))
+
+
+def _unbacked(val) -> bool:
+    return isinstance(val, torch.Tensor) and any(_is_unbacked(s) for s in val.shape)

@@ -17,6 +17,7 @@ from autopar.knobs import (
     zero_stages,
 )
 from autopar.precision import MASTER_WEIGHTS
+from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
 ZERO_STAGES_RUNNABLE = (0, 3)
 
@@ -64,6 +65,9 @@ class PlanOptions:
     virtual_stages: int | None = None  # chunks per pipeline rank (interleaved schedules)
     microbatch: int | None = None
     microbatches: int | None = None  # microbatches per step (the alternative to microbatch)
+    # "exact": split the batch only where batch-coupled ops stay exact (autopar.solver.
+    # batch_coupling); "local": split anyway, each rank's statistics its own (as DDP does)
+    batch_coupling: str = "exact"
     precision: str = "fp32"
     precision_overrides: tuple[tuple[str, str], ...] = ()
     # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS); the runtime
@@ -123,6 +127,11 @@ class PlanOptions:
                 where="PlanOptions.microbatch/microbatches",
                 fix="pin one of them; the global batch fixes the other",
             )
+        if self.batch_coupling not in BATCH_COUPLING_MODES:
+            raise AutoparError(
+                f"unknown batch_coupling {self.batch_coupling!r}",
+                where="PlanOptions.batch_coupling",
+                fix=f"use one of {', '.join(BATCH_COUPLING_MODES)}")
         if self.precision not in PRECISIONS:
             raise AutoparError(
                 f"unknown precision {self.precision!r}",

@@ -25,6 +25,7 @@ from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import LEANNESS, RECOMPUTE_MODES
 from autopar.solver.batch_axis import batch_strategies
+from autopar.solver.batch_coupling import Coupling, batch_couplings, coupling_refusal
 from autopar.solver.context import (
     CP_LONG_CONTEXT,
     CP_SEARCH_MIN_TOKENS,
@@ -82,6 +83,7 @@ class SearchResult:
     batch: dict  # node name -> dp strategy
     candidates: list[Candidate]
     wall_s: float
+    couplings: tuple[Coupling, ...] = ()  # ops coupling the batch (batch_coupling)
 
 
 def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
@@ -160,6 +162,8 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
+    found = batch_couplings(gm, batch)
+    couplings = found if options.batch_coupling == "exact" else []
     skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
     refusals: dict[int, str] = {}
 
@@ -179,6 +183,11 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
         if cp not in refusals:  # the same for every mesh with this cp
             refusals[cp] = cp_refusal(gm, cp, options.cp_layout, facts.seq_len,
                                       options.fuse_attention)
+        coupled = coupling_refusal(couplings, dp, 1)
+        if coupled:
+            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
+                                        f"SKIPPED({coupled})"))
+            continue
         refusal = refusals[cp]
         if refusal:
             candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
@@ -212,12 +221,12 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
                                cp_layout=options.cp_layout)
                 best = _search_microbatches(
                     problem_for, cluster, options, candidates, best, facts, traced, local,
-                    base, n_layers, layouts,
+                    base, n_layers, layouts, couplings,
                 )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, tuple(found))
 
 
 def check_cp(gm: fx.GraphModule, options: PlanOptions, seq_len: int | None) -> None:
@@ -306,7 +315,7 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 
 
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
-                         base: Setting, n_layers, layouts: dict):
+                         base: Setting, n_layers, layouts: dict, couplings=()):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, cp, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
@@ -319,6 +328,10 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
             continue
         m = local // mb
+        coupled = coupling_refusal(list(couplings), base.dp, m)
+        if coupled:
+            candidates.append(Candidate(setting, f"SKIPPED({coupled})"))
+            continue
         if pp > 1 and m < pp:
             candidates.append(Candidate(setting, f"SKIPPED({m} microbatches cannot fill {pp} stages)"))
             continue
@@ -563,7 +576,10 @@ def no_plan_error(
             f"no plan: every candidate was skipped ({reasons})",
             where=f"pinned {pinned(options, global_batch)} on {cluster.name}",
             fix="change the global batch or the pinned degrees (pp x virtual stages need "
-            "that many layers; pipelines need at least pp microbatches)",
+            "that many layers; pipelines need at least pp microbatches)"
+            + (", or pass batch_coupling='local' (--batch-coupling local) to give each part "
+               "of the batch its own statistics, as DDP does" if "whole batch" in reasons
+               else ""),
         )
     setting, memory = low
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in memory.to_dict().items() if k != "total")

@@ -14,6 +14,7 @@ from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
+from autopar.solver.batch_coupling import splits_exactly
 from autopar.solver.context import algorithm_costs, cp_strategies
 from autopar.solver.costs import CostTables, Setting, precision_assignment
 from autopar.solver.evaluate import Prediction
@@ -119,6 +120,7 @@ def make_plan(
             **({"recompute_layers": list(setting.layer_recompute)}
                if setting.recompute == "mixed" else {}),
             "chunked_loss": options.chunked_loss,
+            "batch_coupling": options.batch_coupling,
         },
         pipeline=pipeline_entry(setting, prediction),
         strategies=strategies,
@@ -138,6 +140,8 @@ def make_plan(
         context=context_entry(result, options),
         precision={n: w for n, w in precision.nodes.items() if n in strategies},
         precision_policy=precision.policy(),
+        batch_coupled=[c.to_json(splits_exactly([c], setting.dp, setting.microbatches))
+                       for c in result.couplings],
     )
 
 

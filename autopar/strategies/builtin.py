@@ -3,7 +3,8 @@
 Each rule file registers its ops with :func:`autopar.strategies.register_rule` when
 imported; this module only imports them, so the set of built-in rules is listed in one
 place. Ops with a data-dependent output shape (``nonzero``, ``histc``, ...) deliberately
-have no rule and run replicated.
+have no rule and run replicated (on the batch axis they run on each rank's own tokens:
+:mod:`autopar.solver.batch_axis`).
 """
 
 from autopar.strategies import (  # noqa: F401  (imported for their registrations)
@@ -16,6 +17,7 @@ from autopar.strategies import (  # noqa: F401  (imported for their registration
     norms,
     pointwise,
     reductions,
+    routing,
     scatter,
     views,
 )

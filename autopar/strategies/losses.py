@@ -111,3 +111,21 @@ def nll_loss_forward(call: OpCall, axis_size: int) -> list[Strategy]:
     reduction = int(call.arg(3, "reduction"))
     strategies = _loss_strategies(call, axis_size, reduction)
     return strategies + partial_strategies(call, [[0]], out_placements=(None, R))
+
+
+@register_rule(aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default,
+               aten.huber_loss.default)
+def elementwise_loss(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Regression losses over equal-shaped input and target: each element's loss is its
+    own, so any dim may be sharded on both; a mean (sum) over the elements is then a
+    ``Partial("avg")`` (``"sum"``) of the shards' — even shards have equal counts."""
+    x, target = call.tensor_args[:2]
+    if x.shape != target.shape:
+        return [replicate_all(call)]
+    reduction = int(call.arg(2, "reduction", 1))
+    strategies = [replicate_all(call)]
+    for d, size in enumerate(x.shape):
+        if can_shard(size, axis_size):
+            out = _REDUCED.get(reduction, Shard(d))
+            strategies.append(Strategy((Shard(d), Shard(d)), (out,)))
+    return strategies

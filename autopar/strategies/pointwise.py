@@ -222,6 +222,7 @@ _NONLINEAR = (
     aten.rsqrt.default,
     aten.sqrt.default,
     aten.exp.default,
+    aten.square.default,
     aten.log.default,
     aten.tanh.default,
     aten.sigmoid.default,
@@ -409,3 +410,17 @@ def normalized_dims(dims: object, ndim: int) -> list[int]:
     if isinstance(dims, int):
         dims = [dims]
     return sorted({norm_dim(d, ndim) for d in dims})
+
+
+@register_rule(aten.broadcast_tensors.default)
+def broadcast_tensors(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Tensors of one shape broadcast to themselves: each dim shards on all of them."""
+    shapes = {m.shape for m in call.tensor_args}
+    if len(shapes) != 1:
+        return [replicate_all(call)]
+    (shape,) = shapes
+    n_in, n_out = len(call.tensor_args), len(call.out)
+    return [replicate_all(call)] + [
+        Strategy((Shard(d),) * n_in, (Shard(d),) * n_out)
+        for d, size in enumerate(shape) if can_shard(size, axis_size)
+    ]

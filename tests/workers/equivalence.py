@@ -52,7 +52,29 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
         model = build_llama(layers=layers, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96,
                             seq=16, tie_word_embeddings=bool(tied))
         return model, ((), {"input_ids": idx, "labels": idx.clone(), "use_cache": False})
+    if name.startswith("moe-"):  # moe-loop, moe-dense, moe-sorted: routing styles
+        from autopar.models.moe import MoEConfig, MoEGPT
+
+        model = MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=layers, n_head=4,
+                                 n_embd=32, experts=4, top_k=2, expert_ffn=32,
+                                 routing=name.removeprefix("moe-"), aux_loss_coef=1.0,
+                                 z_loss_coef=1e-3))
+        return model, ((idx, tgt), {})
+    if name == "batchnorm":  # batch statistics in training mode
+        model = torch.nn.Sequential(torch.nn.Embedding(96, 32), torch.nn.Flatten(),
+                                    torch.nn.Linear(16 * 32, 32), torch.nn.BatchNorm1d(32),
+                                    torch.nn.Linear(32, 96))
+        return _Classifier(model), ((idx, tgt[:, 0]), {})
     raise SystemExit(f"unknown model {name}")
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self, body: torch.nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, idx, label):
+        return torch.nn.functional.cross_entropy(self.body(idx), label)
 
 
 def cluster_for(path: str | None, world: int):

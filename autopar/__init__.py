@@ -8,6 +8,7 @@ Three ways in:
   of the model, ready for an ordinary optimizer loop.
 """
 
+from autopar import moe_ops  # noqa: F401  (autopar::grouped_mm, grouped GEMM FLOPs)
 from autopar.cluster import Cluster, load_cluster
 from autopar.errors import AutoparError
 from autopar.plan import Plan

@@ -41,7 +41,8 @@ def _native(x: torch.Tensor, w: torch.Tensor) -> bool:
     aligned = all(d * x.element_size() % 16 == 0 for d in (x.shape[-1], w.shape[-1]))
     if x.device.type == "cuda":
         return aligned and x.dtype == w.dtype == torch.bfloat16
-    return aligned and x.device.type == "cpu" and x.dtype == w.dtype
+    return (aligned and x.device.type == "cpu" and x.dtype == w.dtype
+            and x.dtype in (torch.float32, torch.bfloat16))
 
 
 @grouped_mm.register_fake

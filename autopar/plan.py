@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from autopar import json_data
 from autopar.errors import PlanError
 from autopar.placements import Placement, parse_placement
-from autopar.plan_schema import MESH_AXES, SCHEMA_VERSION, validate
+from autopar.plan_schema import CARVED_AXES, MESH_AXES, SCHEMA_VERSION, validate
 from autopar.strategies.rule import Strategy
 
 if TYPE_CHECKING:
@@ -104,9 +104,11 @@ class Plan:
 
     @property
     def world_size(self) -> int:
+        """Ranks the plan runs on: the mesh's product (``ep`` is carved out of ``dp``)."""
         n = 1
-        for size in self.mesh.values():
-            n *= size
+        for axis, size in self.mesh.items():
+            if axis not in CARVED_AXES:
+                n *= size
         return n
 
     # --- JSON ----------------------------------------------------------------------------

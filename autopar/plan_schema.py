@@ -46,7 +46,9 @@ from autopar.solver.options import ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
 SCHEMA_VERSION = 5
-MESH_AXES = ("pp", "dp", "cp", "tp")
+MESH_AXES = ("pp", "dp", "ep", "cp", "tp")
+# ``ep`` (expert parallelism) is carved out of ``dp``: it divides dp and adds no ranks.
+CARVED_AXES = ("ep",)
 """Axes the runtime builds, outer to inner (tp innermost: the fastest links)."""
 MAX_INT = 2**53  # JSON numbers beyond this are not exact in most readers
 MAX_DIM = 64  # tensor dimensions a Shard placement may name
@@ -288,7 +290,7 @@ PLAN = obj(
         "model": obj({"name": text(), "fingerprint": text(), "params": SIZE,
                       "trainable_params": SIZE}, {"tracer": text()}),
         "cluster": cluster_entry,
-        "mesh": obj({"dp": COUNT, "tp": COUNT}, {"pp": COUNT, "cp": COUNT}),
+        "mesh": obj({"dp": COUNT, "tp": COUNT}, {"pp": COUNT, "ep": COUNT, "cp": COUNT}),
         "batch": obj({"global": COUNT, "microbatch": COUNT, "microbatches": COUNT,
                       "seq": COUNT, "traced": COUNT}),
         "training": obj({
@@ -303,7 +305,8 @@ PLAN = obj(
             # with recompute "mixed": each repeated layer's mode, in the order they run
             "recompute_layers": list_of(one_of(RECOMPUTE_MODES))}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
-        "params": map_of(obj({"dp": placement, "tp": placement}, {"cp": placement})),
+        "params": map_of(obj({"dp": placement, "tp": placement},
+                             {"cp": placement, "ep": placement})),
         "predicted": obj({
             "label": text(), "step_time_s": SECONDS, "peak_memory_bytes": SIZE,
             "tflops_per_device": number(), "tokens_per_s": number(), "mfu": number(),
@@ -357,7 +360,10 @@ def _mesh_rules(plan: dict) -> None:
     devices = cluster["nodes"] * cluster["devices_per_node"]
     if cluster["devices"] != devices:
         _fail("cluster.devices", f"nodes x devices_per_node = {devices}", cluster["devices"])
-    product = math.prod(mesh.values())
+    product = math.prod(n for a, n in mesh.items() if a not in CARVED_AXES)
+    if mesh.get("ep", 1) > 1 and mesh["dp"] % mesh["ep"]:
+        _fail("mesh.ep", f"a divisor of mesh.dp ({mesh['dp']}): experts are spread over part "
+              "of the data-parallel ranks", mesh["ep"])
     used = plan.get("explanation", {}).get("devices")
     if used is not None and (used["cluster"] != devices or used["used"] != product):
         _fail("explanation.devices", f"used = the mesh's {product} ranks and cluster = "

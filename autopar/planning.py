@@ -66,6 +66,7 @@ def plan(
     tp: int | None = None,
     pp: int | None = None,
     cp: int | None = None,
+    ep: int | None = None,
     cp_algorithm: str | None = None,
     cp_layout: str = "zigzag",
     devices: int | None = None,
@@ -106,6 +107,9 @@ def plan(
     ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
     ground must be predicted than the best validated one (``None``: the model's own error
     there, ``0``: no preference; see ``plan.predicted["ground"]``).
+    ``ep`` spreads each MoE layer's experts over that many data-parallel ranks (expert
+    parallelism: tokens go to their experts' ranks and back by all-to-all); it divides dp
+    and the experts (:mod:`autopar.solver.expert_axis`).
     ``cp`` splits each sequence over that many ranks (context parallelism); attention then
     runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
     named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
@@ -162,6 +166,7 @@ def plan(
         tp=tp,
         pp=pp,
         cp=cp,
+        ep=ep,
         cp_algorithm=cp_algorithm,
         cp_layout=cp_layout,
         microbatch=microbatch,

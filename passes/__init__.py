@@ -3,6 +3,7 @@
 from autopar.passes.cast_precision import CastPrecision
 from autopar.passes.checkpoint_layers import CheckpointLayers
 from autopar.passes.chunked_loss import ChunkedLoss
+from autopar.passes.expert_parallel import ExpertParallel
 from autopar.passes.fuse_attention import FuseAttention
 from autopar.passes.infra import (
     GraphPass,
@@ -47,6 +48,8 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     if plan.mesh.get("dp", 1) > 1 and any(
             c["kind"] == "statistic" and c["exact"] for c in plan.batch_coupled):
         passes.append(SyncBatchStatistics())
+    if plan.mesh.get("ep", 1) > 1:
+        passes.append(ExpertParallel())
     if plan.training.get("chunked_loss", True):
         passes.append(ChunkedLoss())
     if any(entry.get("fused") for entry in plan.attention):
@@ -69,6 +72,7 @@ __all__ = [
     "CastPrecision",
     "CheckpointLayers",
     "ChunkedLoss",
+    "ExpertParallel",
     "FuseAttention",
     "GraphPass",
     "InsertCollectives",

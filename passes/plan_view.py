@@ -25,7 +25,8 @@ class PlanView:
         # Placement axes. The pipeline axis has none (it cuts the graph); nor has the
         # data-parallel one here: per-rank programs are traced on one microbatch, so the
         # batch is already local, and DDP/FSDP2 do the data-parallel communication.
-        self.axes = [a for a in plan.mesh if a not in ("pp", "dp")] or ["tp"]
+        # ``ep`` is carved out of dp (its token moves are the expert-parallel pass's).
+        self.axes = [a for a in plan.mesh if a not in ("pp", "dp", "ep")] or ["tp"]
         self._strategies: dict[tuple[str, str], Strategy] = {}
         # The graph holds one microbatch: a dim that holds the batch holds fewer sequences
         scale = max(plan.batch.get("traced", 1) // max(plan.batch.get("microbatch", 1), 1), 1)

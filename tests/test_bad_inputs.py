@@ -494,12 +494,15 @@ def _cpu(**device: object) -> dict:
 
 API_CASES = [
     # --- autopar.plan / parallelize ------------------------------------------------------
-    api_case("plan-unknown-keyword-ep", lambda d: autopar.plan(tiny_gpt(), "2xcpu", (IDX, IDX),
+    api_case("plan-unknown-keyword", lambda d: autopar.plan(tiny_gpt(), "2xcpu", (IDX, IDX),
+                                                            fsdp=2),
+             AutoparError, "'fsdp'", "autopar.plan", "virtual_stages"),
+    api_case("parallelize-unknown-keyword", lambda d: autopar.parallelize(
+        tiny_gpt(), "2xcpu", (IDX, IDX), fsdp=2), AutoparError, "'fsdp'",
+        "autopar.parallelize", "precision"),
+    api_case("plan-ep-without-experts", lambda d: autopar.plan(tiny_gpt(), "2xcpu", (IDX, IDX),
                                                                ep=2),
-             AutoparError, "'ep'", "autopar.plan", "virtual_stages"),
-    api_case("parallelize-unknown-keyword-ep", lambda d: autopar.parallelize(
-        tiny_gpt(), "2xcpu", (IDX, IDX), ep=2), AutoparError, "'ep'", "autopar.parallelize",
-        "precision"),
+             AutoparError, "ep=2", "no experts"),
     api_case("plan-old-and-new-keyword", lambda d: autopar.plan(
         tiny_gpt(), "2xcpu", (IDX, IDX), virtual=2, virtual_stages=2), AutoparError, "virtual"),
     api_case("plan-model-is-text", lambda d: autopar.plan("gpt2", "2xcpu"), AutoparError,

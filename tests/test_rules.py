@@ -37,6 +37,7 @@ from torch.distributed.tensor._op_schema import OpSchema
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+import autopar.moe_ops  # noqa: F401  (registers autopar::grouped_mm)
 import autopar.strategies.builtin  # noqa: F401  (registers the rules)
 from autopar.passes.localize_shapes import SHAPE_ARG
 from autopar.placements import Partial, Placement, Replicate, Shard, can_shard, local_shape
@@ -300,6 +301,11 @@ CASES = [
     Case("tril", aten.tril.default, lambda: (f(2, 8, 8),)),
     Case("triu", aten.triu.default, lambda: (f(4, 8, 8), 1)),
     Case("repeat", aten.repeat.default, lambda: (f(4, 8), [2, 1, 1])),
+    # --- convolutions
+    Case("conv2d", aten.conv2d.default, lambda: (f(4, 3, 8, 8), f(4, 3, 2, 2), f(4), [2, 2])),
+    Case("conv1d_nobias", aten.conv1d.default, lambda: (f(4, 2, 8), f(6, 2, 3))),
+    Case("conv2d_groups", aten.conv2d.default,
+         lambda: (f(4, 4, 8, 8), f(4, 2, 3, 3), None, [1, 1], [1, 1], [1, 1], 2)),
     # --- MoE routing (autopar/strategies/routing.py)
     Case("one_hot", aten.one_hot.default, lambda: (i(4, 4, 8), 4)),
     Case("view_as", aten.view_as.default, lambda: (f(4, 8), f(2, 2, 8))),
@@ -312,6 +318,8 @@ CASES = [
          lambda: ("bsec,bsm->becm", [f(2, 4, 4, 2), f(2, 4, 6)])),
     Case("einsum_experts", aten.einsum.default,
          lambda: ("becm,emf->becf", [f(2, 4, 2, 6), f(4, 6, 4)])),
+    Case("grouped_mm", torch.ops.autopar.grouped_mm.default,
+         lambda: (f(6, 4), f(2, 4, 8), torch.tensor([2, 6], dtype=torch.int32))),
     Case("square", aten.square.default, lambda: (f(4, 8),)),
     Case("broadcast_tensors", aten.broadcast_tensors.default, lambda: ([f(4, 8), f(4, 8)],)),
     Case("mse_loss", aten.mse_loss.default, lambda: (f(4, 8), f(4, 8))),
@@ -736,6 +744,7 @@ DTENSOR_GAPS = {
     "one_hot": "composite: DTensor propagates what it decomposes into",
     "einsum_dispatch": "composite: DTensor propagates what it decomposes into",
     "einsum_experts": "composite: DTensor propagates what it decomposes into",
+    "grouped_mm": "autopar's own op",
     "broadcast_tensors": "composite: DTensor propagates what it decomposes into",
     "where_scalar_other": "no rule for where.ScalarOther",
     "where_scalar_other_zero": "no rule for where.ScalarOther",
@@ -975,8 +984,10 @@ BRIEF_OPS = [
     aten.unbind.int, aten.cat.default, aten.stack.default, aten.pad.default, aten.index.Tensor,
     aten.diff.default, aten.cumsum.default, aten.tril.default, aten.triu.default,
     aten.repeat.default, aten.roll.default,
+    aten.conv1d.default, aten.conv2d.default,
     aten.one_hot.default, aten.view_as.default, aten.repeat_interleave.self_int,
     aten.gather.default, aten.einsum.default, aten.square.default,
+    torch.ops.autopar.grouped_mm.default,
     aten.broadcast_tensors.default, aten.mse_loss.default, aten.l1_loss.default,
     aten.smooth_l1_loss.default, aten.huber_loss.default,
     aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,

@@ -34,9 +34,13 @@ def rank_coords(plan: Plan, rank: int) -> dict[str, int]:
         )
     coords = {}
     for axis in reversed(list(plan.mesh)):
+        if axis == "ep":
+            continue  # carved out of dp: its coordinate is dp's, modulo ep
         coords[axis] = rank % plan.mesh[axis]
         rank //= plan.mesh[axis]
-    return dict(reversed(list(coords.items())))
+    if "ep" in plan.mesh:
+        coords["ep"] = coords["dp"] % plan.mesh["ep"]
+    return {axis: coords[axis] for axis in plan.mesh}
 
 
 def _same(given: Any, planned: Any) -> bool:

@@ -15,6 +15,7 @@ from autopar.runtime.mesh import MeshContext
 def wrap_data_parallel(
     module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
     pipelined: bool = False, param_dtype: torch.dtype = torch.float32,
+    experts: list[str] | None = None,
 ) -> nn.Module:
     """Wrap ``module`` for data parallelism over the ``dp`` axis (with ``cp``: over dp x cp,
     the ranks that hold the same weights).
@@ -28,14 +29,23 @@ def wrap_data_parallel(
     it (FSDP2's ``MixedPrecisionPolicy``) and reduce-scatters gradients in fp32; the sharded
     parameters the optimizer steps stay fp32. Inputs are not cast (the program's own casts
     say what computes in which dtype).
+
+    ``experts``: parameters held by part of the group only (expert parallelism); DDP leaves
+    them to :func:`autopar.runtime.experts.reduce_expert_grads`.
     """
     group = ctx.data_group()
     if group is None or group.size() == 1:
         return module
+    if experts and (zero_stage != 0 or pipelined):
+        raise RuntimeSetupError(
+            "expert parallelism runs with ZeRO-0 and without pipeline stages yet",
+            where="plan.mesh.ep", fix="re-plan with zero=0 and pp=1, or ep=1")
     if zero_stage == 0 and pipelined:
         replicate(module, mesh=ctx.data_mesh)
         return module
     if zero_stage == 0:
+        if experts:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, experts)
         return DistributedDataParallel(
             module,
             process_group=group,

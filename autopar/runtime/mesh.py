@@ -93,8 +93,8 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     if needed == 1:
         comm_ops.bind_axis_groups({})
         return MeshContext(None, {axis: 0 for axis in plan.mesh}, device, active)
-    names = tuple(plan.mesh)
-    mesh = init_device_mesh(device.type, tuple(plan.mesh[a] for a in names), mesh_dim_names=names)
+    names, sizes = device_axes(plan)
+    mesh = init_device_mesh(device.type, sizes, mesh_dim_names=names)
     ends = pipeline_ends_group(mesh, rank) if plan.mesh.get("pp", 1) > 2 else None
     if "cp" in names and launched != needed:
         # the flattened dp x cp group is made by the mesh's ranks; idle ranks have no part
@@ -106,11 +106,35 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
         comm_ops.bind_axis_groups({})
         return MeshContext(mesh, {}, device, active=False)
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
-    data = mesh["dp", "cp"]._flatten("dp_cp") if "cp" in names else mesh["dp"]
+    axes = {axis: mesh[axis] for axis in names}
+    replicas: tuple[str, ...] = ("dp",)
+    if "ep" in names:  # dp carved into (expert replicas, ep): rank in dp = edp * ep + ep
+        replicas = ("edp", "ep")
+        coords["dp"] = coords["edp"] * plan.mesh["ep"] + coords["ep"]
+        axes["dp"] = mesh[replicas]._flatten("dp")
+    data = mesh[(*replicas, "cp")]._flatten("dp_cp") if "cp" in names else axes["dp"]
     zigzag = ("cp",) if plan.context.get("layout") == "zigzag" else ()
-    comm_ops.bind_axis_groups({axis: mesh[axis].get_group() for axis in names
-                               if plan.mesh[axis] > 1}, zigzag=zigzag)
+    comm_ops.bind_axis_groups({axis: sub.get_group() for axis, sub in axes.items()
+                               if sub.size() > 1}, zigzag=zigzag)
     return MeshContext(mesh, coords, device, pipeline_ends=ends, data_mesh=data)
+
+
+def device_axes(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The device mesh's dims: the plan's axes, with ``dp`` split into ``edp`` (ranks
+    holding the same experts) x ``ep`` when the plan spreads experts."""
+    names: list[str] = []
+    sizes: list[int] = []
+    ep = plan.mesh.get("ep", 1)
+    for axis, size in plan.mesh.items():
+        if axis == "ep":
+            continue
+        if axis == "dp" and "ep" in plan.mesh:
+            names += ["edp", "ep"]
+            sizes += [size // ep, ep]
+            continue
+        names.append(axis)
+        sizes.append(size)
+    return tuple(names), tuple(sizes)
 
 
 _ENDS_GROUPS: dict[tuple[int, tuple[int, int]], dist.ProcessGroup] = {}

@@ -17,6 +17,7 @@ from autopar import comm_ops
 from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
+from autopar.runtime.experts import expert_parameters, reduce_expert_grads
 from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.pipeline import PipelineRunner
@@ -75,6 +76,7 @@ class ParallelModule(nn.Module):
         if pipeline is not None:
             pipeline.recorder_of = lambda: self._recorder
         self._scaler = scaler_for(plan, loss_scale)
+        self._experts = expert_parameters(program)
 
     # --- fp16 loss scaling ---------------------------------------------------------------
     @property
@@ -224,6 +226,7 @@ class ParallelModule(nn.Module):
                     scaled = self._scaler.scale_loss(loss) if self._scaler is not None else loss
                     scaled.backward()
                 total += loss.detach()
+        reduce_expert_grads(self._program, self._experts, self.plan)
         return self._mean_over_dp(total)
 
     def _mean_over_dp(self, loss: torch.Tensor) -> torch.Tensor:

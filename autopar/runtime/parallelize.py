@@ -29,6 +29,7 @@ from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
 from autopar.precision import TORCH_DTYPES
 from autopar.runtime.data_parallel import wrap_data_parallel
+from autopar.runtime.experts import expert_parameters
 from autopar.runtime.idle import IdleRank, PartOfWorld
 from autopar.runtime.loss_scale import LossScaleConfig
 from autopar.runtime.mesh import build_mesh, check_world_size, ensure_process_group
@@ -120,7 +121,8 @@ def parallelize(
     else:
         program.to(ctx.device)
         units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
-        wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype)
+        wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype,
+                                     experts=expert_parameters(program))
         pm = module_class(program, wrapped, plan, ctx, loss_scale=loss_scale)
     if record_run is not None:
         pm.record_run(record_run)

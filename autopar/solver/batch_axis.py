@@ -18,6 +18,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_map
 
+from autopar.experts import grouped_matmul_ops
 from autopar.graph_facts import META_KEY
 from autopar.placements import Partial, Placement, Replicate, Shard
 from autopar.strategies import Strategy, strategies_for
@@ -154,16 +155,6 @@ _PUTS = {_aten.index_add.default, _aten.index_copy.default, _aten.index_put.defa
          _aten.scatter_.value}
 
 
-def _grouped_matmuls() -> set:
-    """torch's grouped GEMM, autopar's, and Hugging Face's fallback where loaded."""
-    ops = {_aten._grouped_mm.default}
-    for namespace, name in (("autopar", "grouped_mm"), ("transformers", "grouped_mm_fallback")):
-        packet = getattr(getattr(torch.ops, namespace, None), name, None)
-        if packet is not None:
-            ops.add(packet.default)
-    return ops
-
-
 def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | None:
     """The batch-axis strategy of a routing op reading some rank's own tokens, or None
     (no token input, or not a routing op: its sharding rule decides)."""
@@ -195,7 +186,14 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
                 return None
         elif list(_arg(node, 1, "indices", []))[:1] == [None]:
             return None  # x[:, i]: the token dim is not the indexed one
-        if picked_by_tokens and not isinstance(source, Partial):
+        if not (source == R or source == rows):
+            return None
+        first = list(_arg(node, 1, "indices", [None]))[0] if target is _aten.index.Tensor \
+            else _arg(node, 2, "index", None)
+        # x[arange(batch)[:, None], ...] (a padding mask picked per sample) reads each
+        # rank's own rows too: the range is made for the local batch
+        by_position = source == rows and isinstance(first, fx.Node) and _positions(first)
+        if picked_by_tokens or by_position:
             return Strategy(tuple(produced), (rows,))
         return None
     if target in _PUTS:
@@ -207,11 +205,13 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
         # made on each rank for its own tokens
         local = [isinstance(p, Shard) or makes_constant(a.target) or a.target in _RANGES
                  for p, a in zip(produced, inputs)]
-        if (isinstance(dest, Shard) and dest.dim == dim or local[0]) and all(local[1:]):
-            return Strategy(tuple(produced), (Shard(dim),))
+        # rows put into this rank's rows, or into a fresh table of them
+        into = dest if isinstance(dest, Shard) else Shard(dim)
+        if into.dim == dim and local[0] and all(local[1:]):
+            return Strategy(tuple(produced), (into,))
         return None
 
-    if target in _grouped_matmuls():
+    if target in grouped_matmul_ops():
         if isinstance(produced[0], Shard) and produced[0].dim == 0:
             return Strategy(tuple(produced), (rows,))
     return None
@@ -256,3 +256,22 @@ def _is_unbacked(size) -> bool:
 
 def _unbacked(val) -> bool:
     return isinstance(val, torch.Tensor) and any(_is_unbacked(s) for s in val.shape)
+
+
+_SHAPING = {_aten.unsqueeze.default, _aten.view.default, _aten.reshape.default,
+            _aten.expand.default, _aten.slice.Tensor, _aten.to.dtype, _aten.to.device,
+            _aten._to_copy.default, _aten.clone.default, _aten.alias.default}
+
+
+def _positions(node: fx.Node) -> bool:
+    """Is ``node`` a range (``arange``) re-shaped, made from no data at all?"""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op != "call_function" or not (n.target in _RANGES or n.target in _SHAPING):
+            return False
+        todo.extend(n.all_input_nodes)
+    return True

@@ -29,7 +29,7 @@ from functools import cached_property
 import torch.fx as fx
 
 from autopar.cluster import Cluster, LinkSpec
-from autopar.cost_models.comm import axis_link, collective_transfer_time
+from autopar.cost_models.comm import axis_link, collective_transfer_time, group_collective_time
 from autopar.cost_models.compute import (
     allocation_time,
     attention_efficiency,
@@ -40,6 +40,7 @@ from autopar.cost_models.compute import (
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
+from autopar.experts import regions_of
 from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.knobs import RECOMPUTE_MODES
 from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
@@ -89,6 +90,7 @@ class Setting:
     cp_layout: str = "zigzag"
     # per repeated layer, in the order they run (recompute "mixed"); empty: ``recompute``
     layer_recompute: tuple[str, ...] = ()
+    ep: int = 1  # expert parallelism, carved out of dp: experts spread over ep ranks
 
     def __post_init__(self) -> None:
         if self.recompute == "mixed":
@@ -111,6 +113,23 @@ class Setting:
         if self.cp > 1:
             mesh["cp"] = self.cp
         return {**mesh, "tp": self.tp}
+
+    @property
+    def plan_mesh(self) -> dict[str, int]:
+        """The plan's mesh: :attr:`mesh` with ``ep`` after ``dp`` when experts are spread."""
+        mesh: dict[str, int] = {}
+        for axis, size in self.mesh.items():
+            mesh[axis] = size
+            if axis == "dp" and self.ep > 1:
+                mesh["ep"] = self.ep
+        return mesh
+
+    @property
+    def ep_mesh(self) -> dict[str, int]:
+        """The devices as expert parallelism groups them: dp split into the ranks holding
+        the same experts (``edp``, outer) and ``ep`` (inner, consecutive dp ranks)."""
+        mesh = {"pp": self.pp} if self.pp > 1 else {}
+        return {**mesh, "edp": self.dp // self.ep, "ep": self.ep, "cp": self.cp, "tp": self.tp}
 
     @property
     def grad_group(self) -> int:
@@ -588,13 +607,16 @@ class CostTables:
         shape = list(param.shape)
         if isinstance(s.outputs[0], Shard) and shape:
             shape[s.outputs[0].dim] //= div
+        ep = self.expert_divisor(d)
+        if ep > 1:
+            shape[0] //= ep
         return model_state_bytes(
-            param.numel / div,
+            param.numel / div / ep,
             trainable=param.trainable,
             precision=self.options.precision if not param.is_buffer else "fp32",
             optimizer=self.options.optimizer,
             zero_stage=self.setting.zero,
-            dp=self.setting.grad_group,
+            dp=self.setting.grad_group // ep,
             shape=tuple(shape) if shape else None,
             fp32_params=self.options.master_weights == "params",
         )
@@ -605,7 +627,7 @@ class CostTables:
         param = d.facts.param
         if d.kind != "param" or param is None or not param.trainable:
             return 0.0
-        return param.numel / divisor(s.outputs[0], self.setting.tp) * 4
+        return param.numel / divisor(s.outputs[0], self.setting.tp) / self.expert_divisor(d) * 4
 
     def local_output_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of one instance's (first) output on one device, per microbatch."""
@@ -635,11 +657,11 @@ class CostTables:
         return frozenset(names)
 
     def trainable_numel(self, d: Decision, s: Strategy) -> float:
-        """Trainable parameters of one instance on one device (local over tp)."""
+        """Trainable parameters of one instance on one device (local over tp and ep)."""
         param = d.facts.param
         if d.kind != "param" or param is None or not param.trainable:
             return 0.0
-        return param.numel / divisor(s.outputs[0], self.setting.tp)
+        return param.numel / divisor(s.outputs[0], self.setting.tp) / self.expert_divisor(d)
 
     def weight_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of one instance's working weights, whole over dp (what ZeRO-3 gathers, in
@@ -647,7 +669,43 @@ class CostTables:
         param = d.facts.param
         if d.kind != "param" or param is None or param.is_buffer:
             return 0.0  # FSDP2 neither shards nor gathers buffers
-        return param.numel / divisor(s.outputs[0], self.setting.tp) * BYTES[self.precision.params]
+        return (param.numel / divisor(s.outputs[0], self.setting.tp) / self.expert_divisor(d)
+                * BYTES[self.precision.params])
+
+    # --- experts (expert parallelism) ----------------------------------------------------
+    @cached_property
+    def _experts(self) -> tuple[frozenset[str], dict[str, str]]:
+        """(stacked expert weights' get_attr nodes, first grouped matmul of each expert
+        region -> the rows it reads), when experts are spread."""
+        if self.setting.ep <= 1:
+            return frozenset(), {}
+        regions = regions_of(self.problem.gm)
+        order = {n: i for i, n in enumerate(self.problem.gm.graph.nodes)}
+        weights = frozenset(w.name for r in regions for w in r.weights)
+        first = {min(r.matmuls, key=order.__getitem__).name: r.rows.name for r in regions}
+        return weights, first
+
+    def expert_divisor(self, d: Decision) -> int:
+        """``ep`` for a stacked expert weight (each rank keeps a block of experts), else 1."""
+        if self.setting.ep <= 1 or d.kind != "param":
+            return 1
+        return self.setting.ep if d.nodes[0].name in self._experts[0] else 1
+
+    def expert_comm(self, d: Decision) -> tuple[float, float]:
+        """(forward, backward) seconds of one instance's token all-to-alls, at the first
+        grouped matmul of an expert region: rows out to the experts' owners and back, in
+        forward and again (reversed) in backward; a fully recomputed layer dispatches
+        again. Priced per link level of the ep group (:func:`group_collective_time`)."""
+        rows = self._experts[1].get(d.nodes[0].name) if d.kind == "op" else None
+        if rows is None:
+            return 0.0, 0.0
+        if rows not in self.problem.decision_of:
+            return 0.0, 0.0
+        nbytes = self.value_bytes((self.problem.decision_of[rows], 0))
+        one = group_collective_time("all_to_all", nbytes, self.setting.ep_mesh, "ep",
+                                    self.cluster)
+        rerun = 2 * one if self.setting.layer_mode(0) == "full" else 0.0
+        return 2 * one, 2 * one + rerun
 
     # --- per value (one instance) ------------------------------------------------------
     def redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:

@@ -188,7 +188,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         # buffer is alive once
         out = max(out, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
         numel = tables.trainable_numel(d, s)
+        expert_f, expert_b = tables.expert_comm(d)
         for k, c in _unit_counts(d.nodes, unit_of):
+            u.tp_comm[k] += (expert_f + expert_b) * c
             u.largest[k] = max(u.largest[k], out)
             u.trainable_numel[k] += numel * c
             u.fwd[k] += f * c

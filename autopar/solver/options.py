@@ -59,6 +59,7 @@ class PlanOptions:
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
+    ep: int | None = None  # expert parallelism, carved out of dp (autopar.solver.expert_axis)
     cp_algorithm: str | None = None  # ring | all_gather | ulysses; None: by cost
     cp_layout: str = "zigzag"
     schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v
@@ -91,7 +92,7 @@ class PlanOptions:
     extrapolation_margin: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "dp", "tp", "pp", "cp", "virtual_stages", "microbatch",
+        for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "virtual_stages", "microbatch",
                      "microbatches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)

@@ -36,6 +36,7 @@ from autopar.solver.context import (
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
+from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
 from autopar.solver.options import PlanOptions
@@ -66,6 +67,8 @@ class Candidate:
             "microbatches": s.microbatches, "recompute": s.recompute, "status": self.status,
             "wall_s": round(self.wall_s, 4),
         }
+        if s.ep > 1:
+            out["ep"] = s.ep
         if s.pp > 1:
             out.update(schedule=s.schedule, virtual=s.virtual,
                        partition=list(s.partition) if s.partition else None)
@@ -144,6 +147,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     n_layers = n_layers_of(gm)
     check_microbatch(traced, options.microbatch)
     check_cp(gm, options, facts.seq_len)
+    check_ep(gm, options, cluster.world_size)
     shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
     if not shapes:
         cp = f"cp={options.cp}, " if options.cp else ""
@@ -216,13 +220,14 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
-                base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
-                               cp_algorithm="auto" if cp > 1 else "none",
-                               cp_layout=options.cp_layout)
-                best = _search_microbatches(
-                    problem_for, cluster, options, candidates, best, facts, traced, local,
-                    base, n_layers, layouts, couplings,
-                )
+                for ep in ep_degrees(gm, options, dp, pp, cp, zero):
+                    base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
+                                   cp_algorithm="auto" if cp > 1 else "none",
+                                   cp_layout=options.cp_layout, ep=ep)
+                    best = _search_microbatches(
+                        problem_for, cluster, options, candidates, best, facts, traced, local,
+                        base, n_layers, layouts, couplings,
+                    )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,

@@ -10,6 +10,7 @@ import torch.fx as fx
 from autopar.cluster import Cluster
 from autopar.cost_models.ground import load_ground
 from autopar.errors import AutoparError
+from autopar.experts import regions_of
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
@@ -61,6 +62,10 @@ def make_plan(
                 }
                 if sequence:
                     params[param.fqn]["cp"] = str(sequence[node.name].outputs[0])
+    if setting.ep > 1:  # each ep rank keeps a block of every stacked expert weight
+        for region in regions_of(gm):
+            for fqn in region.weight_fqns:
+                params[fqn]["ep"] = "S(0)"
 
     _check_in_place_writes(gm, problem, choice, setting)
     precision = precision_assignment(problem, options, setting.zero)
@@ -104,7 +109,7 @@ def make_plan(
             "tracer": facts.tracer,
         },
         cluster=cluster_dict,
-        mesh=setting.mesh,
+        mesh=setting.plan_mesh,
         batch={
             "global": global_batch,
             "microbatch": setting.microbatch,

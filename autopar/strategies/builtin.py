@@ -9,6 +9,7 @@ have no rule and run replicated (on the batch axis they run on each rank's own t
 
 from autopar.strategies import (  # noqa: F401  (imported for their registrations)
     attention,
+    conv,
     embedding,
     factories,
     inplace,

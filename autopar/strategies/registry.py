@@ -22,18 +22,25 @@ from typing import Any
 from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
 
 _RULES: dict[Any, Rule] = {}
+# rules for ops a model library defines when it is imported, by "namespace::name" (Hugging
+# Face's ``transformers::grouped_mm_fallback``): no need to import the library first
+_NAMED: dict[str, Rule] = {}
 
 
 def register_rule(*targets: Any, replace: bool = False) -> Callable[[Rule], Rule]:
     """Register ``fn`` as the sharding rule of each of ``targets``.
 
-    A target is an aten ``OpOverload`` (``torch.ops.aten.add.Tensor``) or an
-    ``OpOverloadPacket`` (``torch.ops.aten.add``: every overload). Registering a target twice
+    A target is an aten ``OpOverload`` (``torch.ops.aten.add.Tensor``), an
+    ``OpOverloadPacket`` (``torch.ops.aten.add``: every overload), or the name of a custom
+    op another library defines (``"transformers::grouped_mm_fallback"``). Registering a target twice
     is an error unless ``replace=True``, so two plugins cannot silently fight over an op.
     """
 
     def decorate(fn: Rule) -> Rule:
         for target in targets:
+            if isinstance(target, str):
+                _NAMED[target] = fn
+                continue
             keys = _expand(target)
             for key in keys:
                 if key in _RULES and not replace and _RULES[key] is not fn:
@@ -57,7 +64,10 @@ def _expand(target: Any) -> list[Any]:
 
 
 def rule_for(target: Any) -> Rule | None:
-    return _RULES.get(target)
+    rule = _RULES.get(target)
+    if rule is None and _NAMED and hasattr(target, "name"):
+        rule = _NAMED.get(target.name().removesuffix(".default"))
+    return rule
 
 
 def registered() -> dict[Any, Rule]:
@@ -66,7 +76,7 @@ def registered() -> dict[Any, Rule]:
 
 
 def has_rule(target: Any) -> bool:
-    return target in _RULES
+    return rule_for(target) is not None
 
 
 def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
@@ -75,7 +85,7 @@ def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
     The replicated strategy comes first, and duplicates are dropped, so the order (and so
     the solver's result) is deterministic.
     """
-    rule = _RULES.get(call.target)
+    rule = rule_for(call.target)
     base = replicate_all(call)
     if rule is None or axis_size == 1:
         return [base]

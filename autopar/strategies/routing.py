@@ -1,5 +1,6 @@
 """Sharding rules for the ops MoE routing is written with: ``one_hot``, ``view_as``,
-``repeat_interleave`` (with a fixed repeat count), ``gather`` and two-operand ``einsum``.
+``repeat_interleave`` (with a fixed repeat count), ``gather``, two-operand ``einsum`` and
+grouped matmuls.
 
 Each acts on every token independently, so every dim a token lives on may be sharded. The
 data-dependent ops of routing (``nonzero``, ``argsort`` over tokens, ``histc``, grouped
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placements import Replicate, Shard, can_shard
+from autopar.placements import Partial, Replicate, Shard, can_shard
 from autopar.strategies.matmul import product_strategies
 from autopar.strategies.pointwise import partial_strategies
 from autopar.strategies.registry import register_rule
@@ -107,3 +108,24 @@ def gather(call: OpCall, axis_size: int) -> list[Strategy]:
         if d != dim and size == x.shape[d] and can_shard(size, axis_size):
             strategies.append(Strategy((Shard(d), Shard(d)), (Shard(d),)))
     return strategies
+
+
+@register_rule(torch.ops.aten._grouped_mm.default, "autopar::grouped_mm",
+               "transformers::grouped_mm_fallback")
+def grouped_mm(call: OpCall, axis_size: int) -> list[Strategy]:
+    """``grouped_mm(x (rows, in), w (experts, in, out), offs)``: rows sorted by expert, each
+    group through its expert's matrix. Tensor parallelism inside the experts, as
+    Megatron's: ``out`` sharded on ``w`` gives sharded columns (``x`` whole); ``in`` sharded
+    on both gives a partial sum. Rows hold global offsets, so they are not split here
+    (data and expert parallelism split them: ``autopar.solver.batch_axis``,
+    ``passes/expert_parallel``). Linear in ``x`` and in ``w``."""
+    if len(call.tensor_args) < 3 or call.tensor_args[1].ndim != 3:
+        return [replicate_all(call)]
+    x, w = call.tensor_args[:2]
+    n_rest = len(call.tensor_args) - 2
+    strategies = [replicate_all(call)]
+    if can_shard(w.shape[2], axis_size):
+        strategies.append(Strategy((R, Shard(2)) + (R,) * n_rest, (Shard(1),)))
+    if can_shard(w.shape[1], axis_size):
+        strategies.append(Strategy((Shard(1), Shard(1)) + (R,) * n_rest, (Partial("sum"),)))
+    return strategies + partial_strategies(call, [[0], [1]])

@@ -52,6 +52,12 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
         model = build_llama(layers=layers, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96,
                             seq=16, tie_word_embeddings=bool(tied))
         return model, ((), {"input_ids": idx, "labels": idx.clone(), "use_cache": False})
+    if name == "mixtral":  # HF Mixtral: sorted tokens, grouped matmuls, SwiGLU experts
+        from autopar.models.hf import build_mixtral
+
+        model = build_mixtral(layers=layers, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96,
+                              seq=16, experts=4, top_k=2)
+        return model, ((), {"input_ids": idx, "labels": idx.clone(), "use_cache": False})
     if name.startswith("moe-"):  # moe-loop, moe-dense, moe-sorted: routing styles
         from autopar.models.moe import MoEConfig, MoEGPT
 

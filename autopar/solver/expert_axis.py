@@ -1,0 +1,61 @@
+"""Which expert-parallel degrees a setting may use, and refusals of a pinned ``ep``.
+
+Expert parallelism is carved out of data parallelism (as in Megatron-Core and torchtitan):
+``ep`` consecutive data-parallel ranks share out each MoE layer's experts, so ``ep``
+divides ``dp`` and every layer's expert count. The runtime executes it with ZeRO-0, without
+pipeline stages or context parallelism yet; the planner offers only what runs.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from autopar.errors import AutoparError
+from autopar.experts import ExpertRegionError, expert_regions, regions_of
+from autopar.solver.options import PlanOptions
+
+
+def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: int,
+               zero: int) -> list[int]:
+    """The ``ep`` values to price for one (mesh, ZeRO stage): 1, and each divisor of dp
+    that divides every layer's experts, where the runtime can execute it."""
+    regions = regions_of(gm)
+    runs = zero == 0 and pp == 1 and cp == 1
+    if options.ep is not None:
+        return [options.ep] if options.ep == 1 or (runs and dp % options.ep == 0) else []
+    if not regions or not runs:
+        return [1]
+    counts = {r.experts for r in regions}
+    return [e for e in range(1, dp + 1)
+            if dp % e == 0 and all(c % e == 0 for c in counts)]
+
+
+def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:
+    """A pinned ``ep`` the model or cluster cannot run is refused before any search."""
+    ep = options.ep
+    if ep is None or ep == 1:
+        return
+    if ep > devices:
+        raise AutoparError(f"ep={ep} is more than the {devices} devices", where="ep",
+                           fix=f"pick an ep that divides the data-parallel degree (<= {devices})")
+    try:
+        regions = expert_regions(gm)
+    except ExpertRegionError as e:
+        raise AutoparError(f"ep={ep}: the experts cannot be spread: {e}", where="ep",
+                           fix="write the experts as grouped matmuls over stacked weights "
+                           "(torch._grouped_mm, autopar.moe_ops.grouped_mm), or plan with "
+                           "ep=1") from e
+    if not regions:
+        raise AutoparError(f"ep={ep}, but the model has no experts written as grouped "
+                           "matmuls over stacked weights", where="ep",
+                           fix="plan with ep=1 (or leave ep to the planner)")
+    for region in regions:
+        if region.experts % ep:
+            raise AutoparError(
+                f"ep={ep} does not divide the {region.experts} experts of "
+                f"{region.matmuls[0].name} ({', '.join(region.weight_fqns)})", where="ep",
+                fix=f"pick an ep that divides {region.experts}")
+    if options.dp is not None and options.dp % ep:
+        raise AutoparError(f"ep={ep} does not divide dp={options.dp}", where="ep",
+                           fix="expert parallelism is carved out of data parallelism: pick "
+                           "an ep that divides dp")

@@ -1,0 +1,65 @@
+"""The plan's word on experts: how many MoE layers, how they are spread, what moving tokens
+to them costs (``plan.explanation["experts"]``).
+
+The all-to-all volume is what one rank sends to the other ranks of its ``ep`` group per
+step, modelled from the rows each expert region reads (tokens x top-k x hidden): rows out to
+the experts' owners and back in forward, the same again in backward (and once more for a
+fully recomputed layer), of which ``(ep - 1) / ep`` leave the rank when tokens choose
+experts evenly.
+"""
+
+from __future__ import annotations
+
+from autopar.experts import regions_of
+from autopar.solver.costs import CostTables
+
+
+def experts_entry(tables: CostTables, candidates: list) -> dict:
+    """``{"layers", "experts", "ep", "per_rank", "all_to_all_bytes_per_step",
+    "all_to_all_s", "why"}`` for a model with expert regions; empty otherwise."""
+    gm = tables.problem.gm
+    regions = regions_of(gm)
+    if not regions:
+        return {}
+    setting = tables.setting
+    ep = setting.ep
+    counts = sorted({r.experts for r in regions})
+    entry: dict = {"layers": len(regions), "experts": counts[0] if len(counts) == 1 else counts,
+                   "ep": ep, "per_rank": [c // ep for c in counts] if len(counts) > 1
+                   else counts[0] // ep}
+    volume = seconds = 0.0
+    if ep > 1:
+        problem = tables.problem
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        recomputed = 3 if setting.layer_mode(0) == "full" else 2
+        for region in regions:
+            first = min(region.matmuls, key=order.__getitem__)
+            rows = problem.decision_of.get(region.rows.name)
+            d = problem.decisions[problem.decision_of[first.name]]
+            if rows is not None:
+                volume += (tables.value_bytes((rows, 0)) * 2 * recomputed * (ep - 1) / ep
+                           / len(d.nodes))
+            f, b = tables.expert_comm(d)
+            seconds += (f + b) / len(d.nodes)
+        volume *= setting.microbatches
+        seconds *= setting.microbatches
+    entry["all_to_all_bytes_per_step"] = round(volume)
+    entry["all_to_all_s"] = seconds
+    entry["why"] = _why(ep, setting, candidates)
+    return entry
+
+
+def _why(ep: int, setting, candidates: list) -> str:
+    if ep > 1:
+        return (f"each of {ep} consecutive data-parallel ranks keeps 1/{ep} of every layer's "
+                "experts: their weights, gradients and optimizer states shrink by "
+                f"{ep}x, paid for by the token all-to-alls (modelled)")
+    spread = [c for c in candidates if c.get("ep", 1) > 1 and "step_time_s" in c]
+    if not spread:
+        return ("experts kept whole on every rank: spreading them (ep > 1) needs ZeRO-0, "
+                "no pipeline stages and no context parallelism, and an ep dividing dp and "
+                "the experts; none of the solved settings allowed it")
+    best = min(spread, key=lambda c: c["step_time_s"])
+    return (f"experts kept whole on every rank: the best setting spreading them "
+            f"(ep={best['ep']}, dp={best['dp']}) was predicted at "
+            f"{best['step_time_s']:.4g} s per step (modelled), slower")

@@ -1,0 +1,114 @@
+"""Expert parallelism: each rank of an ``ep`` group keeps ``experts / ep`` of every MoE
+layer's experts, and tokens travel to them and back.
+
+For every expert region (:func:`autopar.experts.expert_regions`: the grouped matmuls of one
+MoE layer and the row-wise ops between them) this pass
+
+- keeps this rank's consecutive block of each stacked expert weight (dim 0);
+- sends the region's sorted rows to the ranks owning their experts before it
+  (:func:`autopar.expert_ops.dispatch`: counts first, then the rows), and gives the grouped
+  matmuls the rows and offsets of the local experts;
+- brings the results back to the ranks and rows they came from after it
+  (:func:`autopar.expert_ops.combine`).
+
+Everything outside the regions (attention, the router, the sort that groups tokens by
+expert) runs on the rank's own tokens as under data parallelism, which ``ep`` is carved out
+of: the expert weights' gradients are summed over the ranks holding the same experts by
+the runtime (:mod:`autopar.runtime.experts`).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from autopar import expert_ops
+from autopar.errors import PassError
+from autopar.experts import ExpertRegion, ExpertRegionError, expert_regions
+from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+from autopar.passes.shard_parameters import _set
+
+EP = "ep"
+
+
+@register_pass
+class ExpertParallel(GraphPass):
+    name = "expert-parallel"
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        ep = ctx.plan.mesh.get(EP, 1)
+        if ep == 1:
+            return PassResult(gm, modified=False)
+        try:
+            regions = expert_regions(gm)
+        except ExpertRegionError as e:
+            raise PassError(f"cannot run experts in parallel: {e}", pass_name=self.name,
+                            where="the model's grouped matmuls",
+                            fix="write the experts as grouped matmuls over stacked weights, "
+                            "or plan with ep=1") from e
+        if not regions:
+            raise PassError("the plan has ep > 1 but the model has no expert region",
+                            pass_name=self.name, where="plan.mesh.ep", fix="plan with ep=1")
+        rank = ctx.coords.get(EP, 0)
+        changes: list[str] = []
+        kept: set[str] = set()
+        for region in regions:
+            if region.experts % ep:
+                raise PassError(f"ep={ep} does not divide the {region.experts} experts of "
+                                f"{region.matmuls[0].name}", pass_name=self.name,
+                                where="plan.mesh.ep", fix="re-plan: ep must divide the experts")
+            for fqn in region.weight_fqns:
+                if fqn not in kept:
+                    kept.add(fqn)
+                    _keep_block(gm, fqn, rank, ep)
+            _rewire(gm.graph, region)
+            per = region.experts // ep
+            changes.append(f"{region.matmuls[0].name}: experts {rank * per}-"
+                           f"{(rank + 1) * per - 1} of {region.experts} here, rows dispatched "
+                           "and combined over ep")
+        gm.meta["autopar_expert_params"] = sorted(kept)
+        gm.graph.lint()
+        gm.recompile()
+        return PassResult(gm, modified=True, changes=changes)
+
+
+def _keep_block(gm: fx.GraphModule, fqn: str, rank: int, ep: int) -> None:
+    """This rank's consecutive experts of a stacked weight, as an ordinary parameter."""
+    value = operator.attrgetter(fqn)(gm)
+    per = value.shape[0] // ep
+    local = value.detach()[rank * per:(rank + 1) * per].clone().contiguous()
+    if isinstance(value, nn.Parameter):
+        local = nn.Parameter(local, requires_grad=value.requires_grad)
+    _set(gm, fqn, local)
+
+
+def _rewire(graph: fx.Graph, region: ExpertRegion) -> None:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first = min(region.matmuls, key=order.__getitem__)
+    with graph.inserting_before(first):
+        sent = graph.call_function(expert_ops.dispatch, (region.rows, region.offs, EP))
+        rows = graph.call_function(operator.getitem, (sent, 0))
+        offs = graph.call_function(operator.getitem, (sent, 1))
+        route = graph.call_function(operator.getitem, (sent, 2))
+    rows.meta["val"] = region.rows.meta.get("val")
+    offs.meta["val"] = region.offs.meta.get("val")
+    route.meta["val"] = torch.empty(0, dtype=torch.int64, device="meta")
+    for mm in region.matmuls:
+        args = list(mm.args)
+        if args[0] is region.rows:
+            args[0] = rows
+        if len(args) > 2:
+            args[2] = offs
+        else:
+            mm.kwargs = {**mm.kwargs, "offs": offs}
+        mm.args = tuple(args)
+    out = region.output
+    outside = [u for u in out.users if u not in region.members]
+    with graph.inserting_after(out):
+        back = graph.call_function(expert_ops.combine, (out, route, EP))
+    back.meta["val"] = out.meta.get("val")
+    for user in outside:
+        user.replace_input_with(out, back)

@@ -1,0 +1,100 @@
+"""Expert parallelism: experts spread over ``ep`` data-parallel ranks, tokens dispatched to
+them and combined back by all-to-all, training equal to one device.
+
+The planner offers ``ep`` where the model's experts are grouped matmuls over stacked
+weights (autopar.experts); ``passes/expert_parallel`` keeps each rank's block of experts and
+moves the rows; the runtime sums expert gradients over the ranks holding the same block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import autopar
+from autopar.errors import AutoparError, ModelSpecError
+from autopar.experts import expert_regions
+from autopar.models.moe import MoEConfig, MoEGPT
+from autopar.plan import Plan
+from tests.distributed import FAST, run_cases
+
+IDX = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _moe(routing: str = "sorted", experts: int = 4) -> MoEGPT:
+    torch.manual_seed(0)
+    return MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32,
+                            experts=experts, top_k=2, expert_ffn=32, routing=routing))
+
+
+def test_regions_are_the_grouped_matmuls_of_each_layer() -> None:
+    regions = expert_regions(autopar.trace(_moe(), (IDX, IDX)))
+    assert [r.experts for r in regions] == [4, 4]
+    assert [r.weight_fqns for r in regions] == [("h.0.moe.w_in", "h.0.moe.w_out"),
+                                                ("h.1.moe.w_in", "h.1.moe.w_out")]
+    for r in regions:  # the gelu between the two matmuls runs on the experts' rows
+        assert any(n.target is torch.ops.aten.gelu.default for n in r.members)
+
+
+def test_hf_mixtral_regions_read_through_transposed_weights() -> None:
+    pytest.importorskip("transformers")
+    from autopar.models.hf import build_mixtral
+
+    model = build_mixtral(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96, seq=16,
+                          experts=4, top_k=2)
+    gm = autopar.trace(model, ((), {"input_ids": IDX, "labels": IDX, "use_cache": False}))
+    regions = expert_regions(gm)
+    assert [r.weight_fqns[0] for r in regions] == [
+        "model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.gate_up_proj"]
+
+
+def test_pinned_ep_is_in_the_plan() -> None:
+    plan = autopar.plan(_moe(), "2xcpu", (IDX, IDX), dp=2, ep=2)
+    assert plan.mesh == {"dp": 2, "ep": 2, "tp": 1} and plan.world_size == 2
+    assert plan.params["h.0.moe.w_in"]["ep"] == "S(0)"
+    assert "ep" not in plan.params["h.0.attn.c_attn.weight"]
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(ep=3, dp=6), ("ep=3", "does not divide the 4 experts", "h.0.moe.w_in")),
+    (dict(ep=8), ("ep=8", "more than the 6 devices")),
+    (dict(ep=4, dp=6), ("ep=4", "does not divide dp=6")),
+])
+def test_bad_ep_is_refused_naming_why(kwargs: dict, words: tuple[str, ...]) -> None:
+    with pytest.raises(AutoparError) as info:
+        autopar.plan(_moe(), "6xcpu", (torch.cat([IDX] * 3)[:12],) * 2, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_ep_on_a_model_without_grouped_experts_is_refused() -> None:
+    with pytest.raises(AutoparError, match="no experts written as grouped matmuls"):
+        autopar.plan(_moe("loop"), "2xcpu", (IDX, IDX), dp=2, ep=2)
+
+
+def test_top_k_above_experts_is_refused() -> None:
+    with pytest.raises(ModelSpecError, match="top_k"):
+        MoEConfig(block_size=16, vocab_size=96, n_layer=1, n_head=4, n_embd=32, experts=2,
+                  top_k=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, cases", [
+    (2, [{"model": "moe-sorted", "dp": 2, "ep": 2}, {"model": "mixtral", "dp": 2, "ep": 2}]),
+    (4, [{"model": "moe-sorted", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
+         {"model": "mixtral", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
+         {"model": "mixtral", "dp": 4, "ep": 2}]),
+], ids=["2ranks", "4ranks"])
+def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
+                                               tmp_path: Path) -> None:
+    """Every loss and every gradient (expert weights compared block by block) on every rank
+    equal one device's (fp32, 3 steps); with the balancing loss over the global batch."""
+    pytest.importorskip("transformers")
+    for rank in run_cases(nproc, tmp_path, cases):
+        for case, r in zip(cases, rank):
+            assert r["ok"], r
+            assert r["mesh"]["ep"] == case["ep"] and r["mesh"]["dp"] == case["dp"]
+            if "tp" in case:
+                assert r["sharded"], ("expected tensor-parallel weights", case)

@@ -276,6 +276,11 @@ EXPLANATION = obj({}, {
     }, {"alternatives": list_of(obj(
         {"what": text(), "step_time_s": nullable(SECONDS)},
         {"status": text(empty=True), "peak_memory_bytes": SIZE, "mesh": map_of(COUNT)}))})),
+    # autopar.solver.explain_experts: the MoE layers, how their experts are spread, and the
+    # modelled token all-to-all
+    "experts": obj({"layers": COUNT, "experts": plain, "ep": COUNT, "per_rank": plain,
+                    "all_to_all_bytes_per_step": SIZE, "all_to_all_s": SECONDS,
+                    "why": text()}),
 })
 
 CONTEXT = obj({

@@ -36,7 +36,7 @@ def loss_of(out) -> torch.Tensor:
 def test_builtin_resolves(name: str) -> None:
     spec = resolve_model(name)
     assert spec.name == name
-    assert spec.family in {"gpt", "llama", "mixtral"}
+    assert spec.family in {"gpt", "llama", "mixtral", "deepseek"}
     assert spec.default_batch > 0 and spec.default_seq == spec.config["seq"]
     assert resolve_model(name.upper()) == spec  # names are case-insensitive
 
@@ -49,10 +49,12 @@ def test_builtin_resolves(name: str) -> None:
         ("llama3-8b", 8.03),
         ("llama3-70b", 70.55),
         ("mixtral-8x7b", 46.70),
+        # DeepSeek-V3's published 671B (its multi-token-prediction module is not built)
+        ("deepseek-v3", 671.03),
     ],
 )
 def test_builtin_sizes_on_meta(name: str, billions: float) -> None:
-    if name in ("llama3-8b", "llama3-70b", "mixtral-8x7b"):
+    if name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3"):
         pytest.importorskip("transformers")
     with torch.device("meta"):
         model = resolve_model(name).build()

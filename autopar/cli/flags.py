@@ -21,6 +21,7 @@ from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
 from autopar.cost_models.memory import OPTIMIZERS
 from autopar.errors import AutoparError
 from autopar.knobs import PRECISION_CHOICES, PRECISIONS, RECOMPUTE_MODES, schedule_name, zero_stages
+from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
 # --- value types --------------------------------------------------------------------------
 
@@ -194,9 +195,17 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
 
 def add_degree(p: argparse.ArgumentParser, axis: str, default: int | None = None) -> None:
     """``--dp``/``--tp``/``--pp``/``--cp``: a mesh degree."""
-    words = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context"}[axis]
+    words = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context",
+             "ep": "expert (carved out of dp)"}[axis]
     p.add_argument(f"--{axis}", type=positive_int, default=default, metavar="N",
                    help=f"{words}-parallel degree")
+
+
+def add_batch_coupling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-coupling", choices=BATCH_COUPLING_MODES, default="exact",
+                   help="exact: split the batch (dp, microbatches) only where ops coupling its "
+                   "samples (balancing losses, batch norm) stay exact; local: split anyway, "
+                   "each rank's statistics its own (as DDP does)")
 
 
 def add_cp_algorithm(p: argparse.ArgumentParser) -> None:
@@ -313,7 +322,7 @@ def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
                    "model's own error there; 0: no preference)")
 
 
-SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp",
+SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp", "--ep",
                 "--cp-algorithm", "--cp-layout", "--microbatch",
                 "--schedule", "--virtual-stages", "--recompute", "--precision", "--zero",
                 "--optimizer", "--no-fuse-attention", "--json")

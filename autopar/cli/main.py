@@ -30,8 +30,9 @@ from autopar.precision import MASTER_WEIGHTS
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     """What ``plan`` and ``emit`` pin; every flag left out is chosen by the solver."""
     flags.add_cluster(p)
-    for axis in ("dp", "tp", "pp", "cp"):
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
         flags.add_degree(p, axis)
+    flags.add_batch_coupling(p)
     flags.add_cp_algorithm(p)
     flags.add_cp_layout(p)
     flags.add_devices(p)
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_degree(p, "pp", default=1)
     flags.add_degree(p, "dp")
     flags.add_degree(p, "cp", default=1)
+    flags.add_degree(p, "ep", default=1)
     flags.add_cp_algorithm(p)
     flags.add_cp_layout(p)
     p.add_argument("--sp", action="store_true", help="sequence parallelism with tp")

@@ -21,6 +21,8 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         tp=args.tp,
         pp=args.pp,
         cp=args.cp,
+        ep=args.ep,
+        batch_coupling=args.batch_coupling,
         cp_algorithm=args.cp_algorithm,
         cp_layout=args.cp_layout,
         devices=args.devices,

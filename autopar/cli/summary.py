@@ -87,6 +87,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         lines.append(f"devices   {plan.explanation['devices']['why']}")
     lines += format_precision(plan)
     lines += format_tp(plan.explanation.get("tp", {}))
+    lines += format_experts(plan.explanation.get("experts", {}))
     lines += format_attention(plan.attention)
     if plan.context:
         c = plan.context
@@ -194,6 +195,19 @@ def format_tp(tp: dict) -> list[str]:
     if tp.get("why"):
         lines.append(f"  why     {tp['why']}")
     return lines
+
+
+def format_experts(entry: dict) -> list[str]:
+    """Where the experts live and what moving tokens to them costs (modelled)."""
+    if not entry:
+        return []
+    ep, layers = entry["ep"], entry["layers"]
+    head = (f"experts   {layers} MoE layer(s) of {entry['experts']} experts; ep={ep}: "
+            f"{entry['per_rank']} experts per rank")
+    if ep > 1:
+        head += (f", tokens all-to-all {format_bytes(entry['all_to_all_bytes_per_step'])} "
+                 f"per rank per step, {entry['all_to_all_s'] * 1e3:.1f} ms (modelled)")
+    return [head, f"          {entry['why']}"]
 
 
 def format_attention(sites: list[dict]) -> list[str]:

@@ -105,6 +105,43 @@ def build_mixtral(
     return transformers.MixtralForCausalLM(config)
 
 
+def build_deepseek_v3(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    ffn: int,
+    vocab: int,
+    seq: int,
+    experts: int = 256,
+    top_k: int = 8,
+    expert_ffn: int = 2048,
+    shared_experts: int = 1,
+    dense_layers: int = 3,
+    q_lora: int = 1536,
+    kv_lora: int = 512,
+    dropout: float = 0.0,
+    **overrides: Any,
+) -> nn.Module:
+    """A ``DeepseekV3ForCausalLM``: multi-head latent attention (low-rank q and kv, RoPE on
+    64 of each head's dims), ``dense_layers`` dense FFN layers, then MoE layers of
+    ``experts`` routed experts (top ``top_k``, sigmoid scores with a bias for balance) and
+    ``shared_experts`` always-on ones. DeepSeek-V3's head dims (128 no-RoPE + 64 RoPE for
+    queries and keys, 128 for values) and group-limited routing (8 groups, 4 picked) are
+    kept whatever the sizes; the multi-token-prediction module is not built."""
+    transformers = _transformers("build_deepseek_v3")
+    fields = _llama_fields(layers, hidden, heads, ffn, vocab, seq, heads, 10000.0, dropout)
+    groups = 8 if experts % 8 == 0 else 1
+    fields.update(
+        n_routed_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=expert_ffn,
+        n_shared_experts=shared_experts, first_k_dense_replace=dense_layers,
+        q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_group=groups, topk_group=min(4, groups), routed_scaling_factor=2.5,
+        norm_topk_prob=True)
+    config = _config(transformers.DeepseekV3Config, fields, overrides)
+    return transformers.DeepseekV3ForCausalLM(config)
+
+
 def _llama_fields(
     layers: int,
     hidden: int,

@@ -34,6 +34,7 @@ from autopar.errors import ModelSpecError
 from autopar.models import hf
 from autopar.models.factory import resolve_factory
 from autopar.models.gpt import GPT, GPTConfig
+from autopar.models.moe import ROUTINGS
 from autopar.models.spec import SPEC_LIMITS, Device, InputsFn, ModelSpec, check_batch_and_seq
 
 
@@ -96,6 +97,12 @@ _BUILTINS: dict[str, str] = {
     # 1024 x 4096 = 4.2M tokens matches the Llama-class batches above.
     "mixtral-8x7b": "mixtral:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000,"
     "seq=4096,batch=1024,experts=8,top_k=2,rope_theta=1000000",
+    # DeepSeek-V3 671B (DeepSeek-AI 2024, arXiv:2412.19437, Table/section 4.2): 61 layers (3
+    # dense), hidden 7168, 128 heads of MLA, 256 routed experts of 2048 + 1 shared, top 8;
+    # sequences of 4096, batch 15360 (the batch-size schedule's final value).
+    "deepseek-v3": "deepseek:layers=61,hidden=7168,heads=128,ffn=18432,vocab=129280,seq=4096,"
+    "batch=15360,experts=256,top_k=8,expert_ffn=2048,shared_experts=1,dense_layers=3,"
+    "q_lora=1536,kv_lora=512",
 }
 
 # --- parametric specs -------------------------------------------------------------------
@@ -127,6 +134,28 @@ _KEYS: dict[str, dict[str, tuple[type, Any]]] = {
         "batch": (int, None),
         "rope_theta": (float, 500000.0),
     },
+}
+_KEYS["deepseek"] = {
+    **_sizes("layers", "hidden", "heads", "ffn", "vocab", "seq"),
+    "batch": (int, None),
+    "experts": (int, 256),
+    "top_k": (int, 8),
+    "expert_ffn": (int, 2048),
+    "shared_experts": (int, 1),
+    "dense_layers": (int, 3),
+    "q_lora": (int, 1536),
+    "kv_lora": (int, 512),
+}
+# autopar's own MoE GPT (autopar.models.moe), in one of its three routing styles
+_KEYS["moe"] = {
+    **_sizes("layers", "hidden", "heads", "vocab", "seq"),
+    "batch": (int, None),
+    "experts": (int, 8),
+    "top_k": (int, 2),
+    "expert_ffn": (int, None),
+    "shared_experts": (int, 0),
+    "routing": (str, "sorted"),
+    "aux_loss": (float, 0.01),
 }
 _KEYS["mixtral"] = {
     **_KEYS["llama"],
@@ -195,8 +224,9 @@ _PATTERNS = {
     int: re.compile(r"[0-9]+"),
     float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"),
     bool: re.compile(r"[01]"),
+    str: re.compile(r"[a-z_]+"),
 }
-_WANTED = {int: "an integer", float: "a number", bool: "0 or 1"}
+_WANTED = {int: "an integer", float: "a number", bool: "0 or 1", str: "a word"}
 
 
 def _convert(text: str, prefix: str, key: str, kind: type, value: str) -> Any:
@@ -205,6 +235,11 @@ def _convert(text: str, prefix: str, key: str, kind: type, value: str) -> Any:
         raise _key_error(text, prefix, f"key '{key}' must be {_WANTED[kind]}, got '{value}'")
     if kind is bool:
         return value == "1"
+    if kind is str:
+        if key == "routing" and value not in ROUTINGS:
+            raise _key_error(text, prefix, f"key 'routing' must be one of {', '.join(ROUTINGS)}, "
+                             f"got '{value}'")
+        return value
     if kind is int:
         limit = SPEC_LIMITS[key]
         digits = value.lstrip("0")
@@ -222,6 +257,8 @@ def _convert(text: str, prefix: str, key: str, kind: type, value: str) -> Any:
         raise _key_error(text, prefix, f"key '{key}' must be a finite number, got '{value}'")
     if key == "dropout" and not 0.0 <= converted < 1.0:
         raise _key_error(text, prefix, f"key 'dropout' must be in [0, 1), got {converted}")
+    if key == "aux_loss" and converted < 0:
+        raise _key_error(text, prefix, f"key 'aux_loss' must be >= 0, got {converted}")
     if key == "rope_theta" and converted <= 0:
         raise _key_error(text, prefix, f"key 'rope_theta' must be positive, got {converted}")
     return converted
@@ -309,11 +346,36 @@ def _llama_spec(name: str, v: dict[str, Any], family: str = "llama") -> ModelSpe
     return _spec(name, family, v, build, partial(_hf_inputs, vocab=v["vocab"]))
 
 
+def _deepseek_spec(name: str, v: dict[str, Any]) -> ModelSpec:
+    build = partial(hf.build_deepseek_v3, **{k: v[k] for k in (
+        "layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k", "expert_ffn",
+        "shared_experts", "dense_layers", "q_lora", "kv_lora")})
+    return _spec(name, "deepseek", v, build, partial(_hf_inputs, vocab=v["vocab"]))
+
+
+def _moe_spec(name: str, v: dict[str, Any]) -> ModelSpec:
+    from autopar.models.moe import MoEConfig, MoEGPT
+
+    config = MoEConfig(block_size=v["seq"], vocab_size=v["vocab"], n_layer=v["layers"],
+                       n_head=v["heads"], n_embd=v["hidden"], experts=v["experts"],
+                       top_k=v["top_k"], expert_ffn=v["expert_ffn"] or 4 * v["hidden"],
+                       shared_experts=v["shared_experts"], routing=v["routing"],
+                       aux_loss_coef=v["aux_loss"])
+
+    def inputs(batch: int, seq: int, device: Device) -> tuple[tuple, dict]:
+        _check_positions(name, seq, v["seq"])
+        return _token_ids(batch, seq, v["vocab"], device, 2), {}
+
+    return _spec(name, "moe", v, partial(MoEGPT, config), inputs)
+
+
 _FAMILIES: dict[str, Callable[[str, dict[str, Any]], ModelSpec]] = {
     "gpt": _gpt_spec,
     "gpt2hf": _gpt2hf_spec,
     "llama": _llama_spec,
     "mixtral": partial(_llama_spec, family="mixtral"),
+    "deepseek": _deepseek_spec,
+    "moe": _moe_spec,
 }
 
 

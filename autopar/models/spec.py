@@ -56,6 +56,11 @@ SPEC_LIMITS = {
     "batch": 2**20,
     "experts": 2**12,  # DeepSeek-V3: 256
     "top_k": 2**12,
+    "expert_ffn": 2**20,
+    "shared_experts": 2**12,
+    "dense_layers": 512,
+    "q_lora": 2**17,
+    "kv_lora": 2**17,
 }
 """Upper bound of every size key of a spec (and of ``--seq``, ``--global-batch``)."""
 

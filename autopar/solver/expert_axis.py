@@ -16,9 +16,13 @@ from autopar.solver.options import PlanOptions
 
 
 def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: int,
-               zero: int) -> list[int]:
-    """The ``ep`` values to price for one (mesh, ZeRO stage): 1, and each divisor of dp
-    that divides every layer's experts, where the runtime can execute it."""
+               zero: int, tp: int = 1, devices_per_node: int | None = None) -> list[int]:
+    """The ``ep`` values to price for one (mesh, ZeRO stage), where the runtime can execute
+    them: 1; the largest ep whose group stays inside a node (``ep`` consecutive dp ranks
+    span ``ep x tp`` devices: the all-to-all on the fastest links); and the largest ep
+    dividing dp and every layer's experts (the least expert memory). Degrees in between
+    trade the same two things and are not priced, which keeps a search over thousands of
+    devices as fast as without experts."""
     regions = regions_of(gm)
     runs = zero == 0 and pp == 1 and cp == 1
     if options.ep is not None:
@@ -26,8 +30,11 @@ def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: i
     if not regions or not runs:
         return [1]
     counts = {r.experts for r in regions}
-    return [e for e in range(1, dp + 1)
-            if dp % e == 0 and all(c % e == 0 for c in counts)]
+    allowed = [e for e in range(2, dp + 1) if dp % e == 0 and all(c % e == 0 for c in counts)]
+    if not allowed:
+        return [1]
+    inside = [e for e in allowed if devices_per_node is None or e * tp <= devices_per_node]
+    return sorted({1, allowed[-1], *(inside[-1:])})
 
 
 def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:

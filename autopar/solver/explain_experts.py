@@ -36,11 +36,10 @@ def experts_entry(tables: CostTables, candidates: list) -> dict:
             first = min(region.matmuls, key=order.__getitem__)
             rows = problem.decision_of.get(region.rows.name)
             d = problem.decisions[problem.decision_of[first.name]]
-            if rows is not None:
-                volume += (tables.value_bytes((rows, 0)) * 2 * recomputed * (ep - 1) / ep
-                           / len(d.nodes))
+            if rows is not None:  # one instance's rows (repeated layers share a decision)
+                volume += tables.value_bytes((rows, 0)) * 2 * recomputed * (ep - 1) / ep
             f, b = tables.expert_comm(d)
-            seconds += (f + b) / len(d.nodes)
+            seconds += f + b
         volume *= setting.microbatches
         seconds *= setting.microbatches
     entry["all_to_all_bytes_per_step"] = round(volume)

@@ -27,6 +27,7 @@ from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, unit_costs
+from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
 from autopar.solver.layer_recompute import compose_units, with_modes
 from autopar.solver.options import PlanOptions
@@ -49,6 +50,7 @@ class PinnedConfig:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    ep: int = 1  # expert parallelism, carved out of dp
     cp_algorithm: str | None = None  # None: the cheapest modelled
     cp_layout: str = "zigzag"
     sp: bool = False
@@ -78,7 +80,7 @@ class PinnedConfig:
     chunked_loss: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "microbatch", "virtual", "global_batch"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "microbatch", "virtual", "global_batch"):
             value = getattr(self, name)
             if name == "global_batch" and value is None:
                 continue
@@ -210,7 +212,10 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         microbatches=local // config.microbatch, recompute=base, pp=config.pp,
         schedule=config.schedule, virtual=config.virtual, cp=config.cp,
         cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
+        ep=config.ep,
     )
+    check_ep(gm, PlanOptions(ep=config.ep, dp=config.dp), config.dp * config.tp * config.pp
+             * config.cp)
     options = PlanOptions(precision=config.precision,
                           precision_overrides=config.precision_overrides,
                           master_weights=config.master_weights,

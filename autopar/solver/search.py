@@ -220,7 +220,8 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
-                for ep in ep_degrees(gm, options, dp, pp, cp, zero):
+                for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
+                                     cluster.devices_per_node):
                     base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
                                    cp_algorithm="auto" if cp > 1 else "none",
                                    cp_layout=options.cp_layout, ep=ep)

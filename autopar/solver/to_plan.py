@@ -19,6 +19,7 @@ from autopar.solver.batch_coupling import splits_exactly
 from autopar.solver.context import algorithm_costs, cp_strategies
 from autopar.solver.costs import CostTables, Setting, precision_assignment
 from autopar.solver.evaluate import Prediction
+from autopar.solver.explain_experts import experts_entry
 from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import SearchResult
@@ -188,7 +189,11 @@ def ground_labels(setting: Setting, cluster: Cluster) -> list:
 def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,
                  options: PlanOptions) -> dict:
     tp = explain_tp(gm, result, cluster, options)
-    return {"tp": tp} if tp else {}
+    out = {"tp": tp} if tp else {}
+    experts = experts_entry(result.tables, [c.summary() for c in result.candidates])
+    if experts:
+        out["experts"] = experts
+    return out
 
 
 def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],

@@ -80,15 +80,17 @@ class _Combine(torch.autograd.Function):
         group, _, _ = _group(axis)
         send, recv, perm = _unpack(route)
         ctx.axis, ctx.send, ctx.recv, ctx.perm = axis, send, recv, perm
-        arrived = torch.empty_like(y)
-        arrived[perm.to(y.device)] = y
+        arrived = y
+        if perm.numel():  # rows came grouped by expert; put them back as they arrived
+            arrived = torch.empty_like(y)
+            arrived[perm.to(y.device)] = y
         return _exchange(arrived, recv, send, group)
 
     @staticmethod
     def backward(ctx, grad):
         group, _, _ = _group(ctx.axis)
-        rows = _exchange(grad, ctx.send, ctx.recv, group)
-        return rows[ctx.perm.to(rows.device)], None, None
+        rows = _exchange(grad.contiguous(), ctx.send, ctx.recv, group)
+        return (rows[ctx.perm.to(rows.device)] if ctx.perm.numel() else rows), None, None
 
 
 def dispatch(x: torch.Tensor, offs: torch.Tensor, axis: str = "ep"
@@ -108,3 +110,82 @@ def combine(y: torch.Tensor, route: torch.Tensor, axis: str = "ep") -> torch.Ten
     if group is None or k == 1:
         return y
     return _Combine.apply(y, route, axis)
+
+
+def _swap(x: torch.Tensor, split_dim: int, cat_dim: int, group, k: int) -> torch.Tensor:
+    """Cut ``x`` in ``k`` equal parts along ``split_dim``, send part ``q`` to rank ``q`` of
+    ``group``, and join what arrives along ``cat_dim`` (in rank order)."""
+    moved = x.movedim(split_dim, 0).contiguous()
+    out = torch.empty_like(moved)
+    dist.all_to_all_single(out, moved, group=group)
+    parts = out.chunk(k, 0)
+    return torch.cat([p.movedim(0, split_dim) for p in parts], cat_dim).contiguous()
+
+
+class _Swap(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, split_dim: int, cat_dim: int, axis: str):
+        group, k, _ = _group(axis)
+        ctx.split_dim, ctx.cat_dim, ctx.axis = split_dim, cat_dim, axis
+        return _swap(x, split_dim, cat_dim, group, k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, k, _ = _group(ctx.axis)
+        return _swap(grad, ctx.cat_dim, ctx.split_dim, group, k), None, None, None
+
+
+def dispatch_slots(x: torch.Tensor, expert_dim: int, axis: str = "ep") -> torch.Tensor:
+    """Dense (GShard) dispatch: ``x`` holds every expert's capacity slots for this rank's
+    sequences (batch first, experts on ``expert_dim``); each rank gets its experts' slots of
+    every rank's sequences (batch joined in rank order). Equal splits: one all-to-all."""
+    group, k, _ = _group(axis)
+    if group is None or k == 1:
+        return x
+    return _Swap.apply(x, expert_dim, 0, axis)
+
+
+def combine_slots(y: torch.Tensor, expert_dim: int, axis: str = "ep") -> torch.Tensor:
+    """The inverse of :func:`dispatch_slots`: each rank's sequences back, all experts."""
+    group, k, _ = _group(axis)
+    if group is None or k == 1:
+        return y
+    return _Swap.apply(y, 0, expert_dim, axis)
+
+
+class _ToOwner(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, owner: int, axis: str):
+        group, k, rank = _group(axis)
+        n = torch.tensor([x.shape[0]], dtype=torch.int64)
+        counts = [torch.zeros_like(n) for _ in range(k)]
+        dist.all_gather(counts, n, group=group)
+        counts = [int(c) for c in counts]
+        send = [counts[rank] if q == owner else 0 for q in range(k)]
+        recv = counts if rank == owner else [0] * k
+        ctx.axis, ctx.send, ctx.recv = axis, send, recv
+        route = torch.tensor([k, owner, *send, *recv], dtype=torch.int64)
+        ctx.mark_non_differentiable(route)
+        return _exchange(x, send, recv, group), route
+
+    @staticmethod
+    def backward(ctx, grad, _route):
+        group, _, _ = _group(ctx.axis)
+        return _exchange(grad.contiguous(), ctx.recv, ctx.send, group), None, None
+
+
+def to_owner(x: torch.Tensor, owner: int, axis: str = "ep") -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert's rows (an expert written as its own module, picked by ``nonzero``): every
+    rank's go to rank ``owner`` of ``axis``, which gets them all (in rank order) and the
+    others none; and the route back (:func:`combine`)."""
+    group, k, _ = _group(axis)
+    if group is None or k == 1:
+        return x, x.new_zeros(0, dtype=torch.int64)
+    return _ToOwner.apply(x, owner, axis)
+
+
+def no_rows(like: torch.Tensor, features: int) -> torch.Tensor:
+    """What an expert this rank does not hold gives for the (zero) rows it got:
+    ``(0, features)``, on the autograd path of ``like`` so that this rank joins the
+    backward all-to-alls the expert's owner runs."""
+    return like.sum(-1, keepdim=True).expand(like.shape[0], features)

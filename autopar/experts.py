@@ -20,6 +20,7 @@ the output (:mod:`autopar.expert_ops`).
 
 from __future__ import annotations
 
+import operator
 import weakref
 from dataclasses import dataclass
 
@@ -44,12 +45,18 @@ class ExpertRegion:
     """One MoE layer's experts: the grouped matmuls, the rows they read, their weights."""
 
     matmuls: tuple[fx.Node, ...]  # in graph order
-    rows: fx.Node  # the sorted tokens the region reads (rows, hidden)
-    offs: fx.Node  # cumulative rows per expert
+    rows: fx.Node  # the sorted tokens the region reads (rows, hidden), or the dense slots
+    offs: fx.Node | None  # cumulative rows per expert (None: dense slots)
     output: fx.Node  # the region's result (rows, hidden)
     weights: tuple[fx.Node, ...]  # get_attr nodes of the stacked expert weights
     members: frozenset[fx.Node]  # every node of the region
     experts: int
+    # "grouped": sorted rows through grouped matmuls; "dense": GShard's capacity slots
+    # (batch, ..., experts, ...) through einsums, the experts on ``expert_dim``; "loop": one
+    # expert written as its own module (a ModuleList's ``expert_dim``-th), its rows picked
+    # by ``nonzero``
+    kind: str = "grouped"
+    expert_dim: int = 0
 
     @property
     def weight_fqns(self) -> tuple[str, ...]:
@@ -86,7 +93,134 @@ def expert_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
             offs = _arg(node, 2, "offs")
             if isinstance(offs, fx.Node):
                 by_offs.setdefault(offs, []).append(node)
-    return [_region(offs, matmuls) for offs, matmuls in by_offs.items()]
+    regions = [_region(offs, matmuls) for offs, matmuls in by_offs.items()]
+    regions += _dense_regions(gm)
+    regions += _loop_regions(gm)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(regions, key=lambda r: min(order[m] for m in r.matmuls))
+
+
+# ops a dense expert computation may run between its einsums, slot by slot
+_ROWWISE = {torch.ops.aten.gelu.default, torch.ops.aten.silu.default,
+            torch.ops.aten.relu.default, torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor,
+            torch.ops.aten.sigmoid.default, torch.ops.aten.tanh.default,
+            torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default,
+            torch.ops.aten.dropout.default, torch.ops.aten.chunk.default,
+            torch.ops.aten.split.Tensor, operator.getitem}
+
+
+def _dense_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
+    """GShard-style experts: ``einsum`` of capacity slots (batch, experts, capacity, hidden)
+    with a stacked weight whose first label is the experts', kept in the output."""
+    found = []  # (einsum, rows operand, rows' expert dim, weight)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.einsum.default:
+            continue
+        equation, operands = node.args[0], node.args[1]
+        if not isinstance(equation, str) or len(operands) != 2 or "->" not in equation:
+            continue
+        terms, out = equation.replace(" ", "").split("->")
+        terms = terms.split(",")
+        for wi in (0, 1):
+            w = _through_casts(operands[wi])
+            label = terms[wi][:1]
+            other = terms[1 - wi]
+            if (w.op == "get_attr" and label and label in other and label in out
+                    and other.index(label) > 0 and other.index(label) == out.index(label)):
+                found.append((node, operands[1 - wi], other.index(label), w))
+                break
+    regions: list[ExpertRegion] = []
+    used: set[fx.Node] = set()
+    for start, rows, dim, _ in found:
+        if start in used:
+            continue
+        chain = [(start, rows, dim)]
+        reach = _rowwise_after(start)
+        for other, other_rows, other_dim, _ in found:
+            if other is not start and other not in used and other_rows in reach:
+                chain.append((other, other_rows, other_dim))
+                reach |= _rowwise_after(other)
+        used.update(n for n, _, _ in chain)
+        weights = {n: w for n, _, _, w in found}
+        matmuls = [n for n, _, _ in chain]
+        experts = {_shape(weights[n])[0] for n in matmuls}
+        after = _reachable(matmuls, forward=True)
+        before = _reachable([r for _, r, _ in chain], forward=False)
+        members = set(matmuls) | (after & before)
+        entries = {r for _, r, _ in chain} - members
+        exits = [n for n in members
+                 if any(u not in members and u.target not in _CHECKS for u in n.users)]
+        if len(entries) != 1 or len(exits) != 1 or len(experts) != 1:
+            raise ExpertRegionError(f"{start.name}: the dense experts read {len(entries)} and "
+                                    f"give {len(exits)} slot tensors")
+        regions.append(ExpertRegion(tuple(matmuls), entries.pop(), None, exits[0],
+                                    tuple(dict.fromkeys(weights[n] for n in matmuls)),
+                                    frozenset(members), experts.pop(), "dense", dim))
+    return regions
+
+
+def _loop_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
+    """Experts written as modules of a list, each run on the rows ``nonzero`` picked for it
+    (a data-dependent row count): for each such linear, the shortest module path ending in
+    a list index whose linears form one region (one input, one output) is one expert."""
+    linears = [n for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is torch.ops.aten.linear.default
+               and isinstance(n.args[1], fx.Node) and _through_casts(n.args[1]).op == "get_attr"]
+    by_prefix: dict[str, list[fx.Node]] = {}
+    for n in linears:
+        parts = str(_through_casts(n.args[1]).target).split(".")
+        for j in range(len(parts) - 1):
+            if parts[j].isdigit():
+                by_prefix.setdefault(".".join(parts[:j + 1]), []).append(n)
+    found: list[tuple[str, ExpertRegion]] = []  # (the list's path, one expert's region)
+    taken: set[fx.Node] = set()
+    for prefix in sorted(by_prefix, key=lambda p: p.count(".")):
+        group = [n for n in by_prefix[prefix] if n not in taken]
+        if not group:
+            continue
+        region = _try_loop_region(prefix, group)
+        if region is not None:
+            found.append((prefix.rsplit(".", 1)[0], region))
+            taken.update(group)
+    counts: dict[str, int] = {}
+    for container, _ in found:
+        counts[container] = counts.get(container, 0) + 1
+    return [ExpertRegion(r.matmuls, r.rows, None, r.output, r.weights, r.members,
+                         counts[container], "loop", r.expert_dim) for container, r in found]
+
+
+def _try_loop_region(prefix: str, matmuls: list[fx.Node]) -> ExpertRegion | None:
+    after = _reachable(matmuls, forward=True)
+    before = _reachable([mm.args[0] for mm in matmuls], forward=False)
+    members = set(matmuls) | (after & before)
+    entries = {mm.args[0] for mm in matmuls} - members
+    exits = [n for n in members
+             if any(u not in members and u.target not in _CHECKS for u in n.users)]
+    if len(entries) != 1 or len(exits) != 1 or not _picked_rows(next(iter(entries))):
+        return None
+    weights = tuple(dict.fromkeys(_through_casts(mm.args[1]) for mm in matmuls))
+    index = int(prefix.rsplit(".", 1)[1])
+    return ExpertRegion(tuple(matmuls), entries.pop(), None, exits[0], weights,
+                        frozenset(members), 0, "loop", index)
+
+
+def _picked_rows(node) -> bool:
+    """Does ``node`` hold a data-dependent number of rows (tokens ``nonzero`` picked)?"""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.ndim >= 1 and isinstance(val.shape[0],
+                                                                        torch.SymInt)
+
+
+def _rowwise_after(node: fx.Node) -> set[fx.Node]:
+    """Nodes reached from ``node`` through slot-by-slot ops only."""
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        for user in todo.pop().users:
+            if user not in seen and user.op == "call_function" and user.target in _ROWWISE:
+                seen.add(user)
+                todo.append(user)
+    return seen
 
 
 def _region(offs: fx.Node, matmuls: list[fx.Node]) -> ExpertRegion:
@@ -134,14 +268,17 @@ def _reachable(starts, forward: bool) -> set[fx.Node]:
 
 _CASTS = {torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default}
 _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}  # trace-time asserts, no values
+# a precision cast, and the tensor-parallel collectives a weight may be read through
+_MOVES = {"cast_to", "redistribute", "grad_all_reduce", "gather_scatter_grad"}
 
 
 def _through_casts(node: fx.Node) -> fx.Node:
-    """A weight read through dtype casts (a bf16 plan casts it) or transposes that keep the
-    expert dim first (Hugging Face stores ``(experts, out, in)``) is still that weight."""
+    """A weight read through dtype casts (a bf16 plan casts it), tensor-parallel
+    collectives, or transposes that keep the expert dim first (Hugging Face stores
+    ``(experts, out, in)``) is still that weight."""
     while node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node):
         keeps_experts = (
-            node.target in _CASTS or getattr(node.target, "__name__", "") == "cast_to"
+            node.target in _CASTS or getattr(node.target, "__name__", "") in _MOVES
             or (node.target is torch.ops.aten.transpose.int and 0 not in
                 (node.args[1] % 3, node.args[2] % 3))
             or (node.target is torch.ops.aten.permute.default and node.args[1][0] == 0))

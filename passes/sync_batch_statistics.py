@@ -58,7 +58,7 @@ class SyncBatchStatistics(GraphPass):
                 if not isinstance(need, Replicate):
                     raise PassError(
                         f"{node.name} needs {root.name} as {need} on dp, made as {have}: a batch "
-                        "statistic is only made whole here", pass_name=self.name,
+                        "statistic is only made whole here",
                         where=f"strategies.{node.name}.dp",
                         fix="re-plan this model: the planner makes batch statistics whole")
                 key = (producer, index)

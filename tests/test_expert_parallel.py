@@ -69,9 +69,18 @@ def test_bad_ep_is_refused_naming_why(kwargs: dict, words: tuple[str, ...]) -> N
     assert all(w in str(info.value) for w in words), str(info.value)
 
 
-def test_ep_on_a_model_without_grouped_experts_is_refused() -> None:
-    with pytest.raises(AutoparError, match="no experts written as grouped matmuls"):
-        autopar.plan(_moe("loop"), "2xcpu", (IDX, IDX), dp=2, ep=2)
+def test_dense_and_loop_experts_are_regions_too() -> None:
+    """GShard's einsums over capacity slots (experts on dim 1), and experts written as
+    modules of a list, each picking its rows with nonzero (one region per expert)."""
+    dense = expert_regions(autopar.trace(_moe("dense"), (IDX, IDX)))
+    assert [(r.kind, r.expert_dim, r.experts) for r in dense] == [("dense", 1, 4)] * 2
+    loop = expert_regions(autopar.trace(_moe("loop"), (IDX, IDX)))
+    assert [(r.kind, r.expert_dim, r.experts) for r in loop] == [
+        ("loop", e, 4) for _ in range(2) for e in range(4)]
+    assert loop[1].weight_fqns == ("h.0.moe.experts.1.0.weight", "h.0.moe.experts.1.2.weight")
+    plan = autopar.plan(_moe("loop"), "2xcpu", (IDX, IDX), dp=2, ep=2)
+    assert plan.mesh["ep"] == 2  # whole experts live on one ep rank each: no placement
+    assert "ep" not in plan.params["h.0.moe.experts.1.0.weight"]
 
 
 def test_top_k_above_experts_is_refused() -> None:
@@ -82,15 +91,19 @@ def test_top_k_above_experts_is_refused() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc, cases", [
-    (2, [{"model": "moe-sorted", "dp": 2, "ep": 2}, {"model": "mixtral", "dp": 2, "ep": 2}]),
-    (4, [{"model": "moe-sorted", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
+    (2, [*({"model": f"moe-{r}", "dp": 2, "ep": 2} for r in ("loop", "dense", "sorted")),
+         {"model": "mixtral", "dp": 2, "ep": 2}]),
+    (4, [*({"model": f"moe-{r}", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST}
+           for r in ("loop", "dense", "sorted")),
          {"model": "mixtral", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
-         {"model": "mixtral", "dp": 4, "ep": 2}]),
+         {"model": "mixtral", "dp": 4, "ep": 2}, {"model": "moe-loop", "dp": 4, "ep": 2},
+         {"model": "moe-dense", "dp": 4, "ep": 4}]),
 ], ids=["2ranks", "4ranks"])
 def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
                                                tmp_path: Path) -> None:
-    """Every loss and every gradient (expert weights compared block by block) on every rank
-    equal one device's (fp32, 3 steps); with the balancing loss over the global batch."""
+    """Every loss and every gradient (expert weights compared block by block, or whole on
+    the rank holding the expert) on every rank equal one device's (fp32, 3 steps), in each
+    routing style, with the balancing loss over the global batch."""
     pytest.importorskip("transformers")
     for rank in run_cases(nproc, tmp_path, cases):
         for case, r in zip(cases, rank):

@@ -53,9 +53,10 @@ def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:
                            "(torch._grouped_mm, autopar.moe_ops.grouped_mm), or plan with "
                            "ep=1") from e
     if not regions:
-        raise AutoparError(f"ep={ep}, but the model has no experts written as grouped "
-                           "matmuls over stacked weights", where="ep",
-                           fix="plan with ep=1 (or leave ep to the planner)")
+        raise AutoparError(f"ep={ep}, but the model has no experts autopar can spread "
+                           "(grouped matmuls over stacked weights, einsums over capacity "
+                           "slots, or a list of expert modules each picking its tokens)",
+                           where="ep", fix="plan with ep=1 (or leave ep to the planner)")
     for region in regions:
         if region.experts % ep:
             raise AutoparError(

@@ -63,8 +63,11 @@ def make_plan(
                 }
                 if sequence:
                     params[param.fqn]["cp"] = str(sequence[node.name].outputs[0])
-    if setting.ep > 1:  # each ep rank keeps a block of every stacked expert weight
+    if setting.ep > 1:  # each ep rank keeps a block of every stacked expert weight (an
+        # expert written as its own module lives whole on one ep rank: no placement)
         for region in regions_of(gm):
+            if region.kind == "loop":
+                continue
             for fqn in region.weight_fqns:
                 params[fqn]["ep"] = "S(0)"
 

@@ -73,8 +73,12 @@ LOWERED_TARGETS = frozenset({
     "aten.conv3d.default", "aten.convolution.default", "aten.conv_transpose1d.default",
     "aten.conv_transpose2d.default", "aten.conv_transpose3d.default",
     "aten.scaled_dot_product_attention.default",
+    # grouped matmuls of MoE experts (torchtitan's and Hugging Face's run them in bf16)
+    "aten._grouped_mm.default", "autopar.grouped_mm.default",
+    "transformers.grouped_mm_fallback.default",
 })
-"""Ops torch.autocast runs in the low precision (its CUDA and CPU lower-precision lists)."""
+"""Ops torch.autocast runs in the low precision (its CUDA and CPU lower-precision lists),
+and MoE experts' grouped matmuls."""
 
 FP8_TARGETS = frozenset({"aten.linear.default"})
 """Ops fp8 training converts: the linear layers (torchao's ``Float8Linear`` swaps

@@ -88,7 +88,12 @@ def propagate_input_dim(
         if token_sets:
             call = _counted_rows(node, call, n)
         candidates = strategies_for(call, n)
-        if makes_constant(node.target) or (follow_only and all(p == R for p in produced)):
+        if token_sets and makes_constant(node.target) and _batch_sized(node, size):
+            # a buffer the model fills per sample (DeepSeek's MLA builds its queries with
+            # new_empty(bsz, ...)): the program, traced on its rank's sequences, makes it
+            # that size
+            candidates = [s for s in candidates if s.outputs[:1] == (Shard(0),)] or candidates
+        elif makes_constant(node.target) or (follow_only and all(p == R for p in produced)):
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
         chosen[node.name] = min(
@@ -275,3 +280,9 @@ def _positions(node: fx.Node) -> bool:
             return False
         todo.extend(n.all_input_nodes)
     return True
+
+
+def _batch_sized(node: fx.Node, size: int | None) -> bool:
+    """Is ``node``'s first dim the traced batch (and its value no parameter's)?"""
+    shapes = node.meta[META_KEY].shapes
+    return bool(size and size > 1 and shapes and shapes[0] and shapes[0][0] == size)

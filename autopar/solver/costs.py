@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import torch
 import torch.fx as fx
 
 from autopar.cluster import Cluster, LinkSpec
@@ -639,8 +640,8 @@ class CostTables:
         """The output bytes the peak counts twice (an output beside its gradient): none for
         the logits a chunked cross-entropy reads (and the views and cast between), whose
         backward transients the loss prices (:meth:`loss_working_bytes`)."""
-        if d.nodes[0].name in self._chunked_loss_inputs:
-            return 0.0
+        if d.nodes[0].name in self._chunked_loss_inputs or self._viewed_param(d) is not None:
+            return 0.0  # (a view of a weight is no new tensor)
         return self.local_output_bytes(d, s)
 
     @cached_property
@@ -761,9 +762,25 @@ class CostTables:
     def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
         """Bytes of one instance of a value kept for backward, in ``placement``."""
         d = self.problem.decisions[key[0]]
-        if d.kind == "param":  # weights are counted as parameters; their working copies:
-            return self._working_copy_bytes(d) / divisor(placement, self.setting.tp)
+        param = d if d.kind == "param" else self._viewed_param(d)
+        if param is not None:  # weights are counted as parameters; their working copies:
+            return (self._working_copy_bytes(param) / divisor(placement, self.setting.tp)
+                    / self.expert_divisor(param))
         return self.value_bytes(key) / divisor(placement, self.setting.tp)
+
+    def _viewed_param(self, d: Decision) -> Decision | None:
+        """The parameter ``d`` is a view of (a transposed weight a grouped matmul keeps for
+        backward shares the weight's storage), or None."""
+        if d.kind != "op":
+            return None
+        node = d.nodes[0]
+        while node.op == "call_function" and node.target in _PARAM_VIEWS and node.args:
+            node = node.args[0]
+            if not isinstance(node, fx.Node):
+                return None
+        if node.op != "get_attr" or node.name not in self.problem.decision_of:
+            return None
+        return self.problem.decisions[self.problem.decision_of[node.name]]
 
     def _working_copy_bytes(self, d: Decision) -> float:
         """The low-precision copy of an fp32 weight a matmul keeps for backward (per
@@ -778,6 +795,12 @@ class CostTables:
     @cached_property
     def capacity(self) -> float:
         return self.cluster.device.memory_bytes * self.options.memory_fraction
+
+
+_PARAM_VIEWS = {torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
+                torch.ops.aten.t.default, torch.ops.aten.view.default,
+                torch.ops.aten.reshape.default, torch.ops.aten.alias.default,
+                torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default}
 
 
 def precision_assignment(problem: Problem, options: PlanOptions,

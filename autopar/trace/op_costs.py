@@ -218,9 +218,21 @@ def _quiet(logger_name: str):
 
 
 def _measured_target(target: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``target``, except that ``dropout`` in training runs as ``native_dropout``: on CPU
+    """Run ``target``, except that attention with narrower values runs as a fused kernel
+    would (see below), and ``dropout`` in training runs as ``native_dropout``: on CPU
     ``dropout`` keeps its mask as a float tensor, while the GPU kernels (and native_dropout
     everywhere) keep one byte per element, which is what a training cluster holds."""
+    if target is _aten.scaled_dot_product_attention.default and len(args) >= 3:
+        q, v = args[0], args[2]
+        pad = q.shape[-1] - v.shape[-1] if isinstance(v, torch.Tensor) else 0
+        if pad > 0:
+            # Values narrower than queries and keys (DeepSeek's MLA: 192 vs 128): CUDA runs
+            # them in a fused kernel (memory-efficient attention), CPU's flash kernel refuses
+            # them and math attention would keep every score. Measure the fused kernel on
+            # values padded to the key width (a slight overestimate), and cut the output.
+            padded = torch.nn.functional.pad(v, (0, pad))
+            out = target(q, args[1], padded, *args[3:], **kwargs)
+            return out[..., : v.shape[-1]]
     if target is _aten.dropout.default:
         x, p, train = (list(args) + [kwargs.get("p"), kwargs.get("train")])[:3]
         if train and p and p > 0:

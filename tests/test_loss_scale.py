@@ -216,6 +216,7 @@ def _overflow_on_rank_1(rank: int, port: int, out: str) -> None:
                   "unscaled": unscaled, "sharded": sharded.to_local().tolist(),
                   "plain": plain.tolist()}
         Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 

@@ -144,12 +144,7 @@ def _dense_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
         weights = {n: w for n, _, _, w in found}
         matmuls = [n for n, _, _ in chain]
         experts = {_shape(weights[n])[0] for n in matmuls}
-        after = _reachable(matmuls, forward=True)
-        before = _reachable([r for _, r, _ in chain], forward=False)
-        members = set(matmuls) | (after & before)
-        entries = {r for _, r, _ in chain} - members
-        exits = [n for n in members
-                 if any(u not in members and u.target not in _CHECKS for u in n.users)]
+        members, entries, exits = _bounds(matmuls, [r for _, r, _ in chain])
         if len(entries) != 1 or len(exits) != 1 or len(experts) != 1:
             raise ExpertRegionError(f"{start.name}: the dense experts read {len(entries)} and "
                                     f"give {len(exits)} slot tensors")
@@ -190,12 +185,7 @@ def _loop_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
 
 
 def _try_loop_region(prefix: str, matmuls: list[fx.Node]) -> ExpertRegion | None:
-    after = _reachable(matmuls, forward=True)
-    before = _reachable([mm.args[0] for mm in matmuls], forward=False)
-    members = set(matmuls) | (after & before)
-    entries = {mm.args[0] for mm in matmuls} - members
-    exits = [n for n in members
-             if any(u not in members and u.target not in _CHECKS for u in n.users)]
+    members, entries, exits = _bounds(matmuls, [mm.args[0] for mm in matmuls])
     if len(entries) != 1 or len(exits) != 1 or not _picked_rows(next(iter(entries))):
         return None
     weights = tuple(dict.fromkeys(_through_casts(mm.args[1]) for mm in matmuls))
@@ -224,7 +214,6 @@ def _rowwise_after(node: fx.Node) -> set[fx.Node]:
 
 
 def _region(offs: fx.Node, matmuls: list[fx.Node]) -> ExpertRegion:
-    group = set(matmuls)
     weights = []
     for mm in matmuls:
         w = _through_casts(mm.args[1])
@@ -235,21 +224,28 @@ def _region(offs: fx.Node, matmuls: list[fx.Node]) -> ExpertRegion:
     if len(experts) != 1:
         raise ExpertRegionError(f"{matmuls[0].name}: weights stack different expert counts "
                                 f"{sorted(experts)}")
-    after = _reachable(matmuls, forward=True)
-    before = _reachable([mm.args[0] for mm in matmuls], forward=False)
-    members = group | (after & before)
-    entries = {mm.args[0] for mm in matmuls} - members
+    members, entries, exits = _bounds(matmuls, [mm.args[0] for mm in matmuls])
     if len(entries) != 1:
         raise ExpertRegionError(f"{matmuls[0].name}: the experts read {len(entries)} "
                                 "different row tensors")
-    exits = [n for n in members
-             if any(u not in members and u.target not in _CHECKS for u in n.users)]
     if len(exits) != 1:
         raise ExpertRegionError(f"{matmuls[0].name}: {len(exits)} values leave the experts "
                                 f"({', '.join(sorted(n.name for n in exits))})")
     (rows,) = entries
     return ExpertRegion(tuple(matmuls), rows, offs, exits[0], tuple(dict.fromkeys(weights)),
                         frozenset(members), experts.pop())
+
+
+def _bounds(matmuls: list[fx.Node], rows: list) -> tuple[set, set, list]:
+    """(members, entries, exits) of the region of ``matmuls`` reading ``rows``: the
+    matmuls and every node between them; the values read from outside; the values used
+    outside (trace-time asserts aside)."""
+    members = set(matmuls) | (_reachable(matmuls, forward=True)
+                              & _reachable(rows, forward=False))
+    entries = set(rows) - members
+    exits = [n for n in members
+             if any(u not in members and u.target not in _CHECKS for u in n.users)]
+    return members, entries, exits
 
 
 def _reachable(starts, forward: bool) -> set[fx.Node]:

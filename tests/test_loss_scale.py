@@ -188,8 +188,10 @@ def _overflow_on_rank_1(rank: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    # The store lives in the test process, as torchrun's agent hosts it: a worker that hosts
+    # it can abort at exit while its server thread still runs.
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
         mesh = init_device_mesh("cpu", (2,))
         sharded = nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
@@ -223,7 +225,10 @@ def _overflow_on_rank_1(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_overflow_on_one_rank_skips_every_rank(tmp_path: Path) -> None:
-    mp.spawn(_overflow_on_rank_1, args=(free_port(), str(tmp_path)), nprocs=2)
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    mp.spawn(_overflow_on_rank_1, args=(port, str(tmp_path)), nprocs=2)
+    del store
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, r in enumerate(records):
         assert r["found"] == [True, False, True], (rank, r)

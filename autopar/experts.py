@@ -268,6 +268,29 @@ _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}  # trace-time asserts
 _MOVES = {"cast_to", "redistribute", "grad_all_reduce", "gather_scatter_grad"}
 
 
+def expert_module(root: torch.nn.Module, targets: list[str] | tuple[str, ...]) -> str | None:
+    """The module path holding the expert weights ``targets`` (attribute paths under
+    ``root``) and nothing else, or None when no module does. ZeRO-3 with expert parallelism
+    shards that module over the ranks holding the same experts
+    (:mod:`autopar.passes.outline_experts`); torchtitan's ``GroupedExperts`` and Hugging
+    Face's ``MixtralExperts`` are such modules."""
+    common: list[str] = []
+    for level in zip(*(t.split(".")[:-1] for t in targets)):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    path = ".".join(common)
+    if not path:
+        return None
+    try:
+        module = root.get_submodule(path)
+    except AttributeError:
+        return None
+    held = {f"{path}.{n}" for n, _ in module.named_parameters()}
+    held |= {f"{path}.{n}" for n, _ in module.named_buffers()}
+    return path if held == set(targets) else None
+
+
 def _through_casts(node: fx.Node) -> fx.Node:
     """A weight read through dtype casts (a bf16 plan casts it), tensor-parallel
     collectives, or transposes that keep the expert dim first (Hugging Face stores

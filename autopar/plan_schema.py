@@ -20,7 +20,7 @@ Cross-field rules, under the conventions :mod:`autopar.solver.to_plan` writes:
   sequences of one microbatch on one data-parallel rank (tensor parallelism may split it
   further, but never changes the count);
 - with ``pp > 1`` the pipeline section is present: its microbatches are the batch's, at
-  least pp of them (a multiple of pp for ``interleaved``); ``virtual_stages`` is 1 for
+  least pp of them (any number for ``gpipe``, a multiple of pp for ``interleaved``); ``virtual_stages`` is 1 for
   gpipe/1f1b, 2 for zb_v and at least 2 for interleaved; ``pp x virtual_stages`` chunks cut
   the layers contiguously from layer 0, each on the rank ``torch.distributed.pipelining``
   runs it on; one stage entry per pipeline rank. Without pp the section is empty.
@@ -414,7 +414,7 @@ def _pipeline_rules(plan: dict) -> None:
     m, v, schedule = pipe["microbatches"], pipe["virtual_stages"], pipe["schedule"]
     if m != plan["batch"]["microbatches"]:
         _fail("pipeline.microbatches", f"batch.microbatches ({plan['batch']['microbatches']})", m)
-    if m < pp or (schedule == "interleaved" and m % pp):
+    if (m < pp and schedule != "gpipe") or (schedule == "interleaved" and m % pp):
         what = "a multiple of" if schedule == "interleaved" else "at least"
         _fail("batch.microbatches", f"{what} pp={pp} (schedule {schedule})", m)
     allowed = {"gpipe": (1,), "1f1b": (1,), "zb_v": (2,)}.get(schedule)

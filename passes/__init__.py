@@ -15,6 +15,7 @@ from autopar.passes.infra import (
 )
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
+from autopar.passes.outline_experts import OutlineExperts
 from autopar.passes.outline_layers import OutlineLayers
 from autopar.passes.pipeline_split import PipelineSplit
 from autopar.passes.recompute_inputs import RecomputeInputs
@@ -61,6 +62,8 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     data = plan.mesh.get("dp", 1) * plan.mesh.get("cp", 1)  # ranks averaging gradients
     if (zero == 3 and data > 1) or recompute != "none" or pipelined:
         passes.append(OutlineLayers())
+    if zero == 3 and plan.mesh.get("ep", 1) > 1:  # FSDP2 shards experts as modules
+        passes.append(OutlineExperts())
     if recompute != "none":
         passes.append(CheckpointLayers())
     if pipelined:
@@ -77,6 +80,7 @@ __all__ = [
     "GraphPass",
     "InsertCollectives",
     "LocalizeShapes",
+    "OutlineExperts",
     "OutlineLayers",
     "PassContext",
     "PassManager",

@@ -35,6 +35,9 @@ from autopar.passes.shard_parameters import _set
 from autopar.placements import Shard
 
 EP = "ep"
+# node.meta key: the index of the expert region a grouped matmul (or einsum, or an expert
+# module's linear) belongs to, for the passes after this one (outline-experts)
+EXPERT_REGION = "autopar_expert_region"
 
 
 @register_pass
@@ -58,7 +61,9 @@ class ExpertParallel(GraphPass):
         rank = ctx.coords.get(EP, 0)
         changes: list[str] = []
         kept: set[str] = set()
-        for region in regions:
+        for index, region in enumerate(regions):
+            for mm in region.matmuls:
+                mm.meta[EXPERT_REGION] = index
             if region.experts % ep:
                 raise PassError(f"ep={ep} does not divide the {region.experts} experts of "
                                 f"{region.matmuls[0].name}",

@@ -120,6 +120,10 @@ class PassManager:
             result.pass_name = p.name
             if result.modified:
                 result.graph_module.recompile()
+            if result.graph_module is not gm:  # a rebuilt module keeps what passes recorded
+                for key, value in gm.meta.items():
+                    if key.startswith("autopar_"):
+                        result.graph_module.meta.setdefault(key, value)
             gm = result.graph_module
             results.append(result)
         return gm, results

@@ -32,8 +32,8 @@ def _moe(routing: str = "sorted", experts: int = 4) -> MoEGPT:
 def test_regions_are_the_grouped_matmuls_of_each_layer() -> None:
     regions = expert_regions(autopar.trace(_moe(), (IDX, IDX)))
     assert [r.experts for r in regions] == [4, 4]
-    assert [r.weight_fqns for r in regions] == [("h.0.moe.w_in", "h.0.moe.w_out"),
-                                                ("h.1.moe.w_in", "h.1.moe.w_out")]
+    assert [r.weight_fqns for r in regions] == [("h.0.moe.experts.w_in", "h.0.moe.experts.w_out"),
+                                                ("h.1.moe.experts.w_in", "h.1.moe.experts.w_out")]
     for r in regions:  # the gelu between the two matmuls runs on the experts' rows
         assert any(n.target is torch.ops.aten.gelu.default for n in r.members)
 
@@ -53,13 +53,13 @@ def test_hf_mixtral_regions_read_through_transposed_weights() -> None:
 def test_pinned_ep_is_in_the_plan() -> None:
     plan = autopar.plan(_moe(), "2xcpu", (IDX, IDX), dp=2, ep=2)
     assert plan.mesh == {"dp": 2, "ep": 2, "tp": 1} and plan.world_size == 2
-    assert plan.params["h.0.moe.w_in"]["ep"] == "S(0)"
+    assert plan.params["h.0.moe.experts.w_in"]["ep"] == "S(0)"
     assert "ep" not in plan.params["h.0.attn.c_attn.weight"]
     assert Plan.from_json(plan.to_json()) == plan
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(ep=3, dp=6), ("ep=3", "does not divide the 4 experts", "h.0.moe.w_in")),
+    (dict(ep=3, dp=6), ("ep=3", "does not divide the 4 experts", "h.0.moe.experts.w_in")),
     (dict(ep=8), ("ep=8", "more than the 6 devices")),
     (dict(ep=4, dp=6), ("ep=4", "does not divide dp=6")),
 ])
@@ -93,21 +93,38 @@ def test_top_k_above_experts_is_refused() -> None:
 @pytest.mark.parametrize("nproc, cases", [
     (2, [*({"model": f"moe-{r}", "dp": 2, "ep": 2} for r in ("loop", "dense", "sorted")),
          {"model": "mixtral", "dp": 2, "ep": 2}]),
-    (4, [*({"model": f"moe-{r}", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST}
-           for r in ("loop", "dense", "sorted")),
-         {"model": "mixtral", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
-         {"model": "mixtral", "dp": 4, "ep": 2}, {"model": "moe-loop", "dp": 4, "ep": 2},
+    # ep x tp; ZeRO-3 shards the experts over the ranks holding the same ones (edp=2 with
+    # dp=4, ep=2), the rest over dp
+    (4, [{"model": "moe-loop", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
+         *({"model": f"moe-{r}", "dp": 2, "ep": 2, "tp": 2, "zero": 3, "cluster": FAST}
+           for r in ("dense", "sorted")),
+         {"model": "mixtral", "dp": 2, "ep": 2, "tp": 2, "zero": 3, "cluster": FAST},
+         {"model": "mixtral", "dp": 4, "ep": 2, "zero": 3},
+         {"model": "moe-loop", "dp": 4, "ep": 2, "zero": 3},
          {"model": "moe-dense", "dp": 4, "ep": 4}]),
-], ids=["2ranks", "4ranks"])
+    # ep + pp: with the balancing loss over the global batch, one microbatch per rank
+    # (GPipe); with the z-loss alone, several, under every schedule
+    (4, [*({"model": f"moe-{r}", "dp": 2, "ep": 2, "pp": 2, "microbatches": 1,
+            "schedule": "gpipe"} for r in ("loop", "dense", "sorted")),
+         {"model": "mixtral", "dp": 2, "ep": 2, "pp": 2, "microbatches": 1,
+          "schedule": "gpipe", "zero": 3},
+         {"model": "moe-sorted-zloss", "dp": 2, "ep": 2, "pp": 2, "microbatches": 2,
+          "schedule": "1f1b"},
+         {"model": "moe-loop-zloss", "dp": 2, "ep": 2, "pp": 2, "microbatches": 2,
+          "schedule": "zb_v", "layers": 4}]),
+], ids=["2ranks", "4ranks", "4ranks-pp"])
 def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
                                                tmp_path: Path) -> None:
     """Every loss and every gradient (expert weights compared block by block, or whole on
     the rank holding the expert) on every rank equal one device's (fp32, 3 steps), in each
     routing style, with the balancing loss over the global batch."""
+    cases = [{"zero": 0, **case} for case in cases]  # ZeRO-0 unless the case says 3
     pytest.importorskip("transformers")
     for rank in run_cases(nproc, tmp_path, cases):
         for case, r in zip(cases, rank):
             assert r["ok"], r
             assert r["mesh"]["ep"] == case["ep"] and r["mesh"]["dp"] == case["dp"]
+            assert r["zero"] == case["zero"]
+            assert r["mesh"].get("pp", 1) == case.get("pp", 1)
             if "tp" in case:
                 assert r["sharded"], ("expected tensor-parallel weights", case)

@@ -134,6 +134,17 @@ class Router(nn.Module):
         return indices, weights, aux
 
 
+class StackedExperts(nn.Module):
+    """Every expert's weights stacked on dim 0, in a module of their own (as torchtitan and
+    Hugging Face hold them): ZeRO-3 with expert parallelism shards this module over the ranks
+    holding the same experts, apart from the router and the shared experts."""
+
+    def __init__(self, experts: int, n_embd: int, ffn: int):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.empty(experts, n_embd, ffn).normal_(std=0.02))
+        self.w_out = nn.Parameter(torch.empty(experts, ffn, n_embd).normal_(std=0.02))
+
+
 class MoE(nn.Module):
     """Routed experts (GELU MLPs), plus ``shared_experts`` always-on ones folded into one
     wider MLP, as DeepSeek-V3 writes them."""
@@ -148,8 +159,7 @@ class MoE(nn.Module):
                 nn.Sequential(nn.Linear(m, f, bias=False), nn.GELU(), nn.Linear(f, m, bias=False))
                 for _ in range(e))
         else:
-            self.w_in = nn.Parameter(torch.empty(e, m, f).normal_(std=0.02))
-            self.w_out = nn.Parameter(torch.empty(e, f, m).normal_(std=0.02))
+            self.experts = StackedExperts(e, m, f)
         if config.shared_experts:
             width = config.shared_experts * f
             self.shared = nn.Sequential(nn.Linear(m, width, bias=False), nn.GELU(),
@@ -189,8 +199,8 @@ class MoE(nn.Module):
         combine = dispatch * weights.reshape(b, t * c.top_k, 1, 1)
         tokens = x.repeat_interleave(c.top_k, dim=1)  # (b, t*k, m): each choice's token
         queued = torch.einsum("bsec,bsm->becm", dispatch, tokens)
-        hidden = F.gelu(torch.einsum("becm,emf->becf", queued, self.w_in))
-        done = torch.einsum("becf,efm->becm", hidden, self.w_out)
+        hidden = F.gelu(torch.einsum("becm,emf->becf", queued, self.experts.w_in))
+        done = torch.einsum("becf,efm->becm", hidden, self.experts.w_out)
         return torch.einsum("bsec,becm->bsm", combine, done).reshape(b, t, c.top_k, m).sum(2)
 
     def _sorted(self, x, indices, weights):
@@ -202,8 +212,8 @@ class MoE(nn.Module):
         token = order // c.top_k
         counts = torch.histc(experts.float(), bins=c.experts, min=0, max=c.experts - 1)
         offsets = torch.cumsum(counts, dim=0).to(torch.int32)
-        hidden = F.gelu(grouped_mm(flat[token], self.w_in, offsets))
-        done = grouped_mm(hidden, self.w_out, offsets)
+        hidden = F.gelu(grouped_mm(flat[token], self.experts.w_in, offsets))
+        done = grouped_mm(hidden, self.experts.w_out, offsets)
         done = done * weights.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(flat).index_add(0, token, done).view_as(x)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -15,7 +16,7 @@ from autopar.runtime.mesh import MeshContext
 def wrap_data_parallel(
     module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
     pipelined: bool = False, param_dtype: torch.dtype = torch.float32,
-    experts: list[str] | None = None,
+    experts: list[str] | None = None, expert_units: list[nn.Module] | None = None,
 ) -> nn.Module:
     """Wrap ``module`` for data parallelism over the ``dp`` axis (with ``cp``: over dp x cp,
     the ranks that hold the same weights).
@@ -31,17 +32,22 @@ def wrap_data_parallel(
     say what computes in which dtype).
 
     ``experts``: parameters held by part of the group only (expert parallelism); DDP leaves
-    them to :func:`autopar.runtime.experts.reduce_expert_grads`.
+    them to :func:`autopar.runtime.experts.reduce_expert_grads`. Under ZeRO-3 FSDP2 shards
+    them, as ``expert_units`` (the modules ``outline-experts`` made), over the ranks holding
+    the same experts, and divides their summed gradients by the whole data-parallel degree
+    as every other gradient is (torchtitan shards its experts the same way).
     """
     group = ctx.data_group()
     if group is None or group.size() == 1:
         return module
-    if experts and (zero_stage != 0 or pipelined):
+    if experts and zero_stage not in (0, 3):
         raise RuntimeSetupError(
-            "expert parallelism runs with ZeRO-0 and without pipeline stages yet",
-            where="plan.mesh.ep", fix="re-plan with zero=0 and pp=1, or ep=1")
+            f"expert parallelism runs with ZeRO-0 or 3, not {zero_stage}",
+            where="plan.mesh.ep", fix="re-plan with zero=0 or 3, or ep=1")
     if zero_stage == 0 and pipelined:
-        replicate(module, mesh=ctx.data_mesh)
+        params = dict(module.named_parameters())
+        replicate(module, mesh=ctx.data_mesh,
+                  ignored_params={params[n] for n in experts or []} or None)
         return module
     if zero_stage == 0:
         if experts:
@@ -56,12 +62,39 @@ def wrap_data_parallel(
         dp_mesh = ctx.data_mesh
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                       cast_forward_inputs=False)
+        if experts and not expert_units:
+            raise RuntimeSetupError(
+                "ZeRO-3 with expert parallelism needs the experts outlined as modules",
+                where="plan.training.zero", fix="re-plan with zero=0, or ep=1")
+        for unit in expert_units or []:
+            fully_shard(unit, mesh=ctx.expert_data_mesh, mp_policy=policy)
+            unit.set_gradient_divide_factor(float(group.size()))
+            # gloo has no PREMUL_SUM: sum, then divide. (Not on one rank, where FSDP2 copies
+            # the gradient divided by the factor and would then divide it again.)
+            if dist.get_backend(group) == "gloo" and ctx.expert_data_mesh.size() > 1:
+                unit.set_force_sum_reduction_for_comms(True)
         for unit in units:
             fully_shard(unit, mesh=dp_mesh, mp_policy=policy)
         fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+        if expert_units:
+            _prefetch_layers_only(units, expert_units)
         return module
     raise RuntimeSetupError(
         f"ZeRO stage {zero_stage} is modelled but not executable yet",
         where="plan.training.zero",
         fix="re-plan with zero=(0, 3)",
     )
+
+
+def _prefetch_layers_only(units: list[nn.Module], expert_units: list[nn.Module]) -> None:
+    """In backward each layer prefetches the previous layer's weights (over dp), and an
+    expert module prefetches nothing. FSDP2's default prefetches the module before in
+    forward order, which for a layer's first expert is the previous layer: a dp all-gather
+    issued where that expert's backward runs. Ranks of one ep group hold different experts
+    (a list of expert modules runs them at different places), so they would issue it
+    between different all-to-alls, and wait on each other forever. (An empty list means
+    FSDP2's default; a module's prefetch of itself is a no-op.)"""
+    for unit in expert_units:
+        unit.set_modules_to_backward_prefetch([unit])
+    for before, unit in zip(units, units[1:]):
+        unit.set_modules_to_backward_prefetch([before])

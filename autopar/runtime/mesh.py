@@ -30,6 +30,9 @@ class MeshContext:
     # flattened into one dim (context parallelism replicates weights as data parallelism
     # does; torchtitan folds cp into its FSDP mesh the same way).
     data_mesh: DeviceMesh | None = None
+    # Under expert parallelism: the ranks holding the same experts (``edp``, with cp), over
+    # which FSDP2 shards the expert weights.
+    expert_data_mesh: DeviceMesh | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
@@ -113,10 +116,14 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
         coords["dp"] = coords["edp"] * plan.mesh["ep"] + coords["ep"]
         axes["dp"] = mesh[replicas]._flatten("dp")
     data = mesh[(*replicas, "cp")]._flatten("dp_cp") if "cp" in names else axes["dp"]
+    experts = None
+    if "ep" in names:
+        experts = mesh[("edp", "cp")]._flatten("edp_cp") if "cp" in names else mesh["edp"]
     zigzag = ("cp",) if plan.context.get("layout") == "zigzag" else ()
     comm_ops.bind_axis_groups({axis: sub.get_group() for axis, sub in axes.items()
                                if sub.size() > 1}, zigzag=zigzag)
-    return MeshContext(mesh, coords, device, pipeline_ends=ends, data_mesh=data)
+    return MeshContext(mesh, coords, device, pipeline_ends=ends, data_mesh=data,
+                       expert_data_mesh=experts)
 
 
 def device_axes(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -76,7 +76,8 @@ class ParallelModule(nn.Module):
         if pipeline is not None:
             pipeline.recorder_of = lambda: self._recorder
         self._scaler = scaler_for(plan, loss_scale)
-        self._experts = expert_parameters(program)
+        # FSDP2 reduces expert gradients itself under ZeRO-3 (over edp, divided by dp)
+        self._experts = expert_parameters(program) if plan.training.get("zero", 0) != 3 else []
 
     # --- fp16 loss scaling ---------------------------------------------------------------
     @property
@@ -212,7 +213,10 @@ class ParallelModule(nn.Module):
         if self._pipeline is not None:
             if self._scaler is not None:
                 self._pipeline.loss_multiplier = self._scaler.scale
-            return self._mean_over_dp(self._pipeline.step(self._named_inputs(args, kwargs)))
+            loss = self._pipeline.step(self._named_inputs(args, kwargs))
+            for stage in self._pipeline.modules:  # names absent from a stage are skipped
+                reduce_expert_grads(stage, self._experts, self.plan)
+            return self._mean_over_dp(loss)
         defer = self.plan.training.get("zero", 0) == 0
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)

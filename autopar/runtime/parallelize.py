@@ -115,18 +115,32 @@ def parallelize(
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,
-                               param_dtype=param_dtype)))
+                               param_dtype=param_dtype, **_experts_of(program, module))))
         pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner,
                           loss_scale=loss_scale)
     else:
         program.to(ctx.device)
         units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
         wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype,
-                                     experts=expert_parameters(program))
+                                     **_experts_of(program, program))
         pm = module_class(program, wrapped, plan, ctx, loss_scale=loss_scale)
     if record_run is not None:
         pm.record_run(record_run)
     return pm
+
+
+def _experts_of(program: fx.GraphModule, module: nn.Module) -> dict[str, Any]:
+    """The expert parameters (names) and expert modules (outline-experts) of ``module``,
+    the whole program or one pipeline stage of it (which keeps the program's names)."""
+    params = dict(module.named_parameters())
+    units = []
+    for path in program.meta.get("autopar_expert_units", []):
+        try:
+            units.append(module.get_submodule(path))
+        except AttributeError:
+            continue  # in another stage
+    return {"experts": [n for n in expert_parameters(program) if n in params],
+            "expert_units": units}
 
 
 def check_cp_runs(plan: Plan, gm: fx.GraphModule) -> None:

@@ -127,6 +127,10 @@ class UnitCosts:
     cut_fwd: list[float]  # bytes crossing the cut after unit i, forward
     cut_bwd: list[float]  # ... and their gradients, backward
     gathered_outputs: float = 0.0  # the graph's outputs made whole for the caller
+    # the part of ``weights`` and ``grad_bytes`` that is expert weights held by one ep
+    # group's block (ZeRO-3 gathers and reduces them over edp, not dp)
+    expert_weights: list[float] = field(default_factory=list)
+    expert_grad_bytes: list[float] = field(default_factory=list)
 
     @property
     def n_units(self) -> int:
@@ -176,6 +180,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     layers, unit_of = _units(problem.gm)
     n = len(layers) + 2
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
+    u.expert_weights, u.expert_grad_bytes = [0.0] * n, [0.0] * n
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -189,6 +194,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         out = max(out, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
         numel = tables.trainable_numel(d, s)
         expert_f, expert_b = tables.expert_comm(d)
+        expert = tables.expert_divisor(d) > 1
         for k, c in _unit_counts(d.nodes, unit_of):
             u.tp_comm[k] += (expert_f + expert_b) * c
             u.largest[k] = max(u.largest[k], out)
@@ -202,6 +208,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
             u.opt[k] += st.optimizer * c
             u.grad_bytes[k] += g * c
             u.weights[k] += w * c
+            if expert:
+                u.expert_grad_bytes[k] += g * c
+                u.expert_weights[k] += w * c
 
     for key in problem.values:
         producer = problem.decisions[key[0]]
@@ -504,10 +513,18 @@ def data_parallel_costs(
             return step.comm_s, step.exposed_s, buckets
         gather = dp_time("all_gather", sum(u.weights[i] for i in units))
         return step.comm_s + gather, step.exposed_s + gather, buckets
+    def edp_time(kind: str, nbytes: float) -> float:  # expert weights: over edp (x cp)
+        if nbytes <= 0 or setting.ep <= 1:
+            return 0.0
+        return busy + group_collective_time(kind, nbytes, setting.ep_mesh, "edp",
+                                            tables.cluster)
+
     n_layers = len(u.layers)
     fsdp_units = [
-        Unit(gather_s=dp_time("all_gather", u.weights[i]),
-             reduce_s=dp_time("reduce_scatter", u.grad_bytes[i]),
+        Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
+             + edp_time("all_gather", u.expert_weights[i]),
+             reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
+             + edp_time("reduce_scatter", u.expert_grad_bytes[i]),
              forward_s=u.fwd[i] + u.tp_comm[i] / 2, backward_s=u.bwd[i] + u.tp_comm[i] / 2,
              regather=0 < i <= n_layers)
         for i in sorted(units)

@@ -2,8 +2,10 @@
 
 Expert parallelism is carved out of data parallelism (as in Megatron-Core and torchtitan):
 ``ep`` consecutive data-parallel ranks share out each MoE layer's experts, so ``ep``
-divides ``dp`` and every layer's expert count. The runtime executes it with ZeRO-0, without
-pipeline stages or context parallelism yet; the planner offers only what runs.
+divides ``dp`` and every layer's expert count. The runtime executes it with ZeRO-0, and with
+ZeRO-3 where each layer's expert weights have a module of their own (FSDP2 shards it over
+the ranks holding the same experts), with or without pipeline stages, and without context
+parallelism yet; the planner offers only what runs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from autopar.errors import AutoparError
-from autopar.experts import ExpertRegionError, expert_regions, regions_of
+from autopar.experts import ExpertRegionError, expert_module, expert_regions, regions_of
 from autopar.solver.options import PlanOptions
 
 
@@ -24,7 +26,7 @@ def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: i
     trade the same two things and are not priced, which keeps a search over thousands of
     devices as fast as without experts."""
     regions = regions_of(gm)
-    runs = zero == 0 and pp == 1 and cp == 1
+    runs = (zero == 0 or (zero == 3 and sharded_alone(gm))) and cp == 1
     if options.ep is not None:
         return [options.ep] if options.ep == 1 or (runs and dp % options.ep == 0) else []
     if not regions or not runs:
@@ -35,6 +37,12 @@ def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: i
         return [1]
     inside = [e for e in allowed if devices_per_node is None or e * tp <= devices_per_node]
     return sorted({1, allowed[-1], *(inside[-1:])})
+
+
+def sharded_alone(gm: fx.GraphModule) -> bool:
+    """Can ZeRO-3 shard every expert region's weights as a module of their own?"""
+    regions = regions_of(gm)
+    return bool(regions) and all(expert_module(gm, r.weight_fqns) is not None for r in regions)
 
 
 def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:

@@ -49,15 +49,22 @@ def experts_entry(tables: CostTables, candidates: list) -> dict:
 
 
 def _why(ep: int, setting, candidates: list) -> str:
+    if ep > 1 and setting.zero == 3:
+        edp = setting.dp // ep
+        return (f"each of {ep} consecutive data-parallel ranks keeps 1/{ep} of every layer's "
+                f"experts, sharded (ZeRO-3) over the {edp} rank(s) holding the same ones: "
+                f"each rank gathers and reduces {ep}x fewer expert weights than with the "
+                "experts everywhere, paid for by the token all-to-alls (modelled)")
     if ep > 1:
         return (f"each of {ep} consecutive data-parallel ranks keeps 1/{ep} of every layer's "
                 "experts: their weights, gradients and optimizer states shrink by "
                 f"{ep}x, paid for by the token all-to-alls (modelled)")
     spread = [c for c in candidates if c.get("ep", 1) > 1 and "step_time_s" in c]
     if not spread:
-        return ("experts kept whole on every rank: spreading them (ep > 1) needs ZeRO-0, "
-                "no pipeline stages and no context parallelism, and an ep dividing dp and "
-                "the experts; none of the solved settings allowed it")
+        return ("experts kept whole on every rank: spreading them (ep > 1) needs ZeRO-0, or "
+                "ZeRO-3 with the experts' weights in a module of their own, no context "
+                "parallelism, and an ep dividing dp and the experts; none of the solved "
+                "settings allowed it")
     best = min(spread, key=lambda c: c["step_time_s"])
     return (f"experts kept whole on every rank: the best setting spreading them "
             f"(ep={best['ep']}, dp={best['dp']}) was predicted at "

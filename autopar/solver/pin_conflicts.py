@@ -51,15 +51,16 @@ def conflict(options: PlanOptions, mesh: tuple[int, int, int, int], global_batch
         counts = [options.microbatches]
     else:
         counts = [d for d in range(1, local + 1) if local % d == 0]
-    if pp > 1 and max(counts) < pp:
+    if pp > 1 and max(counts) < pp and options.schedule != "gpipe":
         return Conflict(f"{max(counts)} microbatch(es) from {share} cannot fill pp={pp} "
                         "pipeline stages (a pipeline needs at least pp microbatches)",
-                        "use fewer pipeline stages, smaller or more microbatches, or a larger "
-                        "global batch")
-    if pp > 1 and not any(variants(options, pp, m, n_layers) for m in counts if m >= pp):
+                        "use fewer pipeline stages, smaller or more microbatches, a larger "
+                        "global batch, or schedule='gpipe' (which runs them one after another)")
+    runnable = [m for m in counts if m >= pp or options.schedule == "gpipe"]
+    if pp > 1 and not any(variants(options, pp, m, n_layers) for m in runnable):
         schedule = options.schedule or "any schedule"
         return Conflict(f"{schedule} (virtual_stages={options.virtual_stages}) cannot run pp={pp} "
-                        f"stages with {', '.join(str(m) for m in counts if m >= pp)} "
+                        f"stages with {', '.join(str(m) for m in runnable)} "
                         f"microbatches on {n_layers} layers (interleaved needs microbatches a "
                         "multiple of pp and layers >= pp x virtual stages; zb_v needs layers >= "
                         "2 x pp)", "pin another schedule or fewer virtual stages or pipeline stages")

@@ -307,6 +307,8 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
         return [("1f1b", 1)]
     out = []
     for schedule in [options.schedule] if options.schedule else list(RUNNABLE_SCHEDULES):
+        if m < pp and schedule != "gpipe":
+            continue  # only GPipe runs fewer microbatches than stages (each in turn)
         if schedule == "interleaved":
             # torch's interleaved schedule runs microbatches in rounds of pp
             vs = [options.virtual_stages] if options.virtual_stages else range(2, 9)
@@ -338,7 +340,10 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         if coupled:
             candidates.append(Candidate(setting, f"SKIPPED({coupled})"))
             continue
-        if pp > 1 and m < pp:
+        # Fewer microbatches than stages only where the batch is coupled (the exact
+        # statistic needs one microbatch per rank) or GPipe is pinned: otherwise a pipeline
+        # that idles is never worth pricing.
+        if pp > 1 and m < pp and not couplings and options.schedule != "gpipe":
             candidates.append(Candidate(setting, f"SKIPPED({m} microbatches cannot fill {pp} stages)"))
             continue
         variants = pipeline_variants(options, pp, m, n_layers)

@@ -61,9 +61,12 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
     if name.startswith("moe-"):  # moe-loop, moe-dense, moe-sorted: routing styles
         from autopar.models.moe import MoEConfig, MoEGPT
 
+        # "-zloss": the router z-loss only (a mean over tokens: exact over microbatches,
+        # where the balancing loss's product of batch means is not)
+        routing, _, variant = name.removeprefix("moe-").partition("-")
         model = MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=layers, n_head=4,
                                  n_embd=32, experts=4, top_k=2, expert_ffn=32,
-                                 routing=name.removeprefix("moe-"), aux_loss_coef=1.0,
+                                 routing=routing, aux_loss_coef=0.0 if variant else 1.0,
                                  z_loss_coef=1e-3))
         return model, ((idx, tgt), {})
     if name == "batchnorm":  # batch statistics in training mode

@@ -280,7 +280,11 @@ EXPLANATION = obj({}, {
     # modelled token all-to-all
     "experts": obj({"layers": COUNT, "experts": plain, "ep": COUNT, "per_rank": plain,
                     "all_to_all_bytes_per_step": SIZE, "all_to_all_s": SECONDS,
-                    "why": text()}),
+                    "why": text()},
+                   # cost_models.expert_load: imbalance by chance, capacity drops (modelled)
+                   {"load": obj({"basis": text(), "busiest_rank_excess": number()},
+                                {"capacity_slots": COUNT,
+                                 "dropped_fraction": number(0, 1)})}),
 })
 
 CONTEXT = obj({

@@ -60,6 +60,20 @@ def test_a_balancing_loss_is_a_statistic_and_routing_is_per_token(routing: str) 
     assert all("Router" in c.where and "moe.py" in c.where for c in found)
 
 
+def test_a_bias_update_under_no_grad_is_a_statistic() -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing nudges a routing bias by the sign of each
+    expert's load, inside ``torch.no_grad()`` (which torch.export hides in one opaque call):
+    the load is a sum over the batch, so the sign needs every rank's tokens."""
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32,
+                             experts=4, top_k=2, expert_ffn=32, routing="sorted",
+                             aux_loss_coef=0.0, bias_update_rate=0.05))
+    found = _couplings(model, (IDX, IDX))
+    assert [(c.kind, c.op) for c in found] == [("statistic", "aten.sign.default")] * 2
+    plan = autopar.plan(model, "2xcpu", (IDX, IDX), dp=2)
+    assert [c["exact"] for c in plan.batch_coupled] == [True, True]
+
+
 def test_models_without_coupling_have_none() -> None:
     gpt = GPT(GPTConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32))
     assert _couplings(gpt, (IDX, IDX)) == []
@@ -111,8 +125,14 @@ def test_unknown_batch_coupling_names_the_field() -> None:
 def test_moe_trains_exactly_under_dp(tmp_path: Path) -> None:
     """Every routing style, its balancing loss over the global batch, equals one device
     (fp32, every loss and gradient on every rank). Without the statistic's all-reduce the
-    losses differ at the first step (checked by hand: 7e-5 relative, gradients far off)."""
+    losses differ at the first step (checked by hand: 7e-5 relative, gradients far off).
+
+    DeepSeek-V3's auxiliary-loss-free balancing ("-bias") updates a routing bias from the
+    step's tokens per expert inside ``torch.no_grad()``: with each rank counting only its
+    own tokens, the second step's losses differed (checked by hand: 3e-4 relative)."""
     cases = [{"model": f"moe-{r}", "dp": 2} for r in ("loop", "dense", "sorted")]
+    cases += [{"model": "moe-sorted-bias", "dp": 2},
+              {"model": "moe-loop-bias", "dp": 2, "ep": 2}]
     for rank in run_cases(2, tmp_path, cases):
         for r in rank:
             assert r["ok"], r

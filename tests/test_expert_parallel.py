@@ -83,6 +83,41 @@ def test_dense_and_loop_experts_are_regions_too() -> None:
     assert "ep" not in plan.params["h.0.moe.experts.1.0.weight"]
 
 
+def test_experts_are_priced_by_the_tokens_they_expect() -> None:
+    """An expert picking its rows with ``where(indices == e)`` has a row count known only at
+    run time: it is priced at tokens x top-k / experts, as grouped matmuls over the sorted
+    tokens are, not at one row (free) nor at every token."""
+    from autopar.graph_facts import META_KEY
+
+    def expert_flops(routing: str) -> int:
+        gm = autopar.trace(_moe(routing, experts=8), (IDX, IDX))
+        return sum(n.meta[META_KEY].fwd_flops for n in gm.graph.nodes
+                   if META_KEY in n.meta and ".experts" in (n.meta[META_KEY].module_path or "")
+                   or "grouped_mm" in str(n.target))
+
+    tokens, top_k, hidden, ffn = IDX.numel(), 2, 32, 32
+    per_layer = 2 * tokens * top_k * hidden * ffn * 2  # two matmuls, 2 FLOPs a MAC
+    assert expert_flops("loop") == expert_flops("sorted") == 2 * per_layer
+
+
+def test_plan_reports_load_imbalance_and_capacity_drops() -> None:
+    """Under balanced routing by chance alone (modelled): the busiest ep rank's excess over
+    its share, and the pairs GShard's capacity slots drop, as a binomial count gives
+    (checked against simulation in cost_models/expert_load.py's examples)."""
+    from autopar.cost_models.expert_load import dropped_fraction
+
+    model = MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32,
+                             experts=4, top_k=2, expert_ffn=32, routing="dense",
+                             capacity_factor=1.0))
+    plan = autopar.plan(model, "2xcpu", (IDX, IDX), dp=2, ep=2)
+    load = plan.explanation["experts"]["load"]
+    assert load["capacity_slots"] == 8  # capacity factor 1 x 16 tokens x top-2 / 4 experts
+    assert load["dropped_fraction"] == pytest.approx(dropped_fraction(32, 4, 8))
+    assert 0 < load["busiest_rank_excess"] < 0.5
+    unspread = autopar.plan(_moe(), "2xcpu", (IDX, IDX), dp=2, ep=1)
+    assert unspread.explanation["experts"]["load"]["busiest_rank_excess"] == 0.0
+
+
 def test_top_k_above_experts_is_refused() -> None:
     with pytest.raises(ModelSpecError, match="top_k"):
         MoEConfig(block_size=16, vocab_size=96, n_layer=1, n_head=4, n_embd=32, experts=2,

@@ -207,7 +207,18 @@ def format_experts(entry: dict) -> list[str]:
     if ep > 1:
         head += (f", tokens all-to-all {format_bytes(entry['all_to_all_bytes_per_step'])} "
                  f"per rank per step, {entry['all_to_all_s'] * 1e3:.1f} ms (modelled)")
-    return [head, f"          {entry['why']}"]
+    lines = [head, f"          {entry['why']}"]
+    load = entry.get("load") or {}
+    if ep > 1 or "dropped_fraction" in load:
+        words = []
+        if ep > 1:
+            words.append(f"the busiest ep rank gets {load['busiest_rank_excess']:.1%} more "
+                         "tokens than its share")
+        if "dropped_fraction" in load:
+            words.append(f"a capacity of {load['capacity_slots']} slots per expert drops "
+                         f"{load['dropped_fraction']:.2%} of the (token, choice) pairs")
+        lines.append(f"          load: {'; '.join(words)} (modelled: {load['basis']})")
+    return lines
 
 
 def format_attention(sites: list[dict]) -> list[str]:

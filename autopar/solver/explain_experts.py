@@ -10,8 +10,12 @@ experts evenly.
 
 from __future__ import annotations
 
-from autopar.experts import regions_of
+import torch
+
+from autopar.experts import ExpertRegion, regions_of
+from autopar.graph_facts import META_KEY
 from autopar.solver.costs import CostTables
+from autopar.cost_models.expert_load import busiest_rank_excess, dropped_fraction
 
 
 def experts_entry(tables: CostTables, candidates: list) -> dict:
@@ -44,8 +48,49 @@ def experts_entry(tables: CostTables, candidates: list) -> dict:
         seconds *= setting.microbatches
     entry["all_to_all_bytes_per_step"] = round(volume)
     entry["all_to_all_s"] = seconds
+    entry["load"] = load_entry(regions, setting.ep, setting.microbatch / tables.traced_batch)
     entry["why"] = _why(ep, setting, candidates)
     return entry
+
+
+def load_entry(regions: list[ExpertRegion], ep: int, scale: float) -> dict:
+    """How uneven the experts' load is by chance alone, per microbatch (modelled, a lower
+    bound: :mod:`autopar.cost_models.expert_load`): the busiest ep rank's excess over its
+    expected tokens, and the (token, choice) pairs a capacity drops. ``scale``: microbatch
+    sequences per traced sequence."""
+    region = regions[0]  # the layers are alike; the first stands for them
+    entry: dict = {"basis": "chance under balanced routing, a lower bound"}
+    slots = _slots(region)
+    if slots is not None:  # GShard-style capacity slots
+        sequences, per_sequence, experts, capacity = slots
+        pairs = sequences * per_sequence * scale
+        dropped = dropped_fraction(per_sequence, experts, capacity)
+        if dropped > 1e-9:
+            entry.update(capacity_slots=capacity, dropped_fraction=dropped)
+    else:
+        pairs = _rows(region.rows) * scale  # sorted (token, choice) pairs
+        if region.kind == "loop":  # one expert's expected rows
+            pairs *= region.experts
+    entry["busiest_rank_excess"] = busiest_rank_excess(pairs * ep, ep)
+    return entry
+
+
+def _rows(node) -> float:
+    facts = node.meta.get(META_KEY)
+    return float(facts.shapes[0][0]) if facts is not None and facts.shapes else 0.0
+
+
+def _slots(region: ExpertRegion) -> tuple[int, int, int, int] | None:
+    """(sequences, pairs per sequence, experts, slots per expert) of GShard-style capacity
+    slots: the dispatch einsum ``bsec,bsm->becm`` that fills them says all four."""
+    producer = region.rows
+    if region.kind != "dense" or producer.target is not torch.ops.aten.einsum.default:
+        return None
+    val = producer.args[1][0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.ndim != 4:
+        return None
+    sequences, pairs, experts, capacity = (int(d) for d in val.shape)
+    return sequences, pairs, experts, capacity
 
 
 def _why(ep: int, setting, candidates: list) -> str:

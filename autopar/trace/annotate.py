@@ -12,7 +12,8 @@ from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten
 
 from autopar.graph_facts import META_KEY, NodeFacts, ParamFacts
-from autopar.trace.op_costs import OpCostMeter, concrete
+from autopar.trace.expected_rows import expected_sizes
+from autopar.trace.op_costs import EXPECTED, OpCostMeter, concrete
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -97,7 +98,16 @@ def _output_requires_grad(node: fx.Node, input_grads: list[bool]) -> bool:
 
 
 def annotate(gm: fx.GraphModule) -> None:
-    """Fill ``node.meta["autopar"]`` for every node of ``gm``."""
+    """Fill ``node.meta["autopar"]`` for every node of ``gm``; data-dependent row counts
+    at their expected values (:mod:`autopar.trace.expected_rows`)."""
+    token = EXPECTED.set(expected_sizes(gm))
+    try:
+        _annotate(gm)
+    finally:
+        EXPECTED.reset(token)
+
+
+def _annotate(gm: fx.GraphModule) -> None:
     vals = [t for n in gm.graph.nodes for t in tensor_vals(n)]
     fake_mode = detect_fake_mode(vals)
     meter = OpCostMeter(fake_mode, gm) if fake_mode is not None else None

@@ -20,6 +20,7 @@ from torch import nn
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from autopar.errors import TraceError
+from autopar.trace.no_grad import inline_no_grad_blocks
 
 _LIB_MARKERS = ("site-packages/torch/", "/torch/_", "<string>", "autopar/trace/")
 
@@ -57,6 +58,8 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
 def canonicalize(gm: fx.GraphModule) -> None:
     """Make the graph independent of where it was traced, and ready to run on local shapes.
 
+    - Inline ``torch.no_grad()`` blocks (:mod:`autopar.trace.no_grad`), so the planner sees
+      what they compute from the batch.
     - Drop export's input-shape guards: the per-rank program runs on local shapes.
     - Drop unused reads of parameters (export reads a tied weight under every name but uses
       one; keep one reader so the weight is planned and counted once).
@@ -67,6 +70,7 @@ def canonicalize(gm: fx.GraphModule) -> None:
       view is impossible, which the dropped ``contiguous`` did.
     """
     aten = torch.ops.aten
+    inline_no_grad_blocks(gm)
     for key, hook in list(gm._forward_pre_hooks.items()):
         if "check_input_constraints" in getattr(hook, "__name__", ""):
             del gm._forward_pre_hooks[key]

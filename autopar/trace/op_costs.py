@@ -10,6 +10,7 @@ the memory the run holds. Identical layers share one measurement through the cac
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import operator
 from dataclasses import dataclass
@@ -80,14 +81,24 @@ class OpMeasure:
 NOTHING = OpMeasure()
 
 
+# {unbacked symbol: expected value} of the graph being annotated (autopar.trace.expected_rows)
+EXPECTED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("autopar_expected",
+                                                                     default=None)
+
+
 def concrete(size: Any) -> int:
-    """An int for a possibly symbolic size (unbacked sizes use their hint, else 1)."""
+    """An int for a possibly symbolic size: its hint; for an unbacked size (rows ``nonzero``
+    picks), the expected value :data:`EXPECTED` gives, else 1."""
     if isinstance(size, int):
         return size
     node = getattr(size, "node", None)
     hint = getattr(node, "hint", None) if node is not None else None
     if hint is not None:
         return int(hint)
+    expr = getattr(node, "expr", None)
+    expected = EXPECTED.get()
+    if expr is not None and expected and expr.free_symbols <= expected.keys():
+        return max(1, int(expr.subs(expected)))
     try:
         return int(size)
     except Exception:  # noqa: BLE001 - unbacked symbol without a hint

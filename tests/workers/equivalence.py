@@ -62,12 +62,14 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
         from autopar.models.moe import MoEConfig, MoEGPT
 
         # "-zloss": the router z-loss only (a mean over tokens: exact over microbatches,
-        # where the balancing loss's product of batch means is not)
+        # where the balancing loss's product of batch means is not); "-bias": DeepSeek-V3's
+        # auxiliary-loss-free balancing, a routing bias nudged by each step's expert load
         routing, _, variant = name.removeprefix("moe-").partition("-")
         model = MoEGPT(MoEConfig(block_size=16, vocab_size=96, n_layer=layers, n_head=4,
                                  n_embd=32, experts=4, top_k=2, expert_ffn=32,
                                  routing=routing, aux_loss_coef=0.0 if variant else 1.0,
-                                 z_loss_coef=1e-3))
+                                 z_loss_coef=1e-3,
+                                 bias_update_rate=0.05 if variant == "bias" else 0.0))
         return model, ((idx, tgt), {})
     if name == "batchnorm":  # batch statistics in training mode
         model = torch.nn.Sequential(torch.nn.Embedding(96, 32), torch.nn.Flatten(),

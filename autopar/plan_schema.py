@@ -332,7 +332,8 @@ PLAN = obj(
             "ground_margin": number(),
         }),
         "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
-                       "candidates": list_of(map_of(plain))}),
+                       "candidates": list_of(map_of(plain))},
+                      {"solves": SIZE, "max_solves": nullable(COUNT), "budget_reached": flag}),
     },
     optional={
         "layers": list_of(obj({"block": text(), "layers": text(),

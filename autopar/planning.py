@@ -88,6 +88,7 @@ def plan(
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,
     extrapolation_margin: float | None = None,
+    max_solves: int | None = 300,
     model_name: str | None = None,
     **old_spellings: Any,
 ) -> Plan:
@@ -186,6 +187,7 @@ def plan(
         memory_fraction=memory_fraction,
         time_limit_s=time_limit_s,
         extrapolation_margin=extrapolation_margin,
+        max_solves=max_solves,
     )
     if options.precision_overrides:  # a key naming nothing fails here, before any solve
         assign_precision(gm, options.precision, dict(options.precision_overrides))

@@ -127,7 +127,9 @@ def test_top_k_above_experts_is_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc, cases", [
     (2, [*({"model": f"moe-{r}", "dp": 2, "ep": 2} for r in ("loop", "dense", "sorted")),
-         {"model": "mixtral", "dp": 2, "ep": 2}]),
+         {"model": "mixtral", "dp": 2, "ep": 2},
+         {"model": "zoo:qwen2_moe", "dp": 2, "ep": 2},  # Hugging Face's, tiny
+         {"model": "zoo:deepseek_v3", "dp": 2, "ep": 2, "zero": 3}]),
     # ep x tp; ZeRO-3 shards the experts over the ranks holding the same ones (edp=2 with
     # dp=4, ep=2), the rest over dp
     (4, [{"model": "moe-loop", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},

@@ -262,3 +262,22 @@ def test_a_graph_traced_on_one_sequence_is_planned_at_microbatch_one() -> None:
     with pytest.raises(AutoparError) as err:
         autopar.plan(gm, "8xH100-80GB", global_batch=64, microbatch=4, dp=2, tp=4)
     assert err.value.where == "microbatch" and "one sequence" in str(err.value)
+
+
+def test_a_spent_solve_budget_is_stated_in_the_plan() -> None:
+    """Past ``max_solves`` CP-SAT solves, settings are priced only with layouts solved before,
+    and the plan (and its summary) says the search stopped there: never a silent best."""
+    from autopar.cli.summary import format_plan
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32))
+    idx = torch.randint(0, 96, (8, 16))
+    full = autopar.plan(model, "4xcpu", (idx, idx), max_solves=None)
+    assert full.solver["solves"] > 1 and not full.solver["budget_reached"]
+    cut = autopar.plan(model, "4xcpu", (idx, idx), max_solves=1)
+    assert cut.solver["solves"] == 1 and cut.solver["budget_reached"]
+    assert any("solve budget of 1" in c["status"] for c in cut.solver["candidates"])
+    assert "budget of 1 CP-SAT solves" in format_plan(cut, "gpt")
+    assert Plan.from_json(cut.to_json()) == cut
+    with pytest.raises(AutoparError, match="max_solves"):
+        autopar.plan(model, "4xcpu", (idx, idx), max_solves=0)

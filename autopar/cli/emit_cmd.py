@@ -87,6 +87,7 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
                      lambda p: f"chunked_loss={p.training.get('chunked_loss', True)}",
                      lambda v, shown: shown == f"chunked_loss={v}"),
     "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
+    "max_solves": ("--max-solves", lambda p: "nothing to solve", _never),
 }
 _EMIT_OWN = ("command", "model", "cluster", "plan", "rank")  # not planning choices
 

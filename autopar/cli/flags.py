@@ -313,6 +313,21 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def add_time_limit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=positive_seconds, default=20.0, metavar="S",
                    help="CP-SAT seconds per mesh candidate")
+    p.add_argument("--max-solves", type=_solve_budget, default=300, metavar="N",
+                   help="CP-SAT solves the search may run; past them only layouts already "
+                   "solved are priced, and the plan says so ('none': no limit; default: 300)")
+
+
+def _solve_budget(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive count or 'none', got {text!r}")
+    return value
 
 
 def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:

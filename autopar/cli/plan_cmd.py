@@ -38,6 +38,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         zero=args.zero,
         optimizer=args.optimizer,
         time_limit_s=args.time_limit,
+        max_solves=args.max_solves,
         extrapolation_margin=args.extrapolation_margin,
         fuse_attention=args.fuse_attention,
         chunked_loss=args.chunked_loss,

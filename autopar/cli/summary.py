@@ -83,6 +83,11 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
+    if plan.solver.get("budget_reached"):
+        lines.append(f"          search stopped solving at its budget of "
+                     f"{plan.solver['max_solves']} CP-SAT solves: later settings were priced "
+                     "only with layouts already solved, so this is the best plan found, not "
+                     "proven the fastest (--max-solves raises the budget)")
     if plan.explanation.get("devices"):
         lines.append(f"devices   {plan.explanation['devices']['why']}")
     lines += format_precision(plan)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from autopar.cost_models.expert_load import busiest_rank_excess, dropped_fraction
 from autopar.experts import ExpertRegion, regions_of
 from autopar.graph_facts import META_KEY
 from autopar.solver.costs import CostTables
-from autopar.cost_models.expert_load import busiest_rank_excess, dropped_fraction
 
 
 def experts_entry(tables: CostTables, candidates: list) -> dict:

@@ -48,6 +48,8 @@ class PlanOptions:
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
+    - ``max_solves``: CP-SAT solves the search may run (None: no limit); past it only
+      layouts already solved are priced, and the plan says the budget was reached.
     - ``extrapolation_margin``: how much faster (a fraction) a plan using a scheme beyond
       the cost model's validated ground must be predicted than the best validated plan to
       be chosen (``autopar.cost_models.ground``); ``None``: the model's own worst error
@@ -90,10 +92,14 @@ class PlanOptions:
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
     extrapolation_margin: float | None = None
+    # CP-SAT solves the search may run (None: no limit). Past it, settings are priced only
+    # with layouts already solved; the plan says the budget was reached. A count, not
+    # seconds, so the same inputs give the same plan on any machine.
+    max_solves: int | None = 300
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "virtual_stages", "microbatch",
-                     "microbatches"):
+                     "microbatches", "max_solves"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):

@@ -87,6 +87,29 @@ class SearchResult:
     candidates: list[Candidate]
     wall_s: float
     couplings: tuple[Coupling, ...] = ()  # ops coupling the batch (batch_coupling)
+    budget: SolveBudget | None = None
+
+
+@dataclass
+class SolveBudget:
+    """CP-SAT solves the search may still run (``PlanOptions.max_solves``). A count, not
+    seconds: the same inputs give the same plan on any machine. Once spent, a setting is
+    priced only with a layout solved before (``reached`` then tells the plan to say so)."""
+
+    limit: int | None
+    used: int = 0
+    refused: int = 0  # settings left unsolved for want of budget
+
+    def allows(self) -> bool:
+        if self.limit is not None and self.used >= self.limit:
+            self.refused += 1
+            return False
+        self.used += 1
+        return True
+
+    @property
+    def reached(self) -> bool:
+        return self.refused > 0
 
 
 def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
@@ -164,6 +187,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     best: tuple | None = None  # (step, pp, tp, zero, cp, candidate, problem, tables, batch)
     problems: dict[tuple[int, bool], tuple] = {}
     layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
+    budget = SolveBudget(options.max_solves)
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     found = batch_couplings(gm, batch)
@@ -227,12 +251,12 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
                                    cp_layout=options.cp_layout, ep=ep)
                     best = _search_microbatches(
                         problem_for, cluster, options, candidates, best, facts, traced, local,
-                        base, n_layers, layouts, couplings,
+                        base, n_layers, layouts, couplings, budget,
                     )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,
-                        time.perf_counter() - started, tuple(found))
+                        time.perf_counter() - started, tuple(found), budget)
 
 
 def check_cp(gm: fx.GraphModule, options: PlanOptions, seq_len: int | None) -> None:
@@ -323,7 +347,8 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 
 
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
-                         base: Setting, n_layers, layouts: dict, couplings=()):
+                         base: Setting, n_layers, layouts: dict, couplings=(),
+                         budget: SolveBudget | None = None):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, cp, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
@@ -388,6 +413,10 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants,
                                         cluster, candidates, best, problem, batch, reused=True)
         if fastest is None and (uniform or reuse_key not in layouts):
+            if budget is not None and not budget.allows():
+                candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
+                                            "CP-SAT solves spent; no solved layout fits)"))
+                continue
             result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
                            activation_scale=flight / pp)
             if result.choice is None:

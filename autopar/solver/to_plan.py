@@ -141,6 +141,8 @@ def make_plan(
             "decisions": len(problem.decisions),
             "nodes": len(strategies),
             "candidates": [c.summary() for c in result.candidates],
+            **({"solves": result.budget.used, "max_solves": result.budget.limit,
+                "budget_reached": result.budget.reached} if result.budget else {}),
         },
         layers=layer_rows(gm, _layer_summary(result), setting),
         unruled_ops=dict(sorted(unruled.items())),

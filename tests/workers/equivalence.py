@@ -58,6 +58,10 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
         model = build_mixtral(layers=layers, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=96,
                               seq=16, experts=4, top_k=2)
         return model, ((), {"input_ids": idx, "labels": idx.clone(), "use_cache": False})
+    if name.startswith("zoo:"):  # a tiny Hugging Face model of tests/hf_zoo.py
+        from tests.hf_zoo import build as build_zoo
+
+        return build_zoo(name.removeprefix("zoo:"))
     if name.startswith("moe-"):  # moe-loop, moe-dense, moe-sorted: routing styles
         from autopar.models.moe import MoEConfig, MoEGPT
 

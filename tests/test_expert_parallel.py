@@ -165,3 +165,14 @@ def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
             assert r["mesh"].get("pp", 1) == case.get("pp", 1)
             if "tp" in case:
                 assert r["sharded"], ("expected tensor-parallel weights", case)
+
+
+def test_why_experts_stay_whole_never_calls_a_faster_setting_slower() -> None:
+    """A setting spreading the experts that was predicted faster but lost on the
+    extrapolation handicap is said to be faster, and why it lost."""
+    from autopar.solver.explain_experts import _why
+
+    spread = [{"ep": 8, "dp": 1024, "step_time_s": 44.7}]
+    assert _why(1, None, spread, chosen_step_s=49.7).count("faster than the chosen 49.7 s")
+    assert "extrapolation_margin" in _why(1, None, spread, chosen_step_s=49.7)
+    assert _why(1, None, spread, chosen_step_s=40.0).endswith("slower")

@@ -18,7 +18,8 @@ from autopar.graph_facts import META_KEY
 from autopar.solver.costs import CostTables
 
 
-def experts_entry(tables: CostTables, candidates: list) -> dict:
+def experts_entry(tables: CostTables, candidates: list,
+                  chosen_step_s: float | None = None) -> dict:
     """``{"layers", "experts", "ep", "per_rank", "all_to_all_bytes_per_step",
     "all_to_all_s", "why"}`` for a model with expert regions; empty otherwise."""
     gm = tables.problem.gm
@@ -49,7 +50,7 @@ def experts_entry(tables: CostTables, candidates: list) -> dict:
     entry["all_to_all_bytes_per_step"] = round(volume)
     entry["all_to_all_s"] = seconds
     entry["load"] = load_entry(regions, setting.ep, setting.microbatch / tables.traced_batch)
-    entry["why"] = _why(ep, setting, candidates)
+    entry["why"] = _why(ep, setting, candidates, chosen_step_s)
     return entry
 
 
@@ -93,7 +94,7 @@ def _slots(region: ExpertRegion) -> tuple[int, int, int, int] | None:
     return sequences, pairs, experts, capacity
 
 
-def _why(ep: int, setting, candidates: list) -> str:
+def _why(ep: int, setting, candidates: list, chosen_step_s: float | None = None) -> str:
     if ep > 1 and setting.zero == 3:
         edp = setting.dp // ep
         return (f"each of {ep} consecutive data-parallel ranks keeps 1/{ep} of every layer's "
@@ -111,6 +112,12 @@ def _why(ep: int, setting, candidates: list) -> str:
                 "parallelism, and an ep dividing dp and the experts; none of the solved "
                 "settings allowed it")
     best = min(spread, key=lambda c: c["step_time_s"])
-    return (f"experts kept whole on every rank: the best setting spreading them "
+    said = (f"experts kept whole on every rank: the best setting spreading them "
             f"(ep={best['ep']}, dp={best['dp']}) was predicted at "
-            f"{best['step_time_s']:.4g} s per step (modelled), slower")
+            f"{best['step_time_s']:.4g} s per step (modelled)")
+    if chosen_step_s is not None and best["step_time_s"] < chosen_step_s:
+        # the search handicaps a layout beyond the cost model's validated ground
+        return (f"{said}, faster than the chosen {chosen_step_s:.4g} s, but beyond the ground "
+                "the cost model was validated on, where it must win by the model's error "
+                "there (extrapolation_margin)")
+    return f"{said}, slower"

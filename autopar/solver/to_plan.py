@@ -195,7 +195,9 @@ def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,
                  options: PlanOptions) -> dict:
     tp = explain_tp(gm, result, cluster, options)
     out = {"tp": tp} if tp else {}
-    experts = experts_entry(result.tables, [c.summary() for c in result.candidates])
+    chosen = result.best.prediction
+    experts = experts_entry(result.tables, [c.summary() for c in result.candidates],
+                            chosen.step_time_s if chosen is not None else None)
     if experts:
         out["experts"] = experts
     return out

@@ -17,12 +17,12 @@ from __future__ import annotations
 import operator
 
 import torch.fx as fx
-from torch import nn
 
 from autopar.errors import PassError
 from autopar.experts import _CHECKS, _bounds, expert_module
 from autopar.passes.expert_parallel import EXPERT_REGION
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+from autopar.passes.outline_layers import _install
 
 UNITS = "autopar_expert_units"
 
@@ -100,7 +100,7 @@ def outline_region(owner: fx.GraphModule, matmuls: list[fx.Node]) -> str:
                         "their own", where=where,
                         fix="hold the experts' stacked weights in a module of their own (as "
                         "torchtitan's GroupedExperts), or plan with zero=0")
-    attrs = {t[len(path) + 1:]: _attr(owner, t) for t in targets}
+    attrs = {t[len(path) + 1:]: operator.attrgetter(t)(owner) for t in targets}
 
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -127,17 +127,5 @@ def outline_region(owner: fx.GraphModule, matmuls: list[fx.Node]) -> str:
             user.replace_input_with(out, result)
     for n in reversed(ordered):
         owner.graph.erase_node(n)
-    _replace_module(owner, path, module)
+    _install(owner, path, module)  # replaces the plain module that held the weights
     return path
-
-
-def _attr(owner: nn.Module, target: str):
-    module_path, _, name = target.rpartition(".")
-    module = owner.get_submodule(module_path) if module_path else owner
-    return getattr(module, name)
-
-
-def _replace_module(owner: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    parent = owner.get_submodule(parent_path) if parent_path else owner
-    parent.add_module(name, module)

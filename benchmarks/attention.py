@@ -3,7 +3,7 @@
 On CUDA (compiled Triton): forward and backward TFLOP/s of ``autopar.kernels.attention``
 next to ``scaled_dot_product_attention`` with the flash backend, for sequence lengths
 512-16k, head dims 64 and 128, causal and not (bf16, batch x heads fixed at 16k tokens x 16
-heads' worth of work per row), all **measured** with CUDA events.
+heads' worth of work per row), all **measured** with CUDA events; first the error table below, compiled.
 
 On CPU (no GPU): the kernels run in Triton's interpreter at small sizes, and the table gives
 their largest error against the fp64 reference (output, log-sum-exp and the three input
@@ -12,6 +12,7 @@ apply (fp32 within 1e-4; fp16/bf16 within twice PyTorch's error). Either way, th
 generate and load a kernel set for a new spec (compilation excluded) is measured.
 
     python benchmarks/attention.py
+    python benchmarks/attention.py --seqs 1024,4096,16384     # fewer CUDA rows
 """
 
 from __future__ import annotations
@@ -90,13 +91,13 @@ def _cuda_row(seq: int, d: int, causal: bool) -> list[tuple[float, float]]:
     return row
 
 
-def cuda_table() -> None:
+def cuda_table(seqs: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)) -> None:
     print("CUDA, bf16, measured TFLOP/s (forward | backward); ratio = autopar / SDPA flash")
     print(f"{'seq':>6} {'d':>4} {'causal':>6} | {'autopar fwd':>11} {'sdpa fwd':>9} {'ratio':>6} | "
           f"{'autopar bwd':>11} {'sdpa bwd':>9} {'ratio':>6}")
     for d in (64, 128):
         for causal in (False, True):
-            for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            for seq in seqs:
                 (af, ab), (sf, sb) = _cuda_row(seq, d, causal)
                 print(f"{seq:>6} {d:>4} {str(causal):>6} | {af:>11.1f} {sf:>9.1f} {af / sf:>6.2f} | "
                       f"{ab:>11.1f} {sb:>9.1f} {ab / sb:>6.2f}", flush=True)
@@ -109,8 +110,10 @@ def _sdpa_flash(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def cpu_table() -> None:
-    print("CPU, Triton interpreter (measured error against the fp64 reference; "
+def error_table(device: str = "cpu") -> None:
+    """Largest error against the fp64 reference (on the CPU), per case and dtype (measured)."""
+    where = "CUDA, compiled Triton" if device == "cuda" else "CPU, Triton interpreter"
+    print(f"{where} (measured error against the fp64 reference; "
           "'eager' = PyTorch's own math in that dtype)")
     print(f"{'case':<34} {'dtype':>9} | {'out':>9} {'lse':>9} {'dq':>9} {'dk':>9} {'dv':>9} | "
           f"{'eager worst':>11} {'ours/eager':>10}")
@@ -118,6 +121,9 @@ def cpu_table() -> None:
              ("causal ragged d80 GQA2", dict(h=4, kvh=2, m=77, n=77, d=80), {"causal": True}),
              ("window (16,4) d112", dict(h=2, kvh=2, m=70, n=90, d=112), {"window": (16, 4)}),
              ("causal MQA d128", dict(h=4, kvh=1, m=64, n=64, d=128), {"causal": True})]
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    if device == "cuda":  # each spec autotunes 3 configs x 3 kernels: keep compilation short
+        cases, dtypes = cases[1:3], (torch.float32, torch.bfloat16)
     for name, shape, opts in cases:
         g = torch.Generator().manual_seed(0)
         q = torch.randn(1, shape["h"], shape["m"], shape["d"], generator=g, dtype=torch.float64)
@@ -125,8 +131,8 @@ def cpu_table() -> None:
         v = torch.randn(1, shape["kvh"], shape["n"], shape["d"], generator=g, dtype=torch.float64)
         do = torch.randn_like(q)
         ref = _run(reference_attention, q, k, v, do, torch.float64, opts)
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            ours = _run(attention, q, k, v, do, dtype, opts)
+        for dtype in dtypes:
+            ours = _run(attention, q, k, v, do, dtype, opts, device)
             errors = [_err(a, b) for a, b in zip(ours, ref)]
             line = f"{name:<34} {str(dtype).removeprefix('torch.'):>9} | " + " ".join(
                 f"{e:>9.2e}" for e in errors)
@@ -139,11 +145,11 @@ def cpu_table() -> None:
             print(line, flush=True)
 
 
-def _run(fn, q, k, v, do, dtype, opts):
-    xs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+def _run(fn, q, k, v, do, dtype, opts, device="cpu"):
+    xs = [t.to(device=device, dtype=dtype).requires_grad_() for t in (q, k, v)]
     out, lse = fn(*xs, return_lse=True, **opts)
-    grads = torch.autograd.grad(out, xs, do.to(dtype))
-    return [out.double(), lse.double(), *(x.double() for x in grads)]
+    grads = torch.autograd.grad(out, xs, do.to(device=device, dtype=dtype))
+    return [t.double().cpu() for t in (out, lse, *grads)]
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -152,14 +158,30 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384",
+                    help="sequence lengths of the CUDA speed table, comma-separated")
+    args = ap.parse_args()
     print(f"backend: {backend_for(torch.empty(0, device='cuda' if CUDA else 'cpu'))}")
     if CUDA:
-        cuda_table()
+        print(f"torch {torch.__version__}, triton {_triton_version()}, "
+              f"{torch.cuda.get_device_name()}\n", flush=True)
+        error_table("cuda")
+        print()
+        cuda_table(tuple(int(s) for s in args.seqs.split(",")))
     else:
-        cpu_table()
+        error_table()
     print("\nkernel generation for a new spec (render + load, compilation excluded; measured)")
     for what, seconds in generation_seconds():
         print(f"  {what:<60} {seconds * 1e3:8.1f} ms")
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from autopar.passes.localize_shapes import LocalizeShapes
 from autopar.passes.outline_experts import OutlineExperts
 from autopar.passes.outline_layers import OutlineLayers
 from autopar.passes.pipeline_split import PipelineSplit
+from autopar.passes.place_created_tensors import PlaceCreatedTensors
 from autopar.passes.recompute_inputs import RecomputeInputs
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
@@ -57,10 +58,11 @@ def program_passes(plan: Plan) -> list[GraphPass]:
         passes.append(FuseAttention())
     if any(word != "fp32" for word in plan.precision.values()):
         passes.append(CastPrecision())
+    passes.append(PlaceCreatedTensors())  # before outlining: layers copy the nodes
     if pipelined:  # before outlining: stages then carry no masks, only inputs
         passes.append(RecomputeInputs())
     data = plan.mesh.get("dp", 1) * plan.mesh.get("cp", 1)  # ranks averaging gradients
-    if (zero == 3 and data > 1) or recompute != "none" or pipelined:
+    if (zero >= 1 and data > 1) or recompute != "none" or pipelined:  # FSDP2's units
         passes.append(OutlineLayers())
     if zero == 3 and plan.mesh.get("ep", 1) > 1:  # FSDP2 shards experts as modules
         passes.append(OutlineExperts())
@@ -86,6 +88,7 @@ __all__ = [
     "PassManager",
     "PassResult",
     "PipelineSplit",
+    "PlaceCreatedTensors",
     "RecomputeInputs",
     "ShardParameters",
     "SubstituteLocalOps",

@@ -35,6 +35,7 @@ class PassContext:
 
     plan: Plan
     coords: dict[str, int]  # this rank's index on each mesh axis, e.g. {"dp": 1, "tp": 0}
+    device: str = "cpu"  # where this rank runs ("cuda:0"): tensors the program makes go there
 
     @property
     def mesh(self) -> dict[str, int]:

@@ -67,7 +67,6 @@ EDITS: list[tuple[str, str, str, Any, str | None]] = [
     ("mesh-edited-to-15-ranks", "dp", "mesh.dp", 15, "mesh"),
     ("microbatch-3-for-batch-8", "dp", "batch.microbatch", 3, None),
     ("zero-stage-5", "dp", "training.zero", 5, None),
-    ("zero-stage-1-not-executable", "dp", "training.zero", 1, None),
     ("missing-microbatch", "dp", "batch.microbatch", DROP, None),
     ("string-for-a-number", "dp", "batch.global", "8", None),
     ("negative-tp", "dp", "mesh.tp", -1, None),

@@ -401,3 +401,20 @@ def test_calibrate_writes_the_link_with_one_process_per_core(tmp_path) -> None:
     assert c.intra_node.latency_s == pytest.approx(4e-4 / 6, rel=1e-6)
     assert c.intra_node_uncontended.busy_latency_s == pytest.approx(5e-4)
     assert "profile" in c.sources["intra_node_uncontended.latency_s"]
+
+
+def test_gpu_matmul_times_are_not_net_of_the_launch_floor():
+    """A GPU launches the next kernel while one runs: back-to-back calls take max(launch,
+    work), so a rate net of the floor would exceed the hardware (measured on an H100:
+    2048³ bf16 in 24.3 µs against an 11.5 µs floor read 1,341 TFLOP/s)."""
+    floor = 11.5e-6
+    points = (MatmulPoint(2048, 2048, 2048, "bf16", 24.3e-6),
+              MatmulPoint(4096, 4096, 4096, "bf16", 183.7e-6))
+    adds = (BandwidthPoint(2**26, 3 * 2**26 / 2.7e12),)
+    gpu = DeviceCalibration("cuda", 1, "bf16", points, adds, floor)
+    assert gpu.peak_flops["bf16"] == pytest.approx(2 * 4096**3 / 183.7e-6)  # 748 TFLOP/s
+    assert gpu.peak_flops["bf16"] < 989e12  # the datasheet's dense bf16
+    assert gpu.memory_bandwidth_bytes_per_s == pytest.approx(2.7e12)
+    # the same times on a CPU, where dispatch and work add up, are taken net of the floor
+    cpu = DeviceCalibration("cpu", 1, "bf16", points, adds, floor)
+    assert cpu.peak_flops["bf16"] == pytest.approx(2 * 2048**3 / (24.3e-6 - floor))

@@ -1,5 +1,5 @@
 """Training under autopar equals single-device training (fp32, rtol 1e-5, every loss and every
-gradient on every rank at every step), with plans from the solver: dp, tp, dp x tp, ZeRO-3,
+gradient on every rank at every step), with plans from the solver: dp, tp, dp x tp, ZeRO 1-3,
 recomputation, and pipelines composed with tp and dp, on the nanoGPT-style GPT and HF Llama.
 
 Cases with the same number of processes share one torchrun launch (tests/workers/
@@ -27,6 +27,11 @@ LAUNCHES = {
         {"model": "llama", "tp": 2, "cluster": FAST},
         # ZeRO-3 (FSDP2 per outlined layer) and gradient accumulation over microbatches.
         {"model": "gpt", "dp": 2, "zero": 3, "microbatch": 1},
+        # ZeRO-1 and 2 (FSDP2, weights kept whole through the step), under AdamW: its state
+        # is what they shard. Stage 1 accumulates whole gradients over the microbatches.
+        {"model": "gpt", "dp": 2, "zero": 1, "optimizer": "adamw"},
+        {"model": "llama", "dp": 2, "zero": 1, "microbatch": 1, "optimizer": "adamw"},
+        {"model": "llama", "dp": 2, "zero": 2, "microbatch": 1, "optimizer": "adamw"},
         # Selective recomputation (attention scores only, on explicit attention).
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
@@ -64,6 +69,7 @@ LAUNCHES = {
         *[{"model": m, "pp": 2, "tp": 2, "microbatches": 4, "cluster": FAST}
           for m in ("gpt", "llama")],
         *[{"model": m, "pp": 2, "dp": 2, "microbatches": 2} for m in ("gpt", "llama")],
+        {"model": "llama", "pp": 2, "dp": 2, "zero": 2, "microbatches": 2, "optimizer": "adamw"},
     ]),
 }
 
@@ -85,6 +91,8 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
                 assert r["sharded"], ("expected tensor-parallel weights", case)
             if "zero" in case:
                 assert r["zero"] == case["zero"]
+                # ZeRO 1-3: the optimizer steps shards of the weights, so its state is sharded
+                assert (r["dp_sharded"] > 0) == (case["zero"] > 0), r
             if "microbatch" in case:
                 assert r["microbatches"] == 4 // case.get("dp", 1) // case["microbatch"]
             if "microbatches" in case:

@@ -83,3 +83,21 @@ def test_outline_layers_keeps_parameter_names_and_results() -> None:
                                                     "transformer.h.2"]
     assert isinstance(outlined.get_submodule("transformer.h.1"), fx.GraphModule)
     torch.testing.assert_close(outlined(idx, tgt)[1], expected)
+
+
+def test_tensors_the_program_makes_go_to_the_ranks_device(traced_and_plan) -> None:
+    """A model traced on the CPU records ``arange(..., device=cpu)`` for its positions; run
+    on a GPU, that index met a CUDA weight and failed (seen on an H100). Every ``device=``
+    of the rank's program is its own device."""
+    from autopar.passes import program_passes
+
+    model, idx, plan = traced_and_plan
+    gm = autopar.trace(model, (idx, idx))
+    traced = [n.kwargs["device"] for n in gm.graph.nodes if "device" in n.kwargs]
+    assert traced and all(torch.device(d).type == "cpu" for d in traced)
+    program, results = PassManager(program_passes(plan)).run(
+        gm, PassContext(plan, {"dp": 0, "tp": 0}, "meta"))
+    placed = [n.kwargs["device"] for m in program.modules() if isinstance(m, fx.GraphModule)
+              for n in m.graph.nodes if "device" in n.kwargs]
+    assert placed and all(torch.device(d) == torch.device("meta") for d in placed)
+    assert any(r.pass_name == "place-created-tensors" and r.changes for r in results)

@@ -150,7 +150,8 @@ def format_device(device: DeviceCalibration) -> str:
     floor = device.kernel_floor_s
     lines = [
         f"kernel floor (measured: tiny ops under autograd) {floor * 1e6:.2f} µs; 'busy' below is the "
-        "time net of it",
+        + ("time net of it" if device.net_floor_s else
+           "whole time (a GPU launches the next kernel while one runs)"),
         "",
     ]
     for dtype in device.peak_flops:
@@ -162,7 +163,8 @@ def format_device(device: DeviceCalibration) -> str:
             if p.dtype != dtype:
                 continue
             mark = ""
-            rate, eff = f"{p.rate(floor) / 1e9:>8.1f}", f"{device.efficiency(p):>10.2f}"
+            rate, eff = (f"{p.rate(device.net_floor_s) / 1e9:>8.1f}",
+                         f"{device.efficiency(p):>10.2f}")
             if p.skinny:
                 mark = "  skinny: not in the curve"
             elif not p.in_curve(floor):  # its time net of the floor is noise: no rate
@@ -177,7 +179,7 @@ def format_device(device: DeviceCalibration) -> str:
     lines.append(f"  {'tensor':<10} {'time':>10} {'GB/s':>8}")
     for b in device.bandwidth:
         lines.append(
-            f"  {format_bytes(b.tensor_bytes):<10} {format_seconds(b.seconds):>10} {b.rate(floor) / 1e9:>8.1f}"
+            f"  {format_bytes(b.tensor_bytes):<10} {format_seconds(b.seconds):>10} {b.rate(device.net_floor_s) / 1e9:>8.1f}"
         )
     if device.attention:
         lines += ["", "fused attention, causal SDPA (measured; efficiency = the time the matmul "

@@ -134,7 +134,8 @@ def run_emit(args: argparse.Namespace) -> int:
         gm = rename_like(trace_model(args.model, plan.batch["microbatch"], plan.batch["seq"]).gm,
                          planned)
     coords = rank_coords(plan, args.rank)
-    program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, coords))
+    device = "cuda" if plan.cluster.get("backend") == "nccl" else "cpu"  # where it would run
+    program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, coords, device))
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
     print(f"# autopar {autopar.__version__} (plan schema {plan.schema_version}): rank "
           f"{args.rank} of {plan.world_size}, mesh {mesh}, coordinates {coords}")

@@ -1,4 +1,16 @@
-"""Data parallelism through the real engines: DDP for ZeRO-0, FSDP2 for ZeRO-3."""
+"""Data parallelism through the real engines: DDP for ZeRO-0, FSDP2 for ZeRO-1, 2 and 3.
+
+ZeRO-1 and 2 are FSDP2 with ``reshard_after_forward=False``: each step gathers the weights
+once and keeps them whole through forward and backward (stages 1 and 2 keep whole weights),
+the optimizer steps only this rank's shard of every weight (its states are sharded), and
+the updated shards are gathered again at the next step's forward (ZeRO's all-gather after
+the step). Stage 2 reduce-scatters every microbatch's gradients and keeps only their
+shards; stage 1 accumulates whole gradients over the microbatches and reduce-scatters
+once, at the last (``ParallelModule`` sets FSDP2's ``set_requires_gradient_sync``). torch's
+``ZeroRedundancyOptimizer`` would also give stage 1, but it must replace the user's
+optimizer; FSDP2 shards the states of whatever optimizer the user builds on
+``pm.parameters()``.
+"""
 
 from __future__ import annotations
 
@@ -58,8 +70,9 @@ def wrap_data_parallel(
             gradient_as_bucket_view=True,
             device_ids=None if ctx.device.type == "cpu" else [ctx.device],
         )
-    if zero_stage == 3:
+    if zero_stage in (1, 2, 3):
         dp_mesh = ctx.data_mesh
+        reshard = zero_stage == 3  # stages 1, 2: weights stay whole through the step
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                       cast_forward_inputs=False)
         if experts and not expert_units:
@@ -74,16 +87,14 @@ def wrap_data_parallel(
             if dist.get_backend(group) == "gloo" and ctx.expert_data_mesh.size() > 1:
                 unit.set_force_sum_reduction_for_comms(True)
         for unit in units:
-            fully_shard(unit, mesh=dp_mesh, mp_policy=policy)
-        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+            fully_shard(unit, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
         if expert_units:
             _prefetch_layers_only(units, expert_units)
         return module
     raise RuntimeSetupError(
-        f"ZeRO stage {zero_stage} is modelled but not executable yet",
-        where="plan.training.zero",
-        fix="re-plan with zero=(0, 3)",
-    )
+        f"ZeRO stage {zero_stage} does not exist", where="plan.training.zero",
+        fix="re-plan with zero 0, 1, 2 or 3")
 
 
 def _prefetch_layers_only(units: list[nn.Module], expert_units: list[nn.Module]) -> None:

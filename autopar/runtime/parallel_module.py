@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.fx._pytree as fx_pytree
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from autopar import comm_ops
 from autopar.errors import RuntimeSetupError
@@ -217,13 +218,19 @@ class ParallelModule(nn.Module):
             for stage in self._pipeline.modules:  # names absent from a stage are skipped
                 reduce_expert_grads(stage, self._experts, self.plan)
             return self._mean_over_dp(loss)
-        defer = self.plan.training.get("zero", 0) == 0
+        zero = self.plan.training.get("zero", 0)
+        defer = zero == 0
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)
         total = torch.zeros((), device=self.mesh_context.device)
         with comm_ops.deferred_weight_grads() if defer else _null():
             for i, (a, k) in enumerate(chunks):
                 sync = i == len(chunks) - 1
+                if zero in (1, 2) and isinstance(self.wrapped, FSDPModule):
+                    # whole weights across the microbatches; stage 1 also whole gradients
+                    self.wrapped.set_reshard_after_backward(sync)
+                    if zero == 1:
+                        self.wrapped.set_requires_gradient_sync(sync)
                 no_sync = not sync and hasattr(self.wrapped, "no_sync")
                 with self.wrapped.no_sync() if no_sync else _null():
                     loss = find_loss(self(*a, **k)) / len(chunks)

@@ -111,7 +111,7 @@ def parallelize(
     zero = plan.training.get("zero", 0)
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     local = _microbatch_graph(model, example_inputs, plan, gm)
-    program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords))
+    program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords, str(ctx.device)))
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,

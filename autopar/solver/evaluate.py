@@ -479,7 +479,9 @@ def data_parallel_costs(
 
     Stage 0 (DDP): the gradients all-reduced in buckets during the last microbatch's
     backward. Stages 1 and 2: the buckets reduce-scattered the same way, then the updated
-    weights all-gathered after the optimizer step (exposed). Stage 3 (FSDP2): every
+    weights all-gathered after the optimizer step (exposed); stage 2 reduce-scatters every
+    microbatch's gradients (it keeps only their shards), stage 1 only the last one's (it
+    accumulates whole gradients: :mod:`autopar.runtime.data_parallel`). Stage 3 (FSDP2): every
     microbatch gathers each unit's weights for forward and again for backward and
     reduce-scatters its gradients, overlapped unit by unit (prefetch one unit ahead).
     gloo on CPU moves data with the same cores that compute (one thread per process): its
@@ -512,7 +514,13 @@ def data_parallel_costs(
         if setting.zero == 0:
             return step.comm_s, step.exposed_s, buckets
         gather = dp_time("all_gather", sum(u.weights[i] for i in units))
-        return step.comm_s + gather, step.exposed_s + gather, buckets
+        comm, exposed = step.comm_s + gather, step.exposed_s + gather
+        if setting.zero == 2 and m > 1:  # the earlier microbatches' reduce-scatters too
+            earlier = (m - 1) * sum(dp_time("reduce_scatter", b)
+                                    for b in bucket_sizes(grad_bytes))
+            comm += earlier
+            exposed += 0.0 if overlap else earlier  # under the next microbatch's work
+        return comm, exposed, buckets
     def edp_time(kind: str, nbytes: float) -> float:  # expert weights: over edp (x cp)
         if nbytes <= 0 or setting.ep <= 1:
             return 0.0

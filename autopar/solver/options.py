@@ -19,7 +19,8 @@ from autopar.knobs import (
 from autopar.precision import MASTER_WEIGHTS
 from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
-ZERO_STAGES_RUNNABLE = (0, 3)
+ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
+"""The ZeRO stages the runtime executes (DDP; FSDP2: :mod:`autopar.runtime.data_parallel`)."""
 
 
 @dataclass(frozen=True)

@@ -361,6 +361,11 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
             continue
         m = local // mb
+        if base.zero == 1 and m == 1 and 2 in options.zero:
+            # one microbatch: stage 1 moves what stage 2 moves and keeps whole gradients
+            candidates.append(Candidate(setting, "SKIPPED(ZeRO-1 with one microbatch: "
+                                                 "ZeRO-2's communication, more memory)"))
+            continue
         coupled = coupling_refusal(list(couplings), base.dp, m)
         if coupled:
             candidates.append(Candidate(setting, f"SKIPPED({coupled})"))

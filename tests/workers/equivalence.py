@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,7 +32,7 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
-MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol")
+MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -105,7 +106,8 @@ def cluster_for(path: str | None, world: int):
 
 def run_case(case: dict) -> dict:
     model, (a, k) = build(case["model"], case.get("layers", 2), case.get("tied"))
-    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
+    optimizer = case.get("optimizer", "sgd")
+    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS, optimizer=optimizer)
     options = {key: v for key, v in case.items() if key not in MODEL_KEYS}
     if "zero" in options and isinstance(options["zero"], list):
         options["zero"] = tuple(options["zero"])
@@ -116,7 +118,7 @@ def run_case(case: dict) -> dict:
     world = int(os.environ.get("WORLD_SIZE", 1))
     pm = autopar.parallelize(model, cluster_for(case.get("cluster"), world), (a, k), **options)
     la, lk = pm.shard_batch(*a, **k)
-    losses, grads = train_parallel(pm, la, lk, STEPS)
+    losses, grads = train_parallel(pm, la, lk, STEPS, optimizer)
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads,
                      rtol=case.get("rtol", 1e-5))
     digest = hashlib.sha256()  # the exact bits of every gradient of every step
@@ -134,6 +136,9 @@ def run_case(case: dict) -> dict:
             "virtual_stages": plan.pipeline.get("virtual_stages"),
             "losses": losses, "reference": ref_losses, "grad_digest": digest.hexdigest(),
             "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
+            # parameters the optimizer steps as shards (FSDP2: ZeRO-1, 2 and 3)
+            "dp_sharded": sum(isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+                              for p in pm.parameters()),
             **result.to_dict()}
 
 

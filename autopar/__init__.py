@@ -13,6 +13,7 @@ from autopar.cluster import Cluster, load_cluster
 from autopar.errors import AutoparError
 from autopar.plan import Plan
 from autopar.planning import plan
+from autopar.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from autopar.runtime.loss_scale import LossScaleConfig
 from autopar.runtime.parallelize import parallelize
 from autopar.trace import TensorSpec, trace
@@ -27,7 +28,10 @@ __all__ = [
     "TensorSpec",
     "__version__",
     "load_cluster",
+    "latest_checkpoint",
+    "load_checkpoint",
     "parallelize",
+    "save_checkpoint",
     "plan",
     "trace",
 ]

@@ -9,6 +9,7 @@ MemTracker saw over a whole step (measured), and the predicted step time with a 
 
     python benchmarks/fidelity_measured.py                  # calibrates first (~1 min)
     python benchmarks/fidelity_measured.py --profile p.json # reuse a profile
+    python benchmarks/fidelity_measured.py --zero-only      # the ZeRO-1/2 rows alone
 
 Targets: peak memory within 10% in every case; step time median error <= 25%.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 from autopar.cluster import usable_cores
 
 HERE = Path(__file__).resolve().parent
-CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision)
+CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[, zero, microbatches])
     (1, 1, 1, "none", "fp32"),
     (1, 1, 1, "full", "fp32"),
     (2, 2, 1, "none", "fp32"),
@@ -42,6 +43,12 @@ CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision)
     (2, 2, 1, "none", "bf16"),
     (1, 1, 1, "full,none,none,full", "fp32"),
     (2, 2, 1, "full,none,op,none", "bf16"),
+    # ZeRO-1 and 2 (FSDP2, weights whole through the step): stage 1 keeps whole gradients
+    # over its microbatches, stage 2 only their shards
+    (2, 2, 1, "none", "fp32", 1, 2),
+    (2, 2, 1, "none", "fp32", 2, 2),
+    (2, 2, 1, "none", "fp32", 2, 1),
+    (2, 2, 1, "full", "fp32", 2, 1),
 ]
 
 
@@ -77,12 +84,13 @@ def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
 
 
 def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, cluster: Path,
-             tmp: Path) -> list[dict]:
-    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}"
+             tmp: Path, zero: int = 0, microbatches: int = 1) -> list[dict]:
+    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
            "--dp", str(dp), "--tp", str(tp), "--recompute", recompute, "--precision", precision,
+           "--zero", str(zero), "--microbatches", str(microbatches),
            "--cluster", str(cluster), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -94,6 +102,7 @@ def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, clust
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", help="a profile from `autopar calibrate` (default: make one)")
+    ap.add_argument("--zero-only", action="store_true", help="only the ZeRO-1/2 rows")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -106,15 +115,19 @@ def main() -> None:
         links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
         print("\nGPT 4 layers x 256 hidden, batch 8 x 256 tokens, AdamW, gloo (recompute per "
               "layer: one mode per layer)\n")
-        print(f"{'ranks':>5} {'mesh':<10} {'recompute':<19} {'prec':<5} {'tp-sharded':>10} | "
+        print(f"{'ranks':>5} {'mesh':<15} {'recompute':<19} {'prec':<5} {'tp-sharded':>10} | "
               f"{'peak MiB':>9} {'peak MiB':>9} {'error':>7} | {'step ms':>8} {'step ms':>8} "
               f"{'error':>7}")
-        print(f"{'':>5} {'':<10} {'':<19} {'':<5} {'weights':>10} | {'modelled':>9} {'measured':>9} "
+        print(f"{'':>5} {'':<15} {'':<19} {'':<5} {'weights':>10} | {'modelled':>9} {'measured':>9} "
               f"{'':>7} | {'modelled':>8} {'measured':>8}")
         memory_errors, time_errors = [], []
-        for nproc, dp, tp, recompute, precision in CASES:
+        for nproc, dp, tp, recompute, precision, *zero_mb in CASES:
+            zero, microbatches = zero_mb or (0, 1)
+            if args.zero_only and not zero:
+                continue
             cluster = cluster_file(profile, links[nproc], nproc, tmp)
-            ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp)
+            ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp, zero,
+                             microbatches)
             measured_peak = max(r["measured_peak_bytes"] for r in ranks)
             predicted_peak = ranks[0]["predicted_peak_bytes"]
             measured_step = statistics.median(r["measured_step_s"] for r in ranks)
@@ -123,8 +136,8 @@ def main() -> None:
             time_err = (predicted_step - measured_step) / measured_step
             memory_errors.append(abs(mem_err))
             time_errors.append(abs(time_err))
-            mesh = f"dp{dp}xtp{tp}"
-            print(f"{nproc:>5} {mesh:<10} {recompute:<19} {precision:<5} "
+            mesh = f"dp{dp}xtp{tp}" + (f" z{zero} m{microbatches}" if zero else "")
+            print(f"{nproc:>5} {mesh:<15} {recompute:<19} {precision:<5} "
                   f"{ranks[0]['tp_sharded']:>10} | "
                   f"{predicted_peak / 2**20:>9.1f} {measured_peak / 2**20:>9.1f} {mem_err:>+7.1%} | "
                   f"{predicted_step * 1e3:>8.1f} {measured_step * 1e3:>8.1f} {time_err:>+7.1%}",

@@ -1,4 +1,4 @@
-"""The ``autopar`` command: plan, inspect, emit, cluster show, demo.
+"""The ``autopar`` command: plan, inspect, emit, cluster show, estimate, calibrate, export, demo.
 
     autopar plan llama3-70b --cluster 16x8xH100-80GB --json plan.json
     autopar inspect gpt2
@@ -7,6 +7,7 @@
     autopar estimate llama3-8b --cluster 8xH100-80GB --tp 1 --dp 8 --zero 3 --precision bf16
     autopar calibrate --out cpu-profile.json
     autopar demo
+    autopar export ckpt/step-000100 --to model.safetensors
 
 Errors on bad input print what, where and what to do, and exit with status 2 (argparse's
 usage errors too); ``estimate`` exits with status 3 when the configuration does not fit;
@@ -25,6 +26,7 @@ from autopar.cli.estimate_cmd import DESCRIPTION
 from autopar.errors import AutoparError
 from autopar.knobs import SEARCHED_RECOMPUTE_MODES
 from autopar.precision import MASTER_WEIGHTS
+from autopar.solver.options import ZERO_STAGES_RUNNABLE
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +44,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_virtual_stages(p)
     flags.add_recompute(p, default=",".join(SEARCHED_RECOMPUTE_MODES))
     flags.add_precision(p, overrides=True)
-    flags.add_zero(p, default="0,3")
+    flags.add_zero(p, default=",".join(map(str, ZERO_STAGES_RUNNABLE)))
     flags.add_optimizer(p)
     flags.add_time_limit(p)
     flags.add_extrapolation_margin(p)
@@ -126,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=flags.positive_int, default=1,
                    help="CPU threads per process (torchrun gives each process 1)")
 
+    p = _sub(sub, "export", "write a checkpoint's weights as one ordinary state dict",
+             "Write a checkpoint (autopar.save_checkpoint) as single-device weights under the "
+             "model's own names (Hugging Face's for an HF model): .safetensors, or torch.save "
+             "for another suffix. Load them with model.load_state_dict(..., strict=True).")
+    p.add_argument("checkpoint", help="the checkpoint directory")
+    p.add_argument("--to", required=True, metavar="FILE", help="e.g. model.safetensors")
+
     p = _sub(sub, "demo", "plan a small GPT for 2 CPU processes, train it, compare")
     p.add_argument("--steps", type=flags.positive_int_up_to(DEMO_MAX_STEPS, "a demo"),
                    default=5, help="AdamW steps")
@@ -188,6 +197,12 @@ def _run(args: argparse.Namespace) -> int:
         from autopar.cli.calibrate_cmd import run_calibrate
 
         return run_calibrate(args)
+    if args.command == "export":
+        from autopar.runtime.export import export_checkpoint
+
+        out = export_checkpoint(args.checkpoint, args.to)
+        print(f"wrote {out}")
+        return 0
     from autopar.cli.demo import run_demo
 
     return run_demo(args)

@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--recompute", default="none",
                     help="a mode, or one per layer, comma-separated (recompute per layer)")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--zero", type=int, default=0)
+    ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
@@ -58,9 +60,10 @@ def main() -> None:
     modes = args.recompute.split(",")
     per_layer = {"recompute_layers": tuple(modes)} if len(modes) > 1 else {}
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
-                             zero=(0,), recompute=(modes[0],), precision=args.precision,
-                             **per_layer,
-                             microbatch=args.batch // args.dp, tp_splits_batch=False,
+                             zero=(args.zero,), recompute=(modes[0],),
+                             precision=args.precision, **per_layer,
+                             microbatch=args.batch // args.dp // args.microbatches,
+                             tp_splits_batch=False,
                              chunked_loss=args.chunked_loss, **cp)
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-4)
     a, k = pm.shard_batch(idx, tgt)

@@ -1,0 +1,185 @@
+"""Distributed checkpoints: saved on one plan, resumed on another, with the losses of an
+uninterrupted single-device run; exported as ordinary weights; bad checkpoints refused.
+
+Training is AdamW (its two states per weight are what a resume must carry), on the fixed
+batch of tests/workers/equivalence.py, compared at rtol 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import autopar
+from tests.distributed import FAST, ROOT, free_port
+
+sys.path.insert(0, str(ROOT / "tests" / "workers"))
+from equivalence import build  # noqa: E402
+from grad_check import train_reference  # noqa: E402
+
+RTOL = 1e-5
+
+
+def launch(nproc: int, case: dict, directory: Path, out: Path, *flags: str,
+           steps: int = 2) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--master-port={free_port()}", str(ROOT / "tests" / "workers" / "checkpoint_worker.py"),
+           "--case", json.dumps(case), "--dir", str(directory), "--steps", str(steps), *flags]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AUTOPAR_TEST_OUT=str(out))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+def reference_losses(name: str, steps: int = 4) -> list[float]:
+    model, (a, k) = build(name)
+    return train_reference(model, a, k, steps, optimizer="adamw")[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_saved_on_dp2_resumes_on_tp2_pp2_and_four_ranks(name: str, tmp_path: Path) -> None:
+    """Save after 2 steps under dp=2; load under tp=2, pp=2 and dp2 x tp2 (ZeRO-3) on 4
+    ranks, and continue 2 steps: the 4 losses are the single-device run's."""
+    ref = reference_losses(name)
+    ckpt = tmp_path / "ckpt"
+    saved = launch(2, {"model": name, "dp": 2}, ckpt, tmp_path / "save", "--save")
+    assert all(r["mesh"]["dp"] == 2 for r in saved)
+    assert saved[0]["losses"] == pytest.approx(ref[:2], rel=RTOL)
+    resumes = {
+        "tp2": (2, {"model": name, "tp": 2, "cluster": FAST}),
+        "pp2": (2, {"model": name, "pp": 2, "microbatches": 2}),
+        "4 ranks": (4, {"model": name, "dp": 2, "tp": 2, "zero": 3, "cluster": FAST}),
+    }
+    for label, (nproc, case) in resumes.items():
+        ranks = launch(nproc, case, ckpt, tmp_path / label, "--load")
+        for r in ranks:
+            assert r["step"] == 2, (label, r)
+            assert r["losses"] == pytest.approx(ref[2:], rel=RTOL), (label, r, ref)
+
+
+@pytest.mark.slow
+def test_zero3_tp_checkpoint_exports_whole_weights(tmp_path: Path) -> None:
+    """Saved under dp2 x tp2 with ZeRO-3 (grouped tp shards, FSDP2 on top), exported as a
+    safetensors file that an unwrapped HF Llama loads strictly, with the loss of step 3."""
+    ref = reference_losses("llama", 3)
+    ckpt = tmp_path / "ckpt"
+    launch(4, {"model": "llama", "dp": 2, "tp": 2, "zero": 3, "cluster": FAST}, ckpt,
+           tmp_path / "save", "--save")
+    out = tmp_path / "model.safetensors"
+    cli = subprocess.run([sys.executable, "-m", "autopar.cli.main", "export", str(ckpt),
+                          "--to", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 0, cli.stderr
+    from safetensors.torch import load_file
+
+    model, (a, k) = build("llama")
+    model.load_state_dict(load_file(str(out)), strict=True)
+    assert model(*a, **k).loss.item() == pytest.approx(ref[2], rel=RTOL)
+
+
+# --- one process: bad checkpoints -------------------------------------------------------
+
+def _one_process(name: str = "gpt", layers: int = 2):
+    model, (a, k) = build(name, layers)
+    pm = autopar.parallelize(model, "1xcpu", (a, k), recompute=("none",))
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+    return pm, opt, pm.shard_batch(*a, **k)
+
+
+def _train(pm, opt, batch, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        losses.append(pm.train_step(*batch[0], **batch[1]).item())
+        opt.step()
+    return losses
+
+
+def _weights(pm) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in pm.named_parameters()}
+
+
+def test_resume_in_one_process_continues_the_run(tmp_path: Path) -> None:
+    pm, opt, batch = _one_process()
+    first = _train(pm, opt, batch, 2)
+    autopar.save_checkpoint(tmp_path / "c", pm, opt, step=2)
+    rest = _train(pm, opt, batch, 2)
+    pm2, opt2, batch2 = _one_process()
+    assert autopar.load_checkpoint(tmp_path / "c", pm2, opt2) == 2
+    assert _train(pm2, opt2, batch2, 2) == pytest.approx(rest, rel=RTOL)
+    assert first != rest
+
+
+def test_checkpoint_of_another_model_is_refused_listing_differences(tmp_path: Path) -> None:
+    pm, opt, _ = _one_process(layers=2)
+    autopar.save_checkpoint(tmp_path / "c", pm, opt, step=1)
+    other, opt2, _ = _one_process(layers=3)
+    before = _weights(other)
+    with pytest.raises(autopar.AutoparError, match=r"another model.*transformer\.h\.2\."):
+        autopar.load_checkpoint(tmp_path / "c", other, opt2)
+    assert all(torch.equal(before[n], p) for n, p in other.named_parameters())
+
+
+def test_corrupt_checkpoint_is_refused_and_nothing_is_loaded(tmp_path: Path) -> None:
+    pm, opt, batch = _one_process()
+    _train(pm, opt, batch, 1)
+    autopar.save_checkpoint(tmp_path / "c", pm, opt, step=1)
+    data = next((tmp_path / "c").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # truncated
+    fresh, opt2, _ = _one_process()
+    before = _weights(fresh)
+    with pytest.raises(autopar.AutoparError, match="could not be read") as info:
+        autopar.load_checkpoint(tmp_path / "c", fresh, opt2)
+    assert "left unchanged" in str(info.value)
+    assert all(torch.equal(before[n], p) for n, p in fresh.named_parameters())
+    assert not opt2.state
+
+
+def test_directory_without_a_complete_checkpoint_says_so(tmp_path: Path) -> None:
+    pm, opt, _ = _one_process()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(autopar.AutoparError, match="no complete checkpoint"):
+        autopar.load_checkpoint(tmp_path / "empty", pm, opt)
+    assert autopar.latest_checkpoint(tmp_path) is None
+
+
+_KILL_MID_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {workers!r})
+import torch, autopar
+import autopar.runtime.checkpoint as ckpt
+from equivalence import build
+model, (a, k) = build("gpt")
+pm = autopar.parallelize(model, "1xcpu", (a, k), recompute=("none",))
+opt = torch.optim.AdamW(pm.parameters(), lr=1e-3)
+la, lk = pm.shard_batch(*a, **k)
+for step in (1, 2):
+    opt.zero_grad(); pm.train_step(*la, **lk); opt.step()
+    if step == 2:  # killed once the new data is written, before it is complete
+        real = ckpt.dcp.save
+        def save_then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+        ckpt.dcp.save = save_then_die
+    autopar.save_checkpoint({path!r}, pm, opt, step=step)
+"""
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt" / "latest"
+    script = _KILL_MID_SAVE.format(workers=str(ROOT / "tests" / "workers"), path=str(path))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert (tmp_path / "ckpt" / ".latest.partial").is_dir()  # the unfinished save
+    pm, opt, _ = _one_process()
+    assert autopar.load_checkpoint(path, pm, opt) == 1  # the one before is whole
+    assert autopar.latest_checkpoint(tmp_path / "ckpt") == path

@@ -9,7 +9,7 @@ MemTracker saw over a whole step (measured), and the predicted step time with a 
 
     python benchmarks/fidelity_measured.py                  # calibrates first (~1 min)
     python benchmarks/fidelity_measured.py --profile p.json # reuse a profile
-    python benchmarks/fidelity_measured.py --zero-only      # the ZeRO-1/2 rows alone
+    python benchmarks/fidelity_measured.py --state-only     # ZeRO-1/2 and LoRA rows alone
 
 Targets: peak memory within 10% in every case; step time median error <= 25%.
 """
@@ -29,7 +29,8 @@ from pathlib import Path
 from autopar.cluster import usable_cores
 
 HERE = Path(__file__).resolve().parent
-CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[, zero, microbatches])
+CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[, zero,
+    #          microbatches[, lora]])
     (1, 1, 1, "none", "fp32"),
     (1, 1, 1, "full", "fp32"),
     (2, 2, 1, "none", "fp32"),
@@ -49,6 +50,10 @@ CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[,
     (2, 2, 1, "none", "fp32", 2, 2),
     (2, 2, 1, "none", "fp32", 2, 1),
     (2, 2, 1, "full", "fp32", 2, 1),
+    # LoRA: frozen base weights (no gradients, no optimizer states); QLoRA: stored in NF4
+    (2, 2, 1, "none", "fp32", 0, 1, "lora"),
+    (2, 2, 1, "none", "fp32", 0, 1, "qlora"),
+    (2, 1, 2, "none", "fp32", 0, 1, "lora"),
 ]
 
 
@@ -84,13 +89,14 @@ def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
 
 
 def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, cluster: Path,
-             tmp: Path, zero: int = 0, microbatches: int = 1) -> list[dict]:
-    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}"
+             tmp: Path, zero: int = 0, microbatches: int = 1, lora: str = "none"
+             ) -> list[dict]:
+    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}-{lora}"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
            "--dp", str(dp), "--tp", str(tp), "--recompute", recompute, "--precision", precision,
-           "--zero", str(zero), "--microbatches", str(microbatches),
+           "--zero", str(zero), "--microbatches", str(microbatches), "--lora", lora,
            "--cluster", str(cluster), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -102,7 +108,8 @@ def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, clust
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", help="a profile from `autopar calibrate` (default: make one)")
-    ap.add_argument("--zero-only", action="store_true", help="only the ZeRO-1/2 rows")
+    ap.add_argument("--state-only", action="store_true",
+                    help="only the training-state rows (ZeRO-1/2, LoRA, QLoRA)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -121,13 +128,13 @@ def main() -> None:
         print(f"{'':>5} {'':<15} {'':<19} {'':<5} {'weights':>10} | {'modelled':>9} {'measured':>9} "
               f"{'':>7} | {'modelled':>8} {'measured':>8}")
         memory_errors, time_errors = [], []
-        for nproc, dp, tp, recompute, precision, *zero_mb in CASES:
-            zero, microbatches = zero_mb or (0, 1)
-            if args.zero_only and not zero:
+        for nproc, dp, tp, recompute, precision, *more in CASES:
+            zero, microbatches, lora = (*more, *(0, 1, "none")[len(more):])
+            if args.state_only and not (zero or lora != "none"):
                 continue
             cluster = cluster_file(profile, links[nproc], nproc, tmp)
             ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp, zero,
-                             microbatches)
+                             microbatches, lora)
             measured_peak = max(r["measured_peak_bytes"] for r in ranks)
             predicted_peak = ranks[0]["predicted_peak_bytes"]
             measured_step = statistics.median(r["measured_step_s"] for r in ranks)
@@ -136,7 +143,8 @@ def main() -> None:
             time_err = (predicted_step - measured_step) / measured_step
             memory_errors.append(abs(mem_err))
             time_errors.append(abs(time_err))
-            mesh = f"dp{dp}xtp{tp}" + (f" z{zero} m{microbatches}" if zero else "")
+            mesh = (f"dp{dp}xtp{tp}" + (f" z{zero} m{microbatches}" if zero else "")
+                    + (f" {lora}" if lora != "none" else ""))
             print(f"{nproc:>5} {mesh:<15} {recompute:<19} {precision:<5} "
                   f"{ranks[0]['tp_sharded']:>10} | "
                   f"{predicted_peak / 2**20:>9.1f} {measured_peak / 2**20:>9.1f} {mem_err:>+7.1%} | "

@@ -32,6 +32,12 @@ LAUNCHES = {
         {"model": "gpt", "dp": 2, "zero": 1, "optimizer": "adamw"},
         {"model": "llama", "dp": 2, "zero": 1, "microbatch": 1, "optimizer": "adamw"},
         {"model": "llama", "dp": 2, "zero": 2, "microbatch": 1, "optimizer": "adamw"},
+        # LoRA (q/v projections, rank 4; every other weight frozen: no gradient reduced, no
+        # optimizer state) and QLoRA (the frozen weights in NF4: the same quantized model on
+        # one device, rtol 1e-4)
+        {"model": "llama+lora", "dp": 2, "optimizer": "adamw"},
+        {"model": "llama+lora", "tp": 2, "cluster": FAST, "optimizer": "adamw"},
+        {"model": "llama+qlora", "dp": 2, "optimizer": "adamw", "rtol": 1e-4},
         # Selective recomputation (attention scores only, on explicit attention).
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.

@@ -26,10 +26,13 @@ training from pretrained weights.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +92,8 @@ def save_checkpoint(path: str | os.PathLike[str], module: nn.Module,
     state[f"rng.cpu.{rank}"] = torch.get_rng_state()
     if torch.cuda.is_available() and pm.mesh_context.device.type == "cuda":
         state[f"rng.cuda.{rank}"] = torch.cuda.get_rng_state().to("cpu")
-    dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+    with single_process_dcp():
+        dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
     shapes = _gather_dicts({fqn: list(lay.global_shape) for fqn, lay in layouts.items()})
     if rank == 0:
         meta = {
@@ -152,7 +156,8 @@ def load_checkpoint(path: str | os.PathLike[str], module: nn.Module,
     rng_key = f"rng.cpu.{rank}" if f"rng.cpu.{rank}" in stored else "rng.cpu.0"
     state[rng_key] = torch.empty_like(torch.get_rng_state())
     try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        with single_process_dcp():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:  # (DCP's is a BaseException)
         raise CheckpointError(
             f"checkpoint {path} could not be read: {_cause(err)}",
@@ -324,6 +329,15 @@ def _parallel_module(module: nn.Module) -> nn.Module:
             f"expected what autopar.parallelize returned, got {type(module).__name__}",
             where="module", fix="pass the ParallelModule (pm = autopar.parallelize(...))")
     return module
+
+
+@contextlib.contextmanager
+def single_process_dcp() -> Iterator[None]:
+    """DCP warns that it assumes one process whenever there is no process group; without
+    torchrun there is one process, by design."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _rank() -> int:

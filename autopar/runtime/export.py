@@ -32,7 +32,7 @@ _DTYPES = {"torch.float32": torch.float32, "torch.float16": torch.float16,
 def read_whole_weights(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
                                                                dict[str, Any]]:
     """Every weight of a checkpoint, whole, by the model's names; and its ``autopar.json``."""
-    from autopar.runtime.checkpoint import complete_checkpoint
+    from autopar.runtime.checkpoint import complete_checkpoint, single_process_dcp
 
     path, meta = complete_checkpoint(Path(path))
     stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
@@ -41,7 +41,8 @@ def read_whole_weights(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Te
         if key.startswith("model."):
             dtype = getattr(md.properties, "dtype", torch.float32)
             state[key] = torch.empty(tuple(md.size), dtype=dtype)
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with single_process_dcp():
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     weights = {key[len("model."):]: value for key, value in state.items()}
     for alias, canonical in meta.get("tied", {}).items():
         weights[alias] = weights[canonical]

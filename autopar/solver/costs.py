@@ -611,6 +611,9 @@ class CostTables:
         ep = self.expert_divisor(d)
         if ep > 1:
             shape[0] //= ep
+        if param.is_buffer:  # stored as it is (QLoRA's uint8 codes), never sharded by ZeRO
+            itemsize = torch.empty((), dtype=getattr(torch, param.dtype)).element_size()
+            return StateBytes(param.numel / div / ep * itemsize, 0.0, 0.0)
         return model_state_bytes(
             param.numel / div / ep,
             trainable=param.trainable,

@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--lora", choices=("none", "lora", "qlora"), default="none",
+                    help="LoRA adapters (rank 8) on the attention and MLP input linears")
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
@@ -53,6 +55,11 @@ def main() -> None:
                                           cluster["profile"])
     model = GPT(GPTConfig(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers,
                           n_head=8, n_embd=args.hidden))
+    if args.lora != "none":
+        from autopar.lora import LoraConfig, apply_lora
+
+        apply_lora(model, LoraConfig(rank=8, alpha=16, targets=("c_attn", "c_fc"),
+                                     quantize="nf4" if args.lora == "qlora" else None))
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     tgt = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)

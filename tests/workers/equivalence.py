@@ -36,7 +36,19 @@ MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
-    """A tiny model and one global batch ``(args, kwargs)``."""
+    """A tiny model and one global batch ``(args, kwargs)``. ``<model>+lora`` adapts its
+    attention's query and value projections with LoRA (rank 4), every other weight frozen;
+    ``<model>+qlora`` also stores those frozen weights in 4-bit NF4."""
+    if "+" in name:
+        from autopar.lora import LoraConfig, apply_lora
+
+        base, _, adapter = name.partition("+")
+        model, batch = build(base, layers, tied)
+        targets = ("q_proj", "v_proj") if base == "llama" else ("c_attn", "c_fc")
+        torch.manual_seed(3)
+        apply_lora(model, LoraConfig(rank=4, alpha=8, targets=targets,
+                                     quantize="nf4" if adapter == "qlora" else None))
+        return model, batch
     torch.manual_seed(0)
     idx = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(2))

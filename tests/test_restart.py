@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,16 @@ def _run(tmp: Path, name: str, *flags: str) -> dict[str, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
     env["AUTOPAR_TEST_OUT"] = str(out)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    # its own session, so a hang kills the workers too, not only torchrun's agent
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the job did not finish in 300 s:\n{stderr[-5000:]}")
+    assert proc.returncode == 0, stderr[-5000:]
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 

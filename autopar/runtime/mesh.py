@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,19 @@ def ensure_process_group(backend: str) -> None:
         backend = "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+    if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A job torchrun restarted (--max-restarts) meets in the store its agent kept from
+        # the failed attempt: the old attempt's group keys there made the new processes wait
+        # on dead peers in gloo's connect (seen with torch 2.13). Each attempt gets keys of
+        # its own, as torchelastic's store once prefixed them.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(minutes=5))
+        dist.init_process_group(backend, store=dist.PrefixStore(f"autopar/attempt_{restart}",
+                                                                store),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+        return
     dist.init_process_group(backend)
 
 

@@ -240,7 +240,8 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             return problems[key]
 
         problem = problem_for(local)[0]
-        for zero in options.zero:
+        # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
+        for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
             if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
             for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
@@ -415,8 +416,14 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
         fastest = None
         if uniform:
-            fastest, best = _try_layout(layouts.get(reuse_key), tables, setting, variants,
-                                        cluster, candidates, best, problem, batch, reused=True)
+            # ZeRO-1/2 also try the layouts solved for stages 0 and 3 (searched first): the
+            # stage scales memory and data-parallel traffic, not which op is split how
+            for key in _reusable(reuse_key, setting.zero):
+                fastest, best = _try_layout(layouts.get(key), tables, setting, variants,
+                                            cluster, candidates, best, problem, batch,
+                                            reused=True)
+                if fastest is not None:
+                    break
         if fastest is None and (uniform or reuse_key not in layouts):
             if budget is not None and not budget.allows():
                 candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
@@ -446,6 +453,15 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             break
         previous = fastest
     return best
+
+
+def _reusable(key: tuple, zero: int) -> list[tuple]:
+    """Layout keys worth trying before a solve: this setting's, then (ZeRO-1/2) the same
+    one's under ZeRO-0 and ZeRO-3 (``key[3]`` is the stage)."""
+    keys = [key]
+    if zero in (1, 2):
+        keys += [(*key[:3], other, *key[4:]) for other in (0, 3)]
+    return keys
 
 
 def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,

@@ -42,7 +42,7 @@ from autopar.knobs import PRECISIONS, RECOMPUTE_MODES, SCHEDULES
 from autopar.local_ops import LOCAL_IMPLS
 from autopar.placements import parse_placement
 from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
-from autopar.solver.options import ZERO_STAGES_RUNNABLE
+from autopar.solver.options import OFFLOADS_RUNNABLE, ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
 SCHEMA_VERSION = 5
@@ -312,7 +312,9 @@ PLAN = obj(
         }, {"chunked_loss": one_of((True, False)),
             "batch_coupling": one_of(BATCH_COUPLING_MODES),
             # with recompute "mixed": each repeated layer's mode, in the order they run
-            "recompute_layers": list_of(one_of(RECOMPUTE_MODES))}),
+            "recompute_layers": list_of(one_of(RECOMPUTE_MODES)),
+            # "optimizer+params": ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
+            "offload": one_of(OFFLOADS_RUNNABLE)}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
         "params": map_of(obj({"dp": placement, "tp": placement},
                              {"cp": placement, "ep": placement})),
@@ -480,8 +482,18 @@ def _precision_rules(plan: dict) -> None:
               sorted(set(words.values())))
 
 
+def _offload_rules(plan: dict) -> None:
+    """Offload moves ZeRO-3's shards: it needs ZeRO-3 and more than one data-parallel rank."""
+    training, mesh = plan["training"], plan["mesh"]
+    if training.get("offload", "none") == "none":
+        return
+    if training["zero"] != 3 or mesh["dp"] * mesh.get("cp", 1) < 2:
+        _fail("training.offload", "used only with ZeRO-3 over 2 or more data-parallel ranks "
+              f"(this plan: ZeRO-{training['zero']}, dp={mesh['dp']})", training["offload"])
+
+
 CROSS_FIELD_RULES = (_mesh_rules, _batch_rules, _pipeline_rules, _count_rules,
-                     _precision_rules, _recompute_rules)
+                     _precision_rules, _recompute_rules, _offload_rules)
 
 
 def validate(data: Any, source: str = "plan") -> None:

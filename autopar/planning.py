@@ -14,14 +14,14 @@ from torch.utils._pytree import tree_leaves
 
 from autopar.cluster import Cluster, load_cluster
 from autopar.cost_models.compute import best_efficiency
-from autopar.errors import AutoparError, TraceError
+from autopar.errors import AutoparError, NoFeasiblePlanError, TraceError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import PRECISION_CHOICES, SEARCHED_RECOMPUTE_MODES, check_keywords, zero_stages
 from autopar.models.spec import SPEC_LIMITS
 from autopar.plan import Plan
 from autopar.precision import assign_precision
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
-from autopar.solver.search import search
+from autopar.solver.search import SearchResult, search
 from autopar.solver.to_plan import make_plan
 from autopar.trace import trace
 
@@ -89,6 +89,7 @@ def plan(
     time_limit_s: float = 20.0,
     extrapolation_margin: float | None = None,
     max_solves: int | None = 300,
+    offload: str | tuple[str, ...] = ("none", "optimizer+params"),
     model_name: str | None = None,
     **old_spellings: Any,
 ) -> Plan:
@@ -105,6 +106,10 @@ def plan(
     degree pinned, it also plans on fewer devices (divisors of the count: fewer nodes, or
     fewer devices of one node) and keeps the fastest prediction, so a model too small to
     gain from more devices runs on fewer, and ``plan.explanation["devices"]`` says so.
+    ``offload`` ("none", "optimizer+params", or both: the default) lets the plan keep
+    ZeRO-3's parameter, gradient and optimizer shards in host memory (FSDP2's
+    ``CPUOffloadPolicy``); it is used only when no plan fits in device memory without it,
+    and priced with the host link and a host optimizer (:mod:`autopar.cost_models.offload`).
     ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
     ground must be predicted than the best validated one (``None``: the model's own error
     there, ``0``: no preference; see ``plan.predicted["ground"]``).
@@ -188,6 +193,7 @@ def plan(
         time_limit_s=time_limit_s,
         extrapolation_margin=extrapolation_margin,
         max_solves=max_solves,
+        offload=offload,
     )
     if options.precision_overrides:  # a key naming nothing fails here, before any solve
         assign_precision(gm, options.precision, dict(options.precision_overrides))
@@ -195,7 +201,8 @@ def plan(
     counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
                            or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count
     if counts == [cluster.world_size]:
-        return make_plan(gm, search(gm, cluster, options), cluster, options, name)
+        result, used = _search_offloading_last(gm, cluster, options)
+        return make_plan(gm, result, cluster, used, name)
     return _plan_fewest_fastest(gm, cluster, options, name, counts, pinned=devices is not None)
 
 
@@ -262,7 +269,8 @@ def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOpti
                 break
         sub = sub_cluster(cluster, k)
         try:
-            candidate = make_plan(gm, search(gm, sub, options), sub, options, name)
+            result, used = _search_offloading_last(gm, sub, options)
+            candidate = make_plan(gm, result, sub, used, name)
         except AutoparError as e:
             first_error = first_error or e
             tried.append({"devices": k, "step_time_s": None,
@@ -351,3 +359,22 @@ PLAN_KEYWORDS = tuple(name for name, p in inspect.signature(plan).parameters.ite
                       if p.kind is inspect.Parameter.KEYWORD_ONLY)
 """The keywords ``autopar.plan`` takes (``parallelize`` passes them through)."""
 _DEFAULTS = {name: p.default for name, p in inspect.signature(plan).parameters.items()}
+
+
+def _search_offloading_last(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions
+                            ) -> tuple[SearchResult, PlanOptions]:
+    """The search without offload, then, only when nothing fits in device memory, with it:
+    the host link and a host optimizer are slower than any plan that fits (a pinned
+    ``offload="optimizer+params"`` is searched directly)."""
+    modes = options.offload
+    if modes == ("none",) or modes == ("optimizer+params",):
+        return search(gm, cluster, options), options
+    first = dataclasses.replace(options, offload=("none",))
+    try:
+        return search(gm, cluster, first), first
+    except NoFeasiblePlanError:
+        if "optimizer+params" not in modes:
+            raise
+        offloading = dataclasses.replace(options, offload=("optimizer+params",), zero=(3,))
+        return search(gm, cluster, offloading), offloading
+

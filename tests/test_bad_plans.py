@@ -67,6 +67,8 @@ EDITS: list[tuple[str, str, str, Any, str | None]] = [
     ("mesh-edited-to-15-ranks", "dp", "mesh.dp", 15, "mesh"),
     ("microbatch-3-for-batch-8", "dp", "batch.microbatch", 3, None),
     ("zero-stage-5", "dp", "training.zero", 5, None),
+    ("offload-without-zero3", "dp", "training.offload", "optimizer+params", None),
+    ("offload-unknown", "dp", "training.offload", "optimizer", None),
     ("missing-microbatch", "dp", "batch.microbatch", DROP, None),
     ("string-for-a-number", "dp", "batch.global", "8", None),
     ("negative-tp", "dp", "mesh.tp", -1, None),

@@ -38,6 +38,10 @@ LAUNCHES = {
         {"model": "llama+lora", "dp": 2, "optimizer": "adamw"},
         {"model": "llama+lora", "tp": 2, "cluster": FAST, "optimizer": "adamw"},
         {"model": "llama+qlora", "dp": 2, "optimizer": "adamw", "rtol": 1e-4},
+        # CPU offload (FSDP2's CPUOffloadPolicy: ZeRO-3's shards and the optimizer step on
+        # the host; on a CPU machine the host is the device, but the offloading path runs)
+        {"model": "llama", "dp": 2, "zero": 3, "offload": "optimizer+params",
+         "optimizer": "adamw"},
         # Selective recomputation (attention scores only, on explicit attention).
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
@@ -95,6 +99,8 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
             if "tp" in case:
                 # The solver really sharded weights (not a replicated "tp=2" in name only).
                 assert r["sharded"], ("expected tensor-parallel weights", case)
+            if "offload" in case:
+                assert r["offload"] == case["offload"], r
             if "zero" in case:
                 assert r["zero"] == case["zero"]
                 # ZeRO 1-3: the optimizer steps shards of the weights, so its state is sharded

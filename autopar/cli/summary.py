@@ -90,6 +90,11 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
                      "proven the fastest (--max-solves raises the budget)")
     if plan.explanation.get("devices"):
         lines.append(f"devices   {plan.explanation['devices']['why']}")
+    if t.get("offload", "none") != "none":
+        lines.append(f"offload   {t['offload']}: ZeRO-3's parameter, gradient and optimizer "
+                     "shards stay in host memory and the optimizer steps there "
+                     f"({plan.predicted['optimizer_s']:.3g} s per step, modelled); no plan fits "
+                     "in device memory without it")
     lines += format_precision(plan)
     lines += format_tp(plan.explanation.get("tp", {}))
     lines += format_experts(plan.explanation.get("experts", {}))

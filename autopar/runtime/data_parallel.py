@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from autopar.errors import RuntimeSetupError
@@ -29,6 +29,7 @@ def wrap_data_parallel(
     module: nn.Module, ctx: MeshContext, zero_stage: int, units: list[nn.Module],
     pipelined: bool = False, param_dtype: torch.dtype = torch.float32,
     experts: list[str] | None = None, expert_units: list[nn.Module] | None = None,
+    offload: str = "none",
 ) -> nn.Module:
     """Wrap ``module`` for data parallelism over the ``dp`` axis (with ``cp``: over dp x cp,
     the ranks that hold the same weights).
@@ -73,6 +74,9 @@ def wrap_data_parallel(
     if zero_stage in (1, 2, 3):
         dp_mesh = ctx.data_mesh
         reshard = zero_stage == 3  # stages 1, 2: weights stay whole through the step
+        extra = {}
+        if offload != "none":  # shards, gradients and optimizer states in host memory
+            extra["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                       cast_forward_inputs=False)
         if experts and not expert_units:
@@ -87,8 +91,10 @@ def wrap_data_parallel(
             if dist.get_backend(group) == "gloo" and ctx.expert_data_mesh.size() > 1:
                 unit.set_force_sum_reduction_for_comms(True)
         for unit in units:
-            fully_shard(unit, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard,
+                        **extra)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard,
+                    **extra)
         if expert_units:
             _prefetch_layers_only(units, expert_units)
         return module

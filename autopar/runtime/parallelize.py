@@ -109,20 +109,22 @@ def parallelize(
     # With ranks idle beside it (a plan on fewer devices), each step's loss goes to them too.
     module_class = PartOfWorld if _launched() > plan.world_size else ParallelModule
     zero = plan.training.get("zero", 0)
+    offload = plan.training.get("offload", "none")
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     local = _microbatch_graph(model, example_inputs, plan, gm)
     program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords, str(ctx.device)))
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,
-                               param_dtype=param_dtype, **_experts_of(program, module))))
+                               param_dtype=param_dtype, offload=offload,
+                               **_experts_of(program, module))))
         pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner,
                           loss_scale=loss_scale)
     else:
         program.to(ctx.device)
         units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
         wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype,
-                                     **_experts_of(program, program))
+                                     offload=offload, **_experts_of(program, program))
         pm = module_class(program, wrapped, plan, ctx, loss_scale=loss_scale)
     if record_run is not None:
         pm.record_run(record_run)

@@ -92,6 +92,7 @@ class Setting:
     # per repeated layer, in the order they run (recompute "mixed"); empty: ``recompute``
     layer_recompute: tuple[str, ...] = ()
     ep: int = 1  # expert parallelism, carved out of dp: experts spread over ep ranks
+    offload: str = "none"  # "optimizer+params": ZeRO-3's shards in host memory (FSDP2)
 
     def __post_init__(self) -> None:
         if self.recompute == "mixed":
@@ -101,6 +102,8 @@ class Setting:
                                  f"{self.layer_recompute!r}")
         elif self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
+        if self.offload != "none" and self.zero != 3:
+            raise ValueError(f"offload {self.offload!r} needs ZeRO-3, got ZeRO-{self.zero}")
 
     def layer_mode(self, position: int) -> str:
         """The recomputation of the ``position``-th repeated layer (in running order)."""
@@ -623,6 +626,7 @@ class CostTables:
             dp=self.setting.grad_group // ep,
             shape=tuple(shape) if shape else None,
             fp32_params=self.options.master_weights == "params",
+            offload=self.setting.offload,
         )
 
     def grad_bytes(self, d: Decision, s: Strategy) -> float:

@@ -24,6 +24,7 @@ from autopar.cost_models.comm import (
 from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.data_parallel import Unit, bucketed_step, fsdp_step
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
+from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
@@ -397,7 +398,9 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         comm, exposed, buffers = data_parallel_costs(
             tables, setting, u, rank_units[r], roots + 2 * layer_w)
         owned = total(u.trainable_numel, r) / (setting.grad_group if setting.zero >= 1 else 1)
-        opt_s = optimizer_step_time(owned, tables.options.optimizer, tables.cluster.device)
+        opt_s = (host_optimizer_s(owned, tables.cluster.device) if setting.offload != "none"
+                 else optimizer_step_time(owned, tables.options.optimizer,
+                                          tables.cluster.device))
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
     tail = max(range(pp), key=lambda r: dp[r][0])
     _, dp_comm, dp_exposed, _, optimizer_s = dp[tail]
@@ -527,12 +530,17 @@ def data_parallel_costs(
         return busy + group_collective_time(kind, nbytes, setting.ep_mesh, "edp",
                                             tables.cluster)
 
+    def host_s(i: int) -> float:  # offload: this rank's fp32 shard crosses the host link
+        if setting.offload == "none":
+            return 0.0
+        return host_copy_s(4 * u.trainable_numel[i] / setting.grad_group, tables.cluster.device)
+
     n_layers = len(u.layers)
     fsdp_units = [
         Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
-             + edp_time("all_gather", u.expert_weights[i]),
+             + edp_time("all_gather", u.expert_weights[i]) + host_s(i),
              reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
-             + edp_time("reduce_scatter", u.expert_grad_bytes[i]),
+             + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i),
              forward_s=u.fwd[i] + u.tp_comm[i] / 2, backward_s=u.bwd[i] + u.tp_comm[i] / 2,
              regather=0 < i <= n_layers)
         for i in sorted(units)

@@ -19,6 +19,9 @@ from autopar.knobs import (
 from autopar.precision import MASTER_WEIGHTS
 from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
+OFFLOADS_RUNNABLE = ("none", "optimizer+params")
+"""Offload modes the runtime executes ("optimizer+params": FSDP2's CPUOffloadPolicy)."""
+
 ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
 """The ZeRO stages the runtime executes (DDP; FSDP2: :mod:`autopar.runtime.data_parallel`)."""
 
@@ -97,6 +100,10 @@ class PlanOptions:
     # with layouts already solved; the plan says the budget was reached. A count, not
     # seconds, so the same inputs give the same plan on any machine.
     max_solves: int | None = 300
+    # Offload modes the planner may use: "optimizer+params" keeps ZeRO-3's parameter,
+    # gradient and optimizer shards in host memory and steps the optimizer there (FSDP2's
+    # CPUOffloadPolicy). Chosen only when no plan fits in device memory without it.
+    offload: tuple[str, ...] = ("none", "optimizer+params")
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "virtual_stages", "microbatch",
@@ -173,6 +180,13 @@ class PlanOptions:
                 fix=f"use one of {', '.join(OPTIMIZERS)}",
             )
         object.__setattr__(self, "zero", zero_stages(self.zero, where="PlanOptions.zero"))
+        offload = (self.offload,) if isinstance(self.offload, str) else tuple(self.offload)
+        if not offload or any(o not in OFFLOADS_RUNNABLE for o in offload):
+            raise AutoparError(
+                f"offload must be one or more of {', '.join(OFFLOADS_RUNNABLE)}, got "
+                f"{self.offload!r}", where="PlanOptions.offload",
+                fix='e.g. offload="none", or offload=("none", "optimizer+params")')
+        object.__setattr__(self, "offload", tuple(dict.fromkeys(offload)))
         modes = RECOMPUTE_MODES
         if not self.recompute or any(m not in modes for m in self.recompute):
             raise AutoparError(

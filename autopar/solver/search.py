@@ -241,15 +241,18 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
 
         problem = problem_for(local)[0]
         # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
+        offload = options.offload[0] if len(options.offload) == 1 else "none"
         for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
             if dp * cp == 1 and zero > 0:
                 continue  # ZeRO shards over data parallelism; nothing to shard
+            if offload != "none" and (zero != 3 or dp * cp == 1):
+                continue  # FSDP2 offloads ZeRO-3's shards
             for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
                 for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
                                      cluster.devices_per_node):
                     base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
                                    cp_algorithm="auto" if cp > 1 else "none",
-                                   cp_layout=options.cp_layout, ep=ep)
+                                   cp_layout=options.cp_layout, ep=ep, offload=offload)
                     best = _search_microbatches(
                         problem_for, cluster, options, candidates, best, facts, traced, local,
                         base, n_layers, layouts, couplings, budget,

@@ -130,6 +130,7 @@ def make_plan(
                if setting.recompute == "mixed" else {}),
             "chunked_loss": options.chunked_loss,
             "batch_coupling": options.batch_coupling,
+            **({"offload": setting.offload} if setting.offload != "none" else {}),
         },
         pipeline=pipeline_entry(setting, prediction),
         strategies=strategies,

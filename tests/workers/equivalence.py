@@ -141,6 +141,7 @@ def run_case(case: dict) -> dict:
     plan = pm.plan
     return {"case": case, "rank": dist.get_rank() if dist.is_initialized() else 0,
             "mesh": plan.mesh, "zero": plan.training["zero"],
+            "offload": plan.training.get("offload", "none"),
             "microbatches": plan.batch["microbatches"], "recompute": plan.training["recompute"],
             "recompute_layers": plan.training.get("recompute_layers"),
             "checkpointed": pm.code.count("checkpointed("), "layer_span": _layer_span(pm),

@@ -54,6 +54,9 @@ CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[,
     (2, 2, 1, "none", "fp32", 0, 1, "lora"),
     (2, 2, 1, "none", "fp32", 0, 1, "qlora"),
     (2, 1, 2, "none", "fp32", 0, 1, "lora"),
+    # CPU offload of ZeRO-3's shards (on this machine the host is the device: the model
+    # must then count them as host memory that the CPU process still holds)
+    (2, 2, 1, "none", "fp32", 3, 1, "none", "optimizer+params"),
 ]
 
 
@@ -89,14 +92,16 @@ def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
 
 
 def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, cluster: Path,
-             tmp: Path, zero: int = 0, microbatches: int = 1, lora: str = "none"
-             ) -> list[dict]:
-    out = tmp / f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}-{lora}"
+             tmp: Path, zero: int = 0, microbatches: int = 1, lora: str = "none",
+             offload: str = "none") -> list[dict]:
+    out = tmp / (f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}-{lora}-"
+                 f"{offload.replace('+', '-')}")
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
            "--dp", str(dp), "--tp", str(tp), "--recompute", recompute, "--precision", precision,
            "--zero", str(zero), "--microbatches", str(microbatches), "--lora", lora,
+           "--offload", offload,
            "--cluster", str(cluster), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -129,12 +134,12 @@ def main() -> None:
               f"{'':>7} | {'modelled':>8} {'measured':>8}")
         memory_errors, time_errors = [], []
         for nproc, dp, tp, recompute, precision, *more in CASES:
-            zero, microbatches, lora = (*more, *(0, 1, "none")[len(more):])
+            zero, microbatches, lora, offload = (*more, *(0, 1, "none", "none")[len(more):])
             if args.state_only and not (zero or lora != "none"):
                 continue
             cluster = cluster_file(profile, links[nproc], nproc, tmp)
             ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp, zero,
-                             microbatches, lora)
+                             microbatches, lora, offload)
             measured_peak = max(r["measured_peak_bytes"] for r in ranks)
             predicted_peak = ranks[0]["predicted_peak_bytes"]
             measured_step = statistics.median(r["measured_step_s"] for r in ranks)
@@ -144,7 +149,8 @@ def main() -> None:
             memory_errors.append(abs(mem_err))
             time_errors.append(abs(time_err))
             mesh = (f"dp{dp}xtp{tp}" + (f" z{zero} m{microbatches}" if zero else "")
-                    + (f" {lora}" if lora != "none" else ""))
+                    + (f" {lora}" if lora != "none" else "")
+                    + (" offload" if offload != "none" else ""))
             print(f"{nproc:>5} {mesh:<15} {recompute:<19} {precision:<5} "
                   f"{ranks[0]['tp_sharded']:>10} | "
                   f"{predicted_peak / 2**20:>9.1f} {measured_peak / 2**20:>9.1f} {mem_err:>+7.1%} | "

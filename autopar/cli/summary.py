@@ -135,6 +135,9 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"  {'total':<12} {format_bytes(mem['total']):>12} of {format_bytes(capacity)} "
         f"({used:.0%}; headroom {format_bytes(capacity - mem['total'])})"
     )
+    if mem.get("host"):
+        lines.append(f"  {'host':<12} {format_bytes(mem['host']):>12} (offloaded, in host "
+                     "memory; not in the total)")
     lines += [
         "",
         "step (modelled)",

@@ -132,6 +132,7 @@ class UnitCosts:
     # group's block (ZeRO-3 gathers and reduces them over edp, not dp)
     expert_weights: list[float] = field(default_factory=list)
     expert_grad_bytes: list[float] = field(default_factory=list)
+    host: list[float] = field(default_factory=list)  # CPU offload: states in host memory
 
     @property
     def n_units(self) -> int:
@@ -181,7 +182,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     layers, unit_of = _units(problem.gm)
     n = len(layers) + 2
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
-    u.expert_weights, u.expert_grad_bytes = [0.0] * n, [0.0] * n
+    u.expert_weights, u.expert_grad_bytes, u.host = [0.0] * n, [0.0] * n, [0.0] * n
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -207,6 +208,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
             u.params[k] += st.params * c
             u.grads[k] += st.grads * c
             u.opt[k] += st.optimizer * c
+            u.host[k] += st.host_total * c
             u.grad_bytes[k] += g * c
             u.weights[k] += w * c
             if expert:
@@ -408,7 +410,8 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     peak_stage = max(range(pp), key=lambda r: stage_preds[r].memory.total + dp[r][3])
     mem = stage_preds[peak_stage].memory
     memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,
-                             dp[peak_stage][3], temporaries=mem.temporaries)
+                             dp[peak_stage][3], temporaries=mem.temporaries,
+                             host=total(u.host, peak_stage))
     return Prediction(
         step_time_s=step,
         compute_s=m * (sp.forward_s + sp.backward_s),
@@ -451,8 +454,9 @@ def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float
         MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
                         temporaries=max(2 * largest, recompute_transient)),
         MemoryBreakdown(params, grads, optimizer, 0.0, 0.0,
-                        temporaries=trainable_numel * 4 / (setting.grad_group if setting.zero >= 1
-                                                                else 1)),
+                        temporaries=0.0 if setting.offload != "none"  # the host steps
+                        else trainable_numel * 4 / (setting.grad_group if setting.zero >= 1
+                                                    else 1)),
     ]
     return max(phases, key=lambda m: m.total)
 

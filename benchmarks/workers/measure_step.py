@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--offload", default="none", help="none or optimizer+params (ZeRO-3)")
     ap.add_argument("--lora", choices=("none", "lora", "qlora"), default="none",
                     help="LoRA adapters (rank 8) on the attention and MLP input linears")
     ap.add_argument("--cluster", required=True)
@@ -68,7 +69,7 @@ def main() -> None:
     per_layer = {"recompute_layers": tuple(modes)} if len(modes) > 1 else {}
     pm = autopar.parallelize(model, cluster, (idx, tgt), dp=args.dp, tp=args.tp,
                              zero=(args.zero,), recompute=(modes[0],),
-                             precision=args.precision, **per_layer,
+                             precision=args.precision, offload=args.offload, **per_layer,
                              microbatch=args.batch // args.dp // args.microbatches,
                              tp_splits_batch=False,
                              chunked_loss=args.chunked_loss, **cp)
@@ -103,7 +104,10 @@ def main() -> None:
         "measured_peak_bytes": device_peak["Total"],
         "measured_by_kind": {str(kind).split(".")[-1]: v for kind, v in device_peak.items()},
         "measured_step_s": statistics.median(times),
-        "predicted_peak_bytes": pm.plan.predicted["peak_memory_bytes"],
+        # offloaded states sit in host memory, which on a CPU is where everything is
+        "predicted_peak_bytes": pm.plan.predicted["peak_memory_bytes"]
+        + (pm.plan.predicted["memory"].get("host", 0) if pm.mesh_context.device.type == "cpu"
+           else 0),
         "predicted_memory": pm.plan.predicted["memory"],
         "predicted_step_s": pm.plan.predicted["step_time_s"],
         "tp_sharded": sum(1 for ax in pm.plan.params.values() if ax.get("tp", "R") != "R"),

@@ -183,3 +183,16 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path: Path) -> 
     pm, opt, _ = _one_process()
     assert autopar.load_checkpoint(path, pm, opt) == 1  # the one before is whole
     assert autopar.latest_checkpoint(tmp_path / "ckpt") == path
+
+
+def test_expert_parallel_plans_are_refused_not_saved_wrong(tmp_path: Path) -> None:
+    """Ranks of one ep group hold different experts under the same names: a checkpoint that
+    described them as replicas would keep one rank's experts for all."""
+    from types import SimpleNamespace
+
+    pm = SimpleNamespace(plan=SimpleNamespace(mesh={"dp": 2, "ep": 2, "tp": 1}),
+                         mesh_context=None)
+    with pytest.raises(autopar.AutoparError, match="expert-parallel") as info:
+        autopar.save_checkpoint(tmp_path / "c", pm, step=1)
+    assert info.value.where == "plan.mesh.ep"
+    assert not (tmp_path / "c").exists()

@@ -328,6 +328,14 @@ def _parallel_module(module: nn.Module) -> nn.Module:
         raise CheckpointError(
             f"expected what autopar.parallelize returned, got {type(module).__name__}",
             where="module", fix="pass the ParallelModule (pm = autopar.parallelize(...))")
+    if module.plan.mesh.get("ep", 1) > 1:
+        # each ep rank holds other experts under the same names: described as replicas,
+        # one rank's experts would be written for all
+        raise CheckpointError(
+            f"checkpoints of expert-parallel plans (ep={module.plan.mesh['ep']}) are not "
+            "supported yet", where="plan.mesh.ep",
+            fix="checkpoint a plan with ep=1 (the same weights load into any ep later once "
+            "supported), or export the weights per rank yourself")
     return module
 
 

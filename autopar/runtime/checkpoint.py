@@ -139,7 +139,7 @@ def load_checkpoint(path: str | os.PathLike[str], module: nn.Module,
     for fqn, p in params.items():
         state[f"model.{fqn}"] = destination(p, layouts[fqn], pm.mesh_context)
         targets[f"model.{fqn}"] = (p, layouts[fqn])
-    states: dict[str, tuple[nn.Parameter, str]] = {}
+    states: dict[str, tuple[nn.Parameter, str, str]] = {}  # key -> (param, state, fqn)
     if optimizer is not None:
         names = {id(p): fqn for fqn, p in params.items()}
         for group in optimizer.param_groups:
@@ -151,7 +151,7 @@ def load_checkpoint(path: str | os.PathLike[str], module: nn.Module,
                         p if _stored_shape(stored, f"optim.{fqn}.{key}") else torch.zeros(()))
                     state[f"optim.{fqn}.{key}"] = _state_destination(template, p, layouts[fqn],
                                                                      pm)
-                    states[f"optim.{fqn}.{key}"] = (p, key)
+                    states[f"optim.{fqn}.{key}"] = (p, key, fqn)
     rank = _rank()
     rng_key = f"rng.cpu.{rank}" if f"rng.cpu.{rank}" in stored else "rng.cpu.0"
     state[rng_key] = torch.empty_like(torch.get_rng_state())
@@ -166,14 +166,15 @@ def load_checkpoint(path: str | os.PathLike[str], module: nn.Module,
             "left unchanged)") from err
     for key, (p, layout) in targets.items():
         copy_back(p, state[key], layout, pm.mesh_context)
-    for key, (p, name) in states.items():
+    for key, (p, name, fqn) in states.items():
         value = state[key]
+        held = optimizer.state.setdefault(p, {})
         if value.ndim == 0 and not _stored_shape(stored, key):
-            optimizer.state.setdefault(p, {})[name] = _scalar_like(value, p)
+            held[name] = value.clone()  # a scalar state (AdamW's step)
             continue
-        if name not in optimizer.state.get(p, {}):
-            optimizer.state.setdefault(p, {})[name] = _zeros_like_param(p)
-        copy_back(optimizer.state[p][name], value, layouts[_fqn_of(p, params)], pm.mesh_context)
+        if name not in held:
+            held[name] = torch.zeros_like(p.detach())
+        copy_back(held[name], value, layouts[fqn], pm.mesh_context)
     if optimizer is not None and meta.get("optimizer"):
         for group, saved in zip(optimizer.param_groups, meta["optimizer"]["param_groups"]):
             group.update({k: tuple(v) if isinstance(v, list) else v
@@ -266,18 +267,6 @@ def _state_keys(stored: dict[str, Any], fqn: str) -> list[str]:
 def _stored_shape(stored: dict[str, Any], key: str) -> tuple[int, ...]:
     md = stored.get(key)
     return tuple(getattr(md, "size", ()) or ())
-
-
-def _zeros_like_param(p: nn.Parameter) -> torch.Tensor:
-    return torch.zeros_like(p.detach(), memory_format=torch.preserve_format)
-
-
-def _scalar_like(value: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
-    return value.clone()
-
-
-def _fqn_of(p: nn.Parameter, params: dict[str, nn.Parameter]) -> str:
-    return next(fqn for fqn, q in params.items() if q is p)
 
 
 def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:

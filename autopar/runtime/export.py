@@ -81,17 +81,18 @@ def load_weights_file(path: Path, pm: nn.Module) -> None:
                                   where=str(path), fix="pass a .safetensors file or a "
                                   "torch.save-d state dict of tensors") from None
     params = named_parameters(pm)
+    layouts = {fqn: layout_of(p, fqn, pm) for fqn, p in params.items()}
     problems = [f"missing from the file: {n}" for n in sorted(params) if n not in weights]
     problems += [f"shape differs: {n} is {list(weights[n].shape)} in the file, "
-                 f"{list(layout_of(p, n, pm).global_shape)} here"
-                 for n, p in sorted(params.items()) if n in weights
-                 and tuple(weights[n].shape) != layout_of(p, n, pm).global_shape]
+                 f"{list(layouts[n].global_shape)} here"
+                 for n in sorted(params) if n in weights
+                 and tuple(weights[n].shape) != layouts[n].global_shape]
     if problems:
         raise CheckpointError(
             f"{path} does not hold this model's weights: " + "; ".join(problems[:12]),
             where=str(path), fix="load weights saved from the same model")
     for fqn, p in params.items():
-        copy_whole(p, weights[fqn].to(dtype=p.dtype, device=_device(p)), layout_of(p, fqn, pm),
+        copy_whole(p, weights[fqn].to(dtype=p.dtype, device=_device(p)), layouts[fqn],
                    pm.mesh_context)
 
 

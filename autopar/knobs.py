@@ -5,6 +5,7 @@
 | precision | ``precision`` | ``--precision`` | ``training.precision`` (per node: ``precision``) |
 | per-node precision overrides | ``precision_overrides`` | ``--precision-override NODE=DTYPE`` | ``precision_policy.overrides`` |
 | ZeRO stage(s) | ``zero`` | ``--zero`` | ``training.zero`` |
+| HSDP replica groups | ``dp_replicate`` | ``--dp-replicate`` | ``training.dp_replicate`` |
 | pipeline schedule | ``schedule`` | ``--schedule`` | ``pipeline.schedule`` |
 | chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
 | sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |

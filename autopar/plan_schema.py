@@ -314,7 +314,9 @@ PLAN = obj(
             # with recompute "mixed": each repeated layer's mode, in the order they run
             "recompute_layers": list_of(one_of(RECOMPUTE_MODES)),
             # "optimizer+params": ZeRO-3's shards in host memory (FSDP2's CPUOffloadPolicy)
-            "offload": one_of(OFFLOADS_RUNNABLE)}),
+            "offload": one_of(OFFLOADS_RUNNABLE),
+            # HSDP: ZeRO shards within dp/dp_replicate ranks, replicated across the groups
+            "dp_replicate": COUNT}),
         "strategies": map_of(obj({"dp": STRATEGY, "tp": STRATEGY}, {"cp": STRATEGY})),
         "params": map_of(obj({"dp": placement, "tp": placement},
                              {"cp": placement, "ep": placement})),
@@ -492,8 +494,21 @@ def _offload_rules(plan: dict) -> None:
               f"(this plan: ZeRO-{training['zero']}, dp={mesh['dp']})", training["offload"])
 
 
+def _hsdp_rules(plan: dict) -> None:
+    """HSDP splits dp into replica groups that ZeRO shards within: dp_replicate divides dp,
+    under ZeRO 1-3 and without experts."""
+    training, mesh = plan["training"], plan["mesh"]
+    replicate = training.get("dp_replicate", 1)
+    if replicate == 1:
+        return
+    if mesh["dp"] % replicate or training["zero"] == 0 or mesh.get("ep", 1) > 1:
+        _fail("training.dp_replicate", "a divisor of mesh.dp (groups that ZeRO 1-3 shards "
+              f"within; no ep) (this plan: dp={mesh['dp']}, ZeRO-{training['zero']}, "
+              f"ep={mesh.get('ep', 1)})", replicate)
+
+
 CROSS_FIELD_RULES = (_mesh_rules, _batch_rules, _pipeline_rules, _count_rules,
-                     _precision_rules, _recompute_rules, _offload_rules)
+                     _precision_rules, _recompute_rules, _offload_rules, _hsdp_rules)
 
 
 def validate(data: Any, source: str = "plan") -> None:

@@ -90,6 +90,7 @@ def plan(
     extrapolation_margin: float | None = None,
     max_solves: int | None = 300,
     offload: str | tuple[str, ...] = ("none", "optimizer+params"),
+    dp_replicate: int | None = None,
     model_name: str | None = None,
     **old_spellings: Any,
 ) -> Plan:
@@ -110,6 +111,10 @@ def plan(
     ZeRO-3's parameter, gradient and optimizer shards in host memory (FSDP2's
     ``CPUOffloadPolicy``); it is used only when no plan fits in device memory without it,
     and priced with the host link and a host optimizer (:mod:`autopar.cost_models.offload`).
+    ``dp_replicate`` pins HSDP: ZeRO shards within groups of dp/dp_replicate consecutive
+    ranks and the groups replicate, all-reducing their gradient shards once per step (by
+    default the solver prices full sharding and, where ZeRO spans nodes, one group per node:
+    :mod:`autopar.solver.hsdp`).
     ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
     ground must be predicted than the best validated one (``None``: the model's own error
     there, ``0``: no preference; see ``plan.predicted["ground"]``).
@@ -194,6 +199,7 @@ def plan(
         extrapolation_margin=extrapolation_margin,
         max_solves=max_solves,
         offload=offload,
+        dp_replicate=dp_replicate,
     )
     if options.precision_overrides:  # a key naming nothing fails here, before any solve
         assign_precision(gm, options.precision, dict(options.precision_overrides))

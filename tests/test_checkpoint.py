@@ -67,6 +67,19 @@ def test_saved_on_dp2_resumes_on_tp2_pp2_and_four_ranks(name: str, tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_hsdp_checkpoint_resumes_under_plain_dp(tmp_path: Path) -> None:
+    """Saved under HSDP (ZeRO-3 within 2 ranks, 2 replica groups: FSDP2 on a 2-D mesh, whose
+    replicas DCP writes once), loaded on dp=2: the 4 losses are the single-device run's."""
+    ref = reference_losses("llama")
+    ckpt = tmp_path / "ckpt"
+    saved = launch(4, {"model": "llama", "dp": 4, "zero": 3, "dp_replicate": 2}, ckpt,
+                   tmp_path / "save", "--save")
+    assert saved[0]["losses"] == pytest.approx(ref[:2], rel=RTOL)
+    for r in launch(2, {"model": "llama", "dp": 2}, ckpt, tmp_path / "load", "--load"):
+        assert r["step"] == 2 and r["losses"] == pytest.approx(ref[2:], rel=RTOL), (r, ref)
+
+
+@pytest.mark.slow
 def test_zero3_tp_checkpoint_exports_whole_weights(tmp_path: Path) -> None:
     """Saved under dp2 x tp2 with ZeRO-3 (grouped tp shards, FSDP2 on top), exported as a
     safetensors file that an unwrapped HF Llama loads strictly, with the loss of step 3."""

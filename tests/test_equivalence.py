@@ -67,6 +67,10 @@ LAUNCHES = {
         *[{"model": m, "cp": 2, "tp": 2, "cluster": FAST} for m in ("gpt", "llama")],
         *[{"model": m, "cp": 2, "dp": 2, "zero": 3} for m in ("gpt", "llama")],
         *[{"model": m, "cp": 2, "pp": 2, "microbatches": 2} for m in ("gpt", "llama")],
+        # HSDP with cp: ZeRO-3 shards over the 2 cp ranks of each dp group, the 2 groups
+        # replicate, all-reducing their shards at the last of 2 microbatches only
+        {"model": "llama", "dp": 2, "cp": 2, "zero": 3, "dp_replicate": 2, "microbatches": 2,
+         "optimizer": "adamw"},
     ]),
     "4ranks": (4, [
         {"model": "gpt", "dp": 2, "tp": 2, "cluster": FAST},
@@ -80,6 +84,9 @@ LAUNCHES = {
           for m in ("gpt", "llama")],
         *[{"model": m, "pp": 2, "dp": 2, "microbatches": 2} for m in ("gpt", "llama")],
         {"model": "llama", "pp": 2, "dp": 2, "zero": 2, "microbatches": 2, "optimizer": "adamw"},
+        # HSDP 2 x 2: ZeRO shards within 2 ranks, the 2 groups replicate (FSDP2, 2-D mesh)
+        {"model": "gpt", "dp": 4, "zero": 3, "dp_replicate": 2, "optimizer": "adamw"},
+        {"model": "llama", "dp": 4, "zero": 2, "dp_replicate": 2, "optimizer": "adamw"},
     ]),
 }
 
@@ -101,6 +108,9 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
                 assert r["sharded"], ("expected tensor-parallel weights", case)
             if "offload" in case:
                 assert r["offload"] == case["offload"], r
+            assert r["dp_replicate"] == case.get("dp_replicate", 1), r
+            if "dp_replicate" in case:  # FSDP2 on (replicate, shard): each state sharded
+                assert r["dp_mesh_dims"] == 2 and r["dp_sharded"] > 0, r
             if "zero" in case:
                 assert r["zero"] == case["zero"]
                 # ZeRO 1-3: the optimizer steps shards of the weights, so its state is sharded

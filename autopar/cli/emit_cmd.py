@@ -61,6 +61,7 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
     "tp": ("--tp", lambda p: p.mesh.get("tp", 1), _same),
     "pp": ("--pp", lambda p: p.mesh.get("pp", 1), _same),
     "ep": ("--ep", lambda p: p.mesh.get("ep", 1), _same),
+    "dp_replicate": ("--dp-replicate", lambda p: p.training.get("dp_replicate", 1), _same),
     "batch_coupling": ("--batch-coupling",
                        lambda p: p.training.get("batch_coupling", "exact"), _same),
     "microbatch": ("--microbatch", lambda p: p.batch["microbatch"], _same),

@@ -92,7 +92,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "model": traced.spec.name, "cluster": cluster_name, "devices": world,
             "global_batch": g, "seq": traced.seq, "microbatch": c.microbatch,
             "microbatches": setting.microbatches, "tp": c.tp, "pp": c.pp, "dp": c.dp,
-            "cp": c.cp, "ep": c.ep,
+            "cp": c.cp, "ep": c.ep, "dp_replicate": c.dp_replicate,
             "cp_algorithm": setting.cp_algorithm if c.cp > 1 else None,
             "cp_layout": c.cp_layout if c.cp > 1 else None, "sp": c.sp, "recompute": est.setting.recompute,
             "recompute_layers": list(est.setting.layer_recompute) or None, "precision": c.precision,
@@ -135,6 +135,8 @@ def format_report(r: dict) -> str:
         f"{a['microbatch']} x {a['microbatches']}, tp={a['tp']} pp={a['pp']} dp={a['dp']} "
         f"cp={a['cp']}{' +sp' if a['sp'] else ''}"
         + (f" ep={a['ep']}" if a.get("ep", 1) > 1 else "")
+        + (f" (HSDP: {a['dp_replicate']} replica groups)" if a.get("dp_replicate", 1) > 1
+           else "")
         + (f" ({a['cp_algorithm']} attention, {a['cp_layout']})" if a["cp_algorithm"] else ""),
         f"          {a['precision']}, {a['optimizer']}, ZeRO-{a['zero']}, recompute {a['recompute']}, "
         f"schedule {a['schedule']}" + (f" (v={a['virtual_stages']})" if a['virtual_stages'] > 1
@@ -174,7 +176,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     traced = trace_model(args.model, args.global_batch, args.seq, frozen=bool(args.lora_rank))
     dp = args.dp or max(cluster.world_size // (args.tp * args.pp * args.cp), 1)
     config = PinnedConfig(
-        tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, cp_algorithm=args.cp_algorithm,
+        tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
+        cp_algorithm=args.cp_algorithm,
         cp_layout=args.cp_layout, sp=args.sp, microbatch=args.microbatch,
         global_batch=traced.batch, recompute=recompute,
         recompute_layers=tuple(args.recompute_layers or ()),

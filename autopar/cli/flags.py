@@ -201,6 +201,12 @@ def add_degree(p: argparse.ArgumentParser, axis: str, default: int | None = None
                    help=f"{words}-parallel degree")
 
 
+def add_dp_replicate(p: argparse.ArgumentParser, default: int | None = None) -> None:
+    p.add_argument("--dp-replicate", type=positive_int, default=default, metavar="N",
+                   help="HSDP: ZeRO shards within dp/N consecutive data-parallel ranks and the "
+                   "N groups replicate (1: shard over all of dp; default: chosen by cost)")
+
+
 def add_batch_coupling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-coupling", choices=BATCH_COUPLING_MODES, default="exact",
                    help="exact: split the batch (dp, microbatches) only where ops coupling its "
@@ -338,6 +344,7 @@ def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
 
 
 SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp", "--ep",
+                "--dp-replicate",
                 "--cp-algorithm", "--cp-layout", "--microbatch",
                 "--schedule", "--virtual-stages", "--recompute", "--precision", "--zero",
                 "--optimizer", "--no-fuse-attention", "--json")

@@ -34,6 +34,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_cluster(p)
     for axis in ("dp", "tp", "pp", "cp", "ep"):
         flags.add_degree(p, axis)
+    flags.add_dp_replicate(p)
     flags.add_batch_coupling(p)
     flags.add_cp_algorithm(p)
     flags.add_cp_layout(p)
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_degree(p, "dp")
     flags.add_degree(p, "cp", default=1)
     flags.add_degree(p, "ep", default=1)
+    flags.add_dp_replicate(p, default=1)
     flags.add_cp_algorithm(p)
     flags.add_cp_layout(p)
     p.add_argument("--sp", action="store_true", help="sequence parallelism with tp")

@@ -22,6 +22,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         pp=args.pp,
         cp=args.cp,
         ep=args.ep,
+        dp_replicate=args.dp_replicate,
         batch_coupling=args.batch_coupling,
         cp_algorithm=args.cp_algorithm,
         cp_layout=args.cp_layout,

@@ -90,6 +90,11 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
                      "proven the fastest (--max-solves raises the budget)")
     if plan.explanation.get("devices"):
         lines.append(f"devices   {plan.explanation['devices']['why']}")
+    if t.get("dp_replicate", 1) > 1:
+        r = t["dp_replicate"]
+        lines.append(f"hsdp      ZeRO-{t['zero']} shards within {plan.mesh['dp'] // r} "
+                     f"data-parallel ranks and the {r} groups replicate, all-reducing their "
+                     "gradient shards once per step")
     if t.get("offload", "none") != "none":
         lines.append(f"offload   {t['offload']}: ZeRO-3's parameter, gradient and optimizer "
                      "shards stay in host memory and the optimizer steps there "

@@ -155,9 +155,10 @@ def copy_whole(tensor: torch.Tensor, whole: torch.Tensor, layout: Layout,
         part = local_slice(whole, layout.tp, n, rank)
     with torch.no_grad():
         if layout.fsdp:  # FSDP2 holds chunk(dp)[rank] of dim 0 of the (tp) part
-            mesh = tensor.device_mesh
-            chunks = part.chunk(mesh.size(), 0)
-            rank = mesh.get_local_rank()
+            # on its mesh's sharding dim (HSDP's mesh is (replicate, shard): the last one)
+            mesh, dim = tensor.device_mesh, tensor.device_mesh.ndim - 1
+            chunks = part.chunk(mesh.size(dim), 0)
+            rank = mesh.get_local_rank(dim)
             if rank < len(chunks) and chunks[rank].numel():
                 tensor.to_local().copy_(chunks[rank])
             return

@@ -10,6 +10,10 @@ once, at the last (``ParallelModule`` sets FSDP2's ``set_requires_gradient_sync`
 ``ZeroRedundancyOptimizer`` would also give stage 1, but it must replace the user's
 optimizer; FSDP2 shards the states of whatever optimizer the user builds on
 ``pm.parameters()``.
+
+HSDP is FSDP2 on a 2-D mesh (``MeshContext.shard_mesh``): it shards over the inner dim and
+all-reduces the gradient shards over the outer one; with several microbatches the
+all-reduce runs at the last one only (``ParallelModule``, ``set_requires_all_reduce``).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def wrap_data_parallel(
             device_ids=None if ctx.device.type == "cpu" else [ctx.device],
         )
     if zero_stage in (1, 2, 3):
-        dp_mesh = ctx.data_mesh
+        dp_mesh = ctx.shard_mesh or ctx.data_mesh  # 2-D under HSDP: FSDP2 replicates over dim 0
         reshard = zero_stage == 3  # stages 1, 2: weights stay whole through the step
         extra = {}
         if offload != "none":  # shards, gradients and optimizer states in host memory

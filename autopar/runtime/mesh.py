@@ -34,6 +34,9 @@ class MeshContext:
     # Under expert parallelism: the ranks holding the same experts (``edp``, with cp), over
     # which FSDP2 shards the expert weights.
     expert_data_mesh: DeviceMesh | None = None
+    # The mesh FSDP2 shards over: ``data_mesh``, or under HSDP its 2-D view
+    # (``dp_replicate``, ``dp_shard`` x cp): sharded within a group, replicated across.
+    shard_mesh: DeviceMesh | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         if self.mesh is None or axis not in (self.mesh.mesh_dim_names or ()):
@@ -125,33 +128,47 @@ def build_mesh(plan: Plan, backend: str) -> MeshContext:
     coords = {axis: mesh.get_local_rank(axis) for axis in names}
     axes = {axis: mesh[axis] for axis in names}
     replicas: tuple[str, ...] = ("dp",)
-    if "ep" in names:  # dp carved into (expert replicas, ep): rank in dp = edp * ep + ep
-        replicas = ("edp", "ep")
-        coords["dp"] = coords["edp"] * plan.mesh["ep"] + coords["ep"]
-        axes["dp"] = mesh[replicas]._flatten("dp")
+    for outer, inner in (("edp", "ep"), ("dp_replicate", "dp_shard")):
+        if inner in names:  # dp carved in two: rank in dp = outer * (inner's size) + inner
+            replicas = (outer, inner)
+            coords["dp"] = coords[outer] * mesh[inner].size() + coords[inner]
+            axes["dp"] = mesh[replicas]._flatten("dp")
     data = mesh[(*replicas, "cp")]._flatten("dp_cp") if "cp" in names else axes["dp"]
     experts = None
     if "ep" in names:
         experts = mesh[("edp", "cp")]._flatten("edp_cp") if "cp" in names else mesh["edp"]
+    sharded = data
+    if "dp_shard" in names and "cp" in names:  # the dp x cp ranks as (replica, shard) groups
+        replicate = mesh["dp_replicate"].size()
+        sharded = data._unflatten(0, (replicate, data.size() // replicate),
+                                  ("dp_replicate", "dp_shard_cp"))
+    elif "dp_shard" in names:
+        sharded = mesh[("dp_replicate", "dp_shard")]
     zigzag = ("cp",) if plan.context.get("layout") == "zigzag" else ()
     comm_ops.bind_axis_groups({axis: sub.get_group() for axis, sub in axes.items()
                                if sub.size() > 1}, zigzag=zigzag)
     return MeshContext(mesh, coords, device, pipeline_ends=ends, data_mesh=data,
-                       expert_data_mesh=experts)
+                       expert_data_mesh=experts, shard_mesh=sharded)
 
 
 def device_axes(plan: Plan) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The device mesh's dims: the plan's axes, with ``dp`` split into ``edp`` (ranks
-    holding the same experts) x ``ep`` when the plan spreads experts."""
+    holding the same experts) x ``ep`` when the plan spreads experts, or under HSDP into
+    ``dp_replicate`` (groups replicating the states) x ``dp_shard`` (ranks sharding them)."""
     names: list[str] = []
     sizes: list[int] = []
     ep = plan.mesh.get("ep", 1)
+    replicate = plan.training.get("dp_replicate", 1)
     for axis, size in plan.mesh.items():
         if axis == "ep":
             continue
         if axis == "dp" and "ep" in plan.mesh:
             names += ["edp", "ep"]
             sizes += [size // ep, ep]
+            continue
+        if axis == "dp" and replicate > 1:
+            names += ["dp_replicate", "dp_shard"]
+            sizes += [replicate, size // replicate]
             continue
         names.append(axis)
         sizes.append(size)

@@ -219,6 +219,7 @@ class ParallelModule(nn.Module):
                 reduce_expert_grads(stage, self._experts, self.plan)
             return self._mean_over_dp(loss)
         zero = self.plan.training.get("zero", 0)
+        hsdp = self.plan.training.get("dp_replicate", 1) > 1
         defer = zero == 0
         m = self.plan.batch.get("microbatches", 1)
         chunks = _split_microbatches(args, kwargs, m)
@@ -231,6 +232,9 @@ class ParallelModule(nn.Module):
                     self.wrapped.set_reshard_after_backward(sync)
                     if zero == 1:
                         self.wrapped.set_requires_gradient_sync(sync)
+                if hsdp and isinstance(self.wrapped, FSDPModule):
+                    # HSDP: shards all-reduced across the replica groups once per step
+                    self.wrapped.set_requires_all_reduce(sync)
                 no_sync = not sync and hasattr(self.wrapped, "no_sync")
                 with self.wrapped.no_sync() if no_sync else _null():
                     loss = find_loss(self(*a, **k)) / len(chunks)

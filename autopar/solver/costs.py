@@ -93,6 +93,10 @@ class Setting:
     layer_recompute: tuple[str, ...] = ()
     ep: int = 1  # expert parallelism, carved out of dp: experts spread over ep ranks
     offload: str = "none"  # "optimizer+params": ZeRO-3's shards in host memory (FSDP2)
+    # HSDP: the data-parallel ranks form ``dp_replicate`` groups (outer) of dp/dp_replicate
+    # consecutive ranks (inner); ZeRO shards within a group and the groups replicate (their
+    # gradient shards all-reduced across groups). 1: ZeRO shards over the whole dp (x cp).
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
         if self.recompute == "mixed":
@@ -104,6 +108,11 @@ class Setting:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
         if self.offload != "none" and self.zero != 3:
             raise ValueError(f"offload {self.offload!r} needs ZeRO-3, got ZeRO-{self.zero}")
+        if self.dp_replicate < 1 or self.dp % self.dp_replicate:
+            raise ValueError(f"dp_replicate {self.dp_replicate} must divide dp={self.dp}")
+        if self.dp_replicate > 1 and (self.zero == 0 or self.ep > 1):
+            raise ValueError("HSDP (dp_replicate > 1) shards with ZeRO 1-3 and no experts, got "
+                             f"ZeRO-{self.zero}, ep={self.ep}")
 
     def layer_mode(self, position: int) -> str:
         """The recomputation of the ``position``-th repeated layer (in running order)."""
@@ -148,6 +157,21 @@ class Setting:
         sits just inside dp, so the merged group has dp's place in the rank order)."""
         mesh = {"pp": self.pp} if self.pp > 1 else {}
         return {**mesh, "dp": self.grad_group, "tp": self.tp}
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks one ZeRO shard spans: the whole gradient group, or under HSDP one replica
+        group of it (dp/dp_replicate ranks, x cp)."""
+        return self.grad_group // self.dp_replicate
+
+    @property
+    def shard_mesh(self) -> dict[str, int]:
+        """:attr:`grad_mesh` with its ``dp`` axis split into ``dp_replicate`` (outer: the
+        replica groups, whose gradient shards are all-reduced) and ``dp`` (inner: the
+        ``shard_group`` ranks ZeRO shards over, gathering and reduce-scattering there)."""
+        mesh = {"pp": self.pp} if self.pp > 1 else {}
+        return {**mesh, "dp_replicate": self.dp_replicate, "dp": self.shard_group,
+                "tp": self.tp}
 
 
 def sharded_compute(strategy: Strategy) -> bool:
@@ -623,7 +647,7 @@ class CostTables:
             precision=self.options.precision if not param.is_buffer else "fp32",
             optimizer=self.options.optimizer,
             zero_stage=self.setting.zero,
-            dp=self.setting.grad_group // ep,
+            dp=self.setting.shard_group // ep,
             shape=tuple(shape) if shape else None,
             fp32_params=self.options.master_weights == "params",
             offload=self.setting.offload,

@@ -164,16 +164,25 @@ def solve(
     if setting.grad_group > 1:
         exposed = model.NewIntVar(0, 2**60, "dp_exposed")
 
-        def bare(kind: str, nbytes: float = 1.0) -> float:
-            return group_collective_time(kind, nbytes, setting.grad_mesh, "dp", tables.cluster)
+        mesh = setting.shard_mesh  # HSDP: ZeRO within "dp", shards all-reduced across groups
 
-        def fixed(kind: str) -> float:
+        def bare(kind: str, nbytes: float = 1.0, axis: str = "dp") -> float:
+            return group_collective_time(kind, nbytes, mesh, axis, tables.cluster)
+
+        def fixed(kind: str, axis: str = "dp") -> float:
             """A dp collective's latency; each is asynchronous (see busy_latency)."""
-            return busy_latency(tables.cluster, setting.grad_mesh, "dp") + bare(kind)
+            return busy_latency(tables.cluster, mesh, axis) + bare(kind, axis=axis)
 
-        def slope(kind: str, nbytes: float) -> int:
+        def slope(kind: str, nbytes: float, axis: str = "dp") -> int:
             """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
-            return _t(max(bare(kind, nbytes) - bare(kind), 0.0))
+            return _t(max(bare(kind, nbytes, axis) - bare(kind, axis=axis), 0.0))
+
+        # HSDP: every gradient shard all-reduced across the replica groups once per step
+        replicas = 0
+        if setting.dp_replicate > 1:
+            replicas = _t(fixed("all_reduce", "dp_replicate")) + sum(
+                slope("all_reduce", g / setting.shard_group, "dp_replicate") * lit
+                for g, lit in grad_terms)
 
         if setting.zero in (0, 1, 2):
             total_grads = sum(g for g, _ in grad_terms)
@@ -191,7 +200,7 @@ def solve(
                 comm = comm + (m - 1) * (_t(fixed("reduce_scatter")) + sum(
                     slope("reduce_scatter", g) * lit for g, lit in grad_terms))
             overlap = 0 if gloo else bwd  # see evaluate
-            model.Add(exposed >= comm - overlap)
+            model.Add(exposed >= comm + replicas - overlap)
         else:
             comm_terms = [slope("reduce_scatter", g) * lit for g, lit in grad_terms]
             peak_terms = []
@@ -203,7 +212,7 @@ def solve(
                                               else 2)) * lit)
             latency = 2 * fixed("all_gather") + fixed("reduce_scatter")
             hidden = 0 if tables.cluster.backend == "gloo" else fwd + bwd
-            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - hidden))
+            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - hidden) + replicas)
             memory_terms.extend(peak_terms)
         objective = objective + exposed
     if enforce_memory:

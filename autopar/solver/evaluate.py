@@ -22,7 +22,7 @@ from autopar.cost_models.comm import (
     group_collective_time,
 )
 from autopar.cost_models.compute import optimizer_step_time
-from autopar.cost_models.data_parallel import Unit, bucketed_step, fsdp_step
+from autopar.cost_models.data_parallel import CommTime, Unit, bucketed_step, fsdp_step
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
 from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
@@ -399,7 +399,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         layer_w = max((u.weights[i] for i in rank_units[r] if 0 < i <= n_layers), default=0.0)
         comm, exposed, buffers = data_parallel_costs(
             tables, setting, u, rank_units[r], roots + 2 * layer_w)
-        owned = total(u.trainable_numel, r) / (setting.grad_group if setting.zero >= 1 else 1)
+        owned = total(u.trainable_numel, r) / (setting.shard_group if setting.zero >= 1 else 1)
         opt_s = (host_optimizer_s(owned, tables.cluster.device) if setting.offload != "none"
                  else optimizer_step_time(owned, tables.options.optimizer,
                                           tables.cluster.device))
@@ -455,7 +455,7 @@ def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float
                         temporaries=max(2 * largest, recompute_transient)),
         MemoryBreakdown(params, grads, optimizer, 0.0, 0.0,
                         temporaries=0.0 if setting.offload != "none"  # the host steps
-                        else trainable_numel * 4 / (setting.grad_group if setting.zero >= 1
+                        else trainable_numel * 4 / (setting.shard_group if setting.zero >= 1
                                                     else 1)),
     ]
     return max(phases, key=lambda m: m.total)
@@ -491,6 +491,8 @@ def data_parallel_costs(
     accumulates whole gradients: :mod:`autopar.runtime.data_parallel`). Stage 3 (FSDP2): every
     microbatch gathers each unit's weights for forward and again for backward and
     reduce-scatters its gradients, overlapped unit by unit (prefetch one unit ahead).
+    HSDP (``dp_replicate`` > 1): gathers and reduce-scatters run within one replica group,
+    and each gradient shard is then all-reduced across the groups, once per step.
     gloo on CPU moves data with the same cores that compute (one thread per process): its
     collectives do not overlap compute there.
     """
@@ -499,7 +501,9 @@ def data_parallel_costs(
     m = setting.microbatches
     overlap = tables.cluster.backend != "gloo"
 
-    mesh = setting.grad_mesh  # gradients are summed over dp x cp
+    # gradients are summed over dp x cp; ZeRO shards over all of it, or under HSDP over one
+    # replica group ("dp" of shard_mesh), whose shards are then all-reduced across groups
+    mesh = setting.shard_mesh
     busy = busy_latency(tables.cluster, mesh, "dp")  # each call is asynchronous
     times: dict[tuple[str, float], float] = {}  # repeated layers move the same bytes
 
@@ -511,13 +515,21 @@ def data_parallel_costs(
                 algorithm="auto" if kind == "all_reduce" else "ring")
         return times[key]
 
+    def replica_time(grad_bytes: float) -> float:
+        """HSDP: this rank's gradient shard of ``grad_bytes`` all-reduced across groups."""
+        if setting.dp_replicate <= 1 or grad_bytes <= 0:
+            return 0.0
+        return busy_latency(tables.cluster, mesh, "dp_replicate") + group_collective_time(
+            "all_reduce", grad_bytes / setting.shard_group, mesh, "dp_replicate",
+            tables.cluster, algorithm="auto")
+
     grad_bytes = sum(u.grad_bytes[i] for i in units)
     if setting.zero in (0, 1, 2):
         buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
         kind = "all_reduce" if setting.zero == 0 else "reduce_scatter"
         backward = sum(u.bwd[i] + u.tp_comm[i] / 2 for i in units)
-        step = bucketed_step([dp_time(kind, b) for b in bucket_sizes(grad_bytes)], backward,
-                             overlap=overlap)
+        step = bucketed_step([dp_time(kind, b) + replica_time(b)
+                              for b in bucket_sizes(grad_bytes)], backward, overlap=overlap)
         if setting.zero == 0:
             return step.comm_s, step.exposed_s, buckets
         gather = dp_time("all_gather", sum(u.weights[i] for i in units))
@@ -537,17 +549,26 @@ def data_parallel_costs(
     def host_s(i: int) -> float:  # offload: this rank's fp32 shard crosses the host link
         if setting.offload == "none":
             return 0.0
-        return host_copy_s(4 * u.trainable_numel[i] / setting.grad_group, tables.cluster.device)
+        return host_copy_s(4 * u.trainable_numel[i] / setting.shard_group,
+                           tables.cluster.device)
 
     n_layers = len(u.layers)
-    fsdp_units = [
-        Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
-             + edp_time("all_gather", u.expert_weights[i]) + host_s(i),
-             reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
-             + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i),
-             forward_s=u.fwd[i] + u.tp_comm[i] / 2, backward_s=u.bwd[i] + u.tp_comm[i] / 2,
-             regather=0 < i <= n_layers)
-        for i in sorted(units)
-    ]
-    step = fsdp_step(fsdp_units, overlap=overlap)
-    return m * step.comm_s, m * step.exposed_s, gathered_peak
+
+    def microbatch(last: bool) -> CommTime:
+        """One microbatch's collectives; under HSDP only the last all-reduces the shards
+        across replica groups (``ParallelModule`` sets FSDP2's ``set_requires_all_reduce``)."""
+        return fsdp_step([
+            Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
+                 + edp_time("all_gather", u.expert_weights[i]) + host_s(i),
+                 reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
+                 + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i)
+                 + (replica_time(u.grad_bytes[i]) if last else 0.0),
+                 forward_s=u.fwd[i] + u.tp_comm[i] / 2,
+                 backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=0 < i <= n_layers)
+            for i in sorted(units)
+        ], overlap=overlap)
+
+    last = microbatch(True)
+    early = microbatch(False) if setting.dp_replicate > 1 else last
+    return ((m - 1) * early.comm_s + last.comm_s, (m - 1) * early.exposed_s + last.exposed_s,
+            gathered_peak)

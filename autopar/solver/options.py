@@ -43,6 +43,8 @@ class PlanOptions:
       fp32 master weights; which node computes in what: :mod:`autopar.precision`).
     - ``precision_overrides``: node name or module path -> dtype word, over the policy.
     - ``zero``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
+    - ``dp_replicate``: pin HSDP, ZeRO sharded within dp/dp_replicate ranks and replicated
+      across dp_replicate groups (1: over all of dp; default: chosen by cost).
     - ``recompute``: activation recomputation modes the solver may pick, per layer (a plan
       may recompute some layers and not others: ``training.recompute`` "mixed").
     - ``recompute_layers``: pins one mode per repeated layer, in the order they run.
@@ -66,6 +68,9 @@ class PlanOptions:
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None  # expert parallelism, carved out of dp (autopar.solver.expert_axis)
+    # HSDP: ZeRO shards within dp/dp_replicate consecutive ranks and replicates across the
+    # dp_replicate groups (autopar.solver.hsdp); None: chosen by cost, 1: shard over all dp
+    dp_replicate: int | None = None
     cp_algorithm: str | None = None  # ring | all_gather | ulysses; None: by cost
     cp_layout: str = "zigzag"
     schedule: str | None = None  # gpipe | 1f1b | interleaved | zb_v
@@ -106,7 +111,8 @@ class PlanOptions:
     offload: tuple[str, ...] = ("none", "optimizer+params")
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "virtual_stages", "microbatch",
+        for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "dp_replicate",
+                     "virtual_stages", "microbatch",
                      "microbatches", "max_solves"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)

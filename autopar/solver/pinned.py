@@ -29,6 +29,7 @@ from autopar.solver.cpsat import solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, unit_costs
 from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
+from autopar.solver.hsdp import check_dp_replicate
 from autopar.solver.layer_recompute import compose_units, with_modes
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import (
@@ -51,6 +52,7 @@ class PinnedConfig:
     dp: int = 1
     cp: int = 1
     ep: int = 1  # expert parallelism, carved out of dp
+    dp_replicate: int = 1  # HSDP: ZeRO shards within dp/dp_replicate ranks (autopar.solver.hsdp)
     cp_algorithm: str | None = None  # None: the cheapest modelled
     cp_layout: str = "zigzag"
     sp: bool = False
@@ -80,7 +82,8 @@ class PinnedConfig:
     chunked_loss: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "ep", "microbatch", "virtual", "global_batch"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "dp_replicate", "microbatch", "virtual",
+                     "global_batch"):
             value = getattr(self, name)
             if name == "global_batch" and value is None:
                 continue
@@ -107,6 +110,12 @@ class PinnedConfig:
         if self.cp_algorithm is not None and self.cp_algorithm not in CP_ALGORITHMS:
             raise AutoparError(f"unknown cp algorithm {self.cp_algorithm!r}",
                                where="--cp-algorithm", fix=f"use one of {', '.join(CP_ALGORITHMS)}")
+        if self.dp_replicate > 1:
+            check_dp_replicate(PlanOptions(dp=self.dp, cp=self.cp, zero=(self.zero,),
+                                           dp_replicate=self.dp_replicate))
+            if self.ep > 1:
+                raise AutoparError("HSDP (--dp-replicate) runs without expert parallelism",
+                                   where="--dp-replicate", fix="drop --dp-replicate or --ep")
         if self.cp_layout not in CP_LAYOUTS:
             raise AutoparError(f"unknown cp layout {self.cp_layout!r}", where="--cp-layout",
                                fix=f"use one of {', '.join(CP_LAYOUTS)}")
@@ -212,7 +221,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         microbatches=local // config.microbatch, recompute=base, pp=config.pp,
         schedule=config.schedule, virtual=config.virtual, cp=config.cp,
         cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
-        ep=config.ep,
+        ep=config.ep, dp_replicate=config.dp_replicate,
     )
     check_ep(gm, PlanOptions(ep=config.ep, dp=config.dp), config.dp * config.tp * config.pp
              * config.cp)

@@ -38,6 +38,7 @@ from autopar.solver.cpsat import SolveResult, solve
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
+from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
 from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
 from autopar.solver.options import PlanOptions
 from autopar.solver.pin_conflicts import Conflict, conflict, pinned
@@ -69,6 +70,8 @@ class Candidate:
         }
         if s.ep > 1:
             out["ep"] = s.ep
+        if s.dp_replicate > 1:
+            out["dp_replicate"] = s.dp_replicate
         if s.pp > 1:
             out.update(schedule=s.schedule, virtual=s.virtual,
                        partition=list(s.partition) if s.partition else None)
@@ -171,6 +174,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     check_microbatch(traced, options.microbatch)
     check_cp(gm, options, facts.seq_len)
     check_ep(gm, options, cluster.world_size)
+    check_dp_replicate(options)
     shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
     if not shapes:
         cp = f"cp={options.cp}, " if options.cp else ""
@@ -250,13 +254,23 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
                 for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
                                      cluster.devices_per_node):
-                    base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
-                                   cp_algorithm="auto" if cp > 1 else "none",
-                                   cp_layout=options.cp_layout, ep=ep, offload=offload)
-                    best = _search_microbatches(
-                        problem_for, cluster, options, candidates, best, facts, traced, local,
-                        base, n_layers, layouts, couplings, budget,
-                    )
+                    # HSDP after full sharding: it reuses that layout (_reusable)
+                    replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
+                                                 cluster.devices_per_node)
+                    if not replicas:
+                        candidates.append(Candidate(
+                            Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp, ep=ep),
+                            f"SKIPPED(dp_replicate={options.dp_replicate} does not run with "
+                            f"dp={dp}, ZeRO-{zero}{', ep' if ep > 1 else ''})"))
+                    for replicate in replicas:
+                        base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
+                                       cp_algorithm="auto" if cp > 1 else "none",
+                                       cp_layout=options.cp_layout, ep=ep, offload=offload,
+                                       dp_replicate=replicate)
+                        best = _search_microbatches(
+                            problem_for, cluster, options, candidates, best, facts, traced,
+                            local, base, n_layers, layouts, couplings, budget,
+                        )
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,

@@ -131,6 +131,7 @@ def make_plan(
             "chunked_loss": options.chunked_loss,
             "batch_coupling": options.batch_coupling,
             **({"offload": setting.offload} if setting.offload != "none" else {}),
+            **({"dp_replicate": setting.dp_replicate} if setting.dp_replicate > 1 else {}),
         },
         pipeline=pipeline_entry(setting, prediction),
         strategies=strategies,

@@ -142,6 +142,7 @@ def run_case(case: dict) -> dict:
     return {"case": case, "rank": dist.get_rank() if dist.is_initialized() else 0,
             "mesh": plan.mesh, "zero": plan.training["zero"],
             "offload": plan.training.get("offload", "none"),
+            "dp_replicate": plan.training.get("dp_replicate", 1),
             "microbatches": plan.batch["microbatches"], "recompute": plan.training["recompute"],
             "recompute_layers": plan.training.get("recompute_layers"),
             "checkpointed": pm.code.count("checkpointed("), "layer_span": _layer_span(pm),
@@ -152,6 +153,9 @@ def run_case(case: dict) -> dict:
             # parameters the optimizer steps as shards (FSDP2: ZeRO-1, 2 and 3)
             "dp_sharded": sum(isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
                               for p in pm.parameters()),
+            # 2 under HSDP: FSDP2's (replicate, shard) mesh
+            "dp_mesh_dims": max((p.device_mesh.ndim for p in pm.parameters()
+                                 if isinstance(p, DTensor)), default=0),
             **result.to_dict()}
 
 

@@ -334,6 +334,8 @@ PLAN = obj(
                 {"sources": list_of(text()), "validated_up_to": COUNT,
                  "median_error": number(), "worst_error": number()})),
             "ground_margin": number(),
+            # bytes at each peak of the step: forward_end, backward_start, optimizer_step
+            "memory_phases": map_of(SIZE),
         }),
         "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
                        "candidates": list_of(map_of(plain))},

@@ -101,3 +101,30 @@ def test_tensors_the_program_makes_go_to_the_ranks_device(traced_and_plan) -> No
               for n in m.graph.nodes if "device" in n.kwargs]
     assert placed and all(torch.device(d) == torch.device("meta") for d in placed)
     assert any(r.pass_name == "place-created-tensors" and r.changes for r in results)
+
+
+def test_moves_the_program_records_go_to_the_ranks_device() -> None:
+    """HF Llama's rotary embedding reads ``inv_freq.to(x.device)``: traced on the CPU it is
+    ``aten.to.device(inv_freq, cpu, ...)``, which on an H100 moved the buffer back to the
+    CPU ("mat2 is on cuda:0, different from other tensors on cpu"). No device the rank's
+    program names, by keyword or by position, is another than its own."""
+    pytest.importorskip("transformers")
+    from autopar.models import resolve_model
+    from autopar.passes import program_passes
+
+    spec = resolve_model("llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=256,"
+                         "seq=16,batch=2,rope_theta=500000")
+    a, k = spec.example_inputs(2, 16, "cpu")
+    gm = autopar.trace(spec.build(), (a, k))
+    plan = autopar.plan(gm, "1xcpu", recompute=("none",))
+
+    def devices(module: torch.nn.Module) -> list[torch.device]:
+        return [torch.device(d) for m in module.modules() if isinstance(m, fx.GraphModule)
+                for n in m.graph.nodes
+                for d in (*n.args, *n.kwargs.values()) if isinstance(d, torch.device)]
+
+    assert torch.device("cpu") in devices(gm)  # the move is there, positional
+    program, _ = PassManager(program_passes(plan)).run(gm, PassContext(plan, {"dp": 0, "tp": 0},
+                                                                       "meta"))
+    placed = devices(program)
+    assert placed and set(placed) == {torch.device("meta")}

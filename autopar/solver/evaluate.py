@@ -49,6 +49,7 @@ class StagePrediction:
     in_flight: float  # microbatches whose activations the stage holds at its peak
     memory: MemoryBreakdown
     p2p_s: float = 0.0  # sending activations on and gradients back
+    phases: dict[str, float] = field(default_factory=dict)  # bytes at each peak (phases())
 
     @property
     def time_per_microbatch_s(self) -> float:
@@ -74,6 +75,9 @@ class Prediction:
     layer_activations: dict[int, float] = field(default_factory=dict)
     partition: tuple[int, ...] = ()  # layers per pipeline chunk
     bubble_fraction: float = 0.0  # pipeline idle time over the slowest stage's work
+    # the fullest stage's bytes at each of the step's peaks (see memory_phases): what a
+    # measurement of one phase (forward + backward, or the optimizer step) compares with
+    memory_phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -373,15 +377,16 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         transient = max((recompute_transient(u, i, setting.layer_mode(i - 1))
                          for i in layer_units), default=0.0)
         act = total(u.act, r)
-        memory = peak_phase(tables, setting, total(u.params, r), total(u.grads, r),
-                            total(u.opt, r), act * flight, transient,
-                            max((u.largest[i] for i in units), default=0.0),
-                            total(u.trainable_numel, r),
-                            u.gathered_outputs if r == holds_last else 0.0)
+        phases = memory_phases(tables, setting, total(u.params, r), total(u.grads, r),
+                               total(u.opt, r), act * flight, transient,
+                               max((u.largest[i] for i in units), default=0.0),
+                               total(u.trainable_numel, r),
+                               u.gathered_outputs if r == holds_last else 0.0)
+        memory = max(phases.values(), key=lambda b: b.total)
         fwd, bwd, comm = total(u.fwd, r), total(u.bwd, r), total(u.tp_comm, r)
         stage_preds.append(StagePrediction(
             tuple(u.layers[i - 1] for i in layer_units), fwd, bwd, comm, act, flight, memory,
-            p2p[r]))
+            p2p[r], {name: b.total for name, b in phases.items()}))
         per_micro.append(fwd + bwd + comm + p2p[r])
 
     slowest = max(range(pp), key=lambda k: per_micro[k])
@@ -426,14 +431,16 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         optimizer_s=optimizer_s,
         partition=tuple(partition),
         bubble_fraction=frac,
+        memory_phases={name: b + dp[peak_stage][3]
+                       for name, b in stage_preds[peak_stage].phases.items()},
     )
 
 
-def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float,
-               optimizer: float, activations: float, recompute_transient: float,
-               largest: float, trainable_numel: float, gathered_outputs: float
-               ) -> MemoryBreakdown:
-    """The largest of the peaks of a training step, with what is alive at it.
+def memory_phases(tables: CostTables, setting: Setting, params: float, grads: float,
+                  optimizer: float, activations: float, recompute_transient: float,
+                  largest: float, trainable_numel: float, gathered_outputs: float
+                  ) -> dict[str, MemoryBreakdown]:
+    """The peaks of a training step, with what is alive at each (the largest is the step's).
 
     - When forward ends: weights, optimizer states, every kept activation, and the graph's
       outputs gathered whole for the caller (e.g. logits sharded over tp).
@@ -448,17 +455,16 @@ def peak_phase(tables: CostTables, setting: Setting, params: float, grads: float
     """
     grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
-    phases = [
-        MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
-                        temporaries=gathered_outputs),
-        MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
-                        temporaries=max(2 * largest, recompute_transient)),
-        MemoryBreakdown(params, grads, optimizer, 0.0, 0.0,
-                        temporaries=0.0 if setting.offload != "none"  # the host steps
-                        else trainable_numel * 4 / (setting.shard_group if setting.zero >= 1
-                                                    else 1)),
-    ]
-    return max(phases, key=lambda m: m.total)
+    return {
+        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+                                       temporaries=gathered_outputs),
+        "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+                                          temporaries=max(2 * largest, recompute_transient)),
+        "optimizer_step": MemoryBreakdown(
+            params, grads, optimizer, 0.0, 0.0,
+            temporaries=0.0 if setting.offload != "none"  # the host steps
+            else trainable_numel * 4 / (setting.shard_group if setting.zero >= 1 else 1)),
+    }
 
 
 def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:

@@ -89,6 +89,9 @@ def make_plan(
         "mfu": tflops * 1e12 / peak,
         "model_flops_per_step": model_flops,
         "memory": prediction.memory.to_dict(),
+        # bytes at each peak of the step (the largest is "memory"): forward's end, backward's
+        # start, the optimizer step
+        "memory_phases": {name: int(b) for name, b in prediction.memory_phases.items()},
         "memory_capacity_bytes": int(cluster.device.memory_bytes),
         "compute_s": prediction.compute_s,
         "tp_comm_s": prediction.tp_comm_s,

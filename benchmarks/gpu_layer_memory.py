@@ -10,6 +10,8 @@ heads, FFN 14336, vocab 128256, sequence 8192) through ``autopar.parallelize`` o
 - the modelled and measured step time (CUDA-synchronized median over ``--steps``);
 - the state bytes held between steps: modelled parameters + optimizer states against
   ``torch.cuda.memory_allocated()`` before a step (gradients set to None);
+- what forward leaves alive for backward (``memory_allocated()`` after a forward, minus
+  that base) against the modelled ``forward_end`` phase minus the states;
 - what forward + backward add to those states at their peak (the modelled
   ``memory_phases`` forward_end / backward_start) against ``max_memory_allocated()`` over
   ``train_step`` minus the measured base; and the optimizer step's peak, modelled and measured;
@@ -36,6 +38,7 @@ import torch
 
 import autopar
 from autopar.models import resolve_model
+from autopar.runtime.parallel_module import find_loss
 
 LLAMA3_8B_LAYER = ("llama:layers={layers},hidden=4096,heads=32,kv_heads=8,ffn=14336,"
                    "vocab=128256,seq={seq},batch={batch},rope_theta=500000")
@@ -66,12 +69,19 @@ def measure(layers: int, recompute: str, args: argparse.Namespace) -> dict:
     torch.cuda.synchronize()
     gc.collect()
     base = torch.cuda.memory_allocated()  # weights and optimizer states, no gradients
-    times, train_peaks, opt_peaks = [], [], []
-    for _ in range(args.steps):
+    times, train_peaks, opt_peaks, kept = [], [], [], []
+    for i in range(args.steps):
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         torch.cuda.reset_peak_memory_stats()
-        pm.train_step(*la, **lk)  # forward and backward: the activation peaks
+        if i == 0 and pm.plan.batch["microbatches"] == 1:  # once, by hand: what forward keeps
+            loss = find_loss(pm(*la, **lk))
+            torch.cuda.synchronize()
+            kept.append(torch.cuda.memory_allocated() - base)
+            loss.backward()
+            del loss
+        else:
+            pm.train_step(*la, **lk)  # forward and backward: the activation peaks
         torch.cuda.synchronize()
         train_peaks.append(torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
@@ -89,6 +99,9 @@ def measure(layers: int, recompute: str, args: argparse.Namespace) -> dict:
         "predicted_step_s": p["step_time_s"], "measured_step_s": statistics.median(times),
         "predicted_memory": mem, "predicted_phases": phases,
         "predicted_states_bytes": states, "measured_states_bytes": base,
+        # what forward leaves alive for backward (its output, the loss, is a scalar)
+        "predicted_kept_bytes": phases.get("forward_end", 0) - states,
+        "measured_kept_bytes": kept[0] if kept else float("nan"),
         # what forward + backward add on top of the states at their peak
         "predicted_train_adds_bytes": train_pred - states,
         "measured_train_adds_bytes": max(train_peaks) - base,
@@ -123,7 +136,7 @@ def per_layer(rows: list[dict]) -> list[dict]:
         out.append({"recompute": mode, "layers_between": n, **{
             f"{kind}_{what}": (hi[f"{kind}_{what}"] - lo[f"{kind}_{what}"]) / n
             for kind in ("predicted", "measured")
-            for what in ("step_s", "states_bytes", "train_adds_bytes")}})
+            for what in ("step_s", "states_bytes", "kept_bytes", "train_adds_bytes")}})
     return out
 
 
@@ -147,8 +160,8 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch {args.batch} x "
           f"seq {args.seq}; {args.adamw} AdamW; all 'pred' figures modelled, 'meas' measured\n")
     print(f"{'layers':>6} {'recomp':>7} | {'pred ms':>8} {'meas ms':>8} {'ratio':>6} | "
-          f"{'states GiB p/m':>15} | {'fwd+bwd adds GiB p/m':>20} {'ratio':>6} | "
-          f"{'optimizer peak GiB p/m':>22} | {'peak GiB p/m':>14}", flush=True)
+          f"{'states GiB p/m':>15} | {'kept GiB p/m':>14} | {'fwd+bwd adds GiB p/m':>20} "
+          f"{'ratio':>6} | {'optimizer peak GiB p/m':>22} | {'peak GiB p/m':>14}", flush=True)
     rows: list[dict] = []
     for mode in args.recompute.split(","):
         for layers in map(int, args.layers.split(",")):
@@ -169,20 +182,22 @@ def main() -> int:
             print(f"{layers:>6} {r['recompute']:>7} | {r['predicted_step_s'] * 1e3:>8.1f} "
                   f"{r['measured_step_s'] * 1e3:>8.1f} "
                   f"{r['measured_step_s'] / r['predicted_step_s']:>6.2f} | "
-                  f"{_pair(r, 'states_bytes'):>15} | {_pair(r, 'train_adds_bytes'):>20} "
-                  f"{_ratio(r, 'train_adds_bytes'):>6.2f} | "
+                  f"{_pair(r, 'states_bytes'):>15} | {_pair(r, 'kept_bytes'):>14} | "
+                  f"{_pair(r, 'train_adds_bytes'):>20} {_ratio(r, 'train_adds_bytes'):>6.2f} | "
                   f"{_pair(r, 'optimizer_peak_bytes'):>22} | {_pair(r, 'peak_bytes'):>14}",
                   flush=True)
     layer_rows = per_layer([r for r in rows if "error" not in r])
     if layer_rows:
         print("\none layer (difference between depths / layers between them):")
         print(f"{'recomp':>7} | {'pred ms':>8} {'meas ms':>8} {'ratio':>6} | "
-              f"{'states GiB p/m':>15} | {'fwd+bwd adds GiB p/m':>20} {'ratio':>6}")
+              f"{'states GiB p/m':>15} | {'kept GiB p/m':>14} {'ratio':>6} | "
+              f"{'fwd+bwd adds GiB p/m':>20} {'ratio':>6}")
         for r in layer_rows:
             print(f"{r['recompute']:>7} | {r['predicted_step_s'] * 1e3:>8.2f} "
                   f"{r['measured_step_s'] * 1e3:>8.2f} "
                   f"{r['measured_step_s'] / r['predicted_step_s']:>6.2f} | "
-                  f"{_pair(r, 'states_bytes'):>15} | {_pair(r, 'train_adds_bytes'):>20} "
+                  f"{_pair(r, 'states_bytes'):>15} | {_pair(r, 'kept_bytes'):>14} "
+                  f"{_ratio(r, 'kept_bytes'):>6.2f} | {_pair(r, 'train_adds_bytes'):>20} "
                   f"{_ratio(r, 'train_adds_bytes'):>6.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,9 @@
 - ``selective``: the same wrapper with a selective-checkpoint policy
   (``create_selective_checkpoint_contexts``): ops whose input holds the sequence length
   twice (attention scores, their softmax and dropout) are recomputed, everything else is
-  kept — Korthikanti et al.'s selective recomputation.
+  kept — Korthikanti et al.'s selective recomputation. A layer with no such tensor (its
+  attention fused) is left as is: the checkpoint would recompute nothing, and it would cache
+  every other output of the layer, more than autograd keeps.
 - a plan with ``recompute`` "mixed" gives each layer its own mode
   (``training.recompute_layers``, in the order the layers run); "none" leaves a layer as is.
 - ``op``: torchtitan's per-op selective policy (``selective_ac_option = "op"``): the
@@ -28,6 +30,7 @@ from torch.utils.checkpoint import (
 )
 
 from autopar.errors import PassError
+from autopar.graph_facts import META_KEY
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 
@@ -85,6 +88,19 @@ def checkpointed(module: torch.nn.Module, mode: str, seq_len: int, *args):
     return checkpoint(module, *args, use_reentrant=False)
 
 
+def _sequence_squared(layer: torch.nn.Module, seq_len: int) -> bool:
+    """Does the layer make a tensor that holds the sequence length twice and needs a
+    gradient (attention scores: what selective recomputation drops)?"""
+    if not isinstance(layer, fx.GraphModule) or seq_len <= 1:
+        return True  # cannot tell: checkpoint as asked
+    for node in layer.graph.nodes:
+        facts = node.meta.get(META_KEY)
+        if node.op == "call_function" and facts is not None and facts.requires_grad and any(
+                list(shape).count(seq_len) >= 2 for shape in facts.shapes):
+            return True
+    return False
+
+
 @register_pass
 class CheckpointLayers(GraphPass):
     name = "checkpoint-layers"
@@ -109,6 +125,13 @@ class CheckpointLayers(GraphPass):
             if node.op != "call_module" or modes.get(node.target, "none") == "none":
                 continue
             mode = modes[node.target]
+            if mode == "selective" and not _sequence_squared(gm.get_submodule(node.target),
+                                                             seq_len):
+                # Nothing to recompute (attention fused): a checkpoint would only cache every
+                # other output of the layer (measured: more than autograd keeps), so the
+                # layer runs as is, which is what the cost model prices.
+                changes.append(f"{node.target}: selective, nothing sequence-squared: as is")
+                continue
             with gm.graph.inserting_before(node):
                 module = gm.graph.get_attr(node.target)
                 call = gm.graph.call_function(checkpointed, (module, mode, seq_len, *node.args))

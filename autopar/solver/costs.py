@@ -384,6 +384,24 @@ class CostTables:
                     saved.add(node.name)
         return frozenset(saved)
 
+    def checkpoint_keeps(self, use: Use, producer: Decision) -> bool:
+        """Does the checkpoint of the consumer's layer keep a value no op saves (measured with
+        ``autopar.calibrate.live_bytes``: issue 11)? Non-reentrant checkpointing holds the
+        arguments of the layer's call, so under ``full`` and ``op`` a layer keeps its inputs
+        however its first ops use them; and the ``op`` policy caches the outputs of the ops
+        it saves for the recomputation, whether or not backward reads them (a query
+        projection rotary embedding reads, a down projection the residual add reads).
+        Weights are counted as parameters."""
+        consumer = self.problem.decisions[use.consumer]
+        mode = self.setting.recompute
+        if (mode not in ("full", "op") or consumer.facts.layer is None or producer.kind != "op"
+                or self._viewed_param(producer) is not None):
+            return False
+        if not use.same_layer:
+            return True
+        return (mode == "op" and producer.nodes[0].name in self.op_policy_saved
+                and not producer.facts.saves_output)  # else counted as its own activation
+
     def op_recomputed(self, d: Decision) -> bool:
         """Under the ``op`` policy, is ``d`` a layer op that runs again in backward?"""
         return (self.setting.recompute == "op" and d.facts.layer is not None
@@ -408,10 +426,13 @@ class CostTables:
         return self.setting.recompute == "selective" and self.quadratic(d.facts)
 
     def keeps(self, use: Use, key: ValueKey) -> bool:
-        """Is a tensor a consumer saves for backward really kept under recomputation?"""
-        if not use.saves or use.consumer < 0:
+        """Is a tensor a consumer saves for backward really kept under recomputation? (Or,
+        read by a checkpointed layer, kept by the checkpoint: :meth:`checkpoint_keeps`.)"""
+        if use.consumer < 0:
             return False
         producer = self.problem.decisions[key[0]]
+        if not use.saves:
+            return self.checkpoint_keeps(use, producer)
         if self.setting.recompute == "selective" and self.quadratic(producer.facts, key[1]):
             return False
         if self.fused_quadratic(producer, key[1]):

@@ -302,9 +302,16 @@ def group_collective_time(
     """Seconds for ``kind`` on one group of ``axis`` of ``mesh`` (ordered outer to inner).
 
     A group inside one node runs on the intra-node link; a group with one member per node
-    on the inter-node link; a group with several members in each of several nodes takes the
-    faster of a flat collective on the inter-node link and :func:`hierarchical_time`. A
-    ``send_recv`` goes between neighbouring members: across nodes once the group spans them.
+    on the inter-node link. A group with several members in each of several nodes:
+
+    - all-reduce takes the faster of a flat ring on the inter-node link and
+      :func:`hierarchical_time` (NCCL's tree is reduce intra-node, all-reduce across nodes,
+      broadcast intra-node, one tree pair per NIC: NVIDIA/nccl#530, #545);
+    - all-gather and reduce-scatter are NCCL's flat rings (:func:`rail_ring_time`): it has no
+      tree or hierarchical algorithm for them, its rings span intra- and inter-node links
+      (NVIDIA/nccl#530, #1473; PAT, since 2.23, only with one GPU per node);
+    - a ``send_recv`` goes between neighbouring members: across nodes once the group spans
+      them.
 
     >>> from autopar.cluster import load_cluster
     >>> c = load_cluster("4x8xH100-80GB")
@@ -323,6 +330,9 @@ def group_collective_time(
                            backend=cluster.backend)
     if layout.per_node == 1 or kind == "send_recv":
         return flat
+    if kind in ("all_gather", "reduce_scatter"):
+        return rail_ring_time(kind, nbytes, layout.per_node, layout.nodes, cluster.intra_node,
+                              cluster.inter_node)
     hier = hierarchical_time(
         kind,
         nbytes,
@@ -333,6 +343,28 @@ def group_collective_time(
         algorithm=algorithm,
     )
     return min(flat, hier)
+
+
+def rail_ring_time(kind: str, nbytes: float, per_node: int, nodes: int, intra: LinkSpec,
+                   inter: LinkSpec) -> float:
+    """Seconds for an all-gather or reduce-scatter on NCCL's rings over ``per_node * nodes``
+    devices. A ring is flat: a block travels ``n - 1`` hops, ``nodes - 1`` of them between
+    nodes and the rest inside one, so the latency grows with every rank. NCCL runs one ring
+    per channel, and the channels cross between nodes on different NICs (one per device:
+    "rails"), so a device's NVLink carries its ``(n-1)/n`` share of the data while its NIC
+    carries only ``1/per_node`` of the cross-node part, and the two run at once.
+
+    >>> from autopar.cluster import LinkSpec
+    >>> intra, inter = LinkSpec(300e9, 3e-6), LinkSpec(25e9, 10e-6)
+    >>> t = rail_ring_time("all_gather", 1e9, 8, 4, intra, inter)
+    >>> round(t * 1e3, 3)   # ms: 28 x 3 + 3 x 10 us + max(31/32 GB / 300, 3/4 x 1/8 GB / 25)
+    3.864
+    """
+    n = per_node * nodes
+    hops = (n - nodes) * intra.latency_s + (nodes - 1) * inter.latency_s
+    nvlink = bus_factor(kind, n) * nbytes / intra.bandwidth_bytes_per_s
+    nics = bus_factor(kind, nodes) * nbytes / per_node / inter.bandwidth_bytes_per_s
+    return hops + max(nvlink, nics)
 
 
 def hierarchical_time(

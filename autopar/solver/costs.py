@@ -152,13 +152,6 @@ class Setting:
         return self.dp * self.cp
 
     @property
-    def grad_mesh(self) -> dict[str, int]:
-        """The mesh with dp and cp merged into one ``dp`` axis of ``grad_group`` ranks (cp
-        sits just inside dp, so the merged group has dp's place in the rank order)."""
-        mesh = {"pp": self.pp} if self.pp > 1 else {}
-        return {**mesh, "dp": self.grad_group, "tp": self.tp}
-
-    @property
     def shard_group(self) -> int:
         """Ranks one ZeRO shard spans: the whole gradient group, or under HSDP one replica
         group of it (dp/dp_replicate ranks, x cp)."""
@@ -166,9 +159,11 @@ class Setting:
 
     @property
     def shard_mesh(self) -> dict[str, int]:
-        """:attr:`grad_mesh` with its ``dp`` axis split into ``dp_replicate`` (outer: the
-        replica groups, whose gradient shards are all-reduced) and ``dp`` (inner: the
-        ``shard_group`` ranks ZeRO shards over, gathering and reduce-scattering there)."""
+        """The mesh the data-parallel collectives run on: dp and cp merged (cp sits just
+        inside dp, so the merged group has dp's place in the rank order), then split into
+        ``dp_replicate`` (outer: the replica groups, whose gradient shards are all-reduced;
+        1 without HSDP) and ``dp`` (inner: the ``shard_group`` ranks ZeRO shards over,
+        gathering and reduce-scattering there)."""
         mesh = {"pp": self.pp} if self.pp > 1 else {}
         return {**mesh, "dp_replicate": self.dp_replicate, "dp": self.shard_group,
                 "tp": self.tp}

@@ -6,8 +6,14 @@ parallelism -- is traced on meta tensors at its sizes and priced by ``autopar es
 model with the row's own layout (tp, pp, dp, ZeRO, microbatch, recomputation) on the row's
 hardware. Rows it cannot express are listed with the reason, never dropped silently.
 
-Recomputation: torchtitan's per-op selective policy is autopar's ``op`` mode; recomputing
-every k-th layer is not expressible yet (per-layer recomputation is a later issue).
+Recomputation: torchtitan's per-op selective policy is autopar's ``op`` mode; its per-layer
+policy (``selective_ac_option = "2"``, torchtitan's default: every 2nd layer rerun whole) is
+``PinnedConfig.recompute_layers`` with ``full`` on every 2nd layer. A source that says
+"selective" per layer without the frequency is priced with that default, and says so.
+
+Precision: fp8 with tensorwise scaling (torchtitan's float8 default, Transformer Engine's
+delayed and current scaling) is autopar's ``fp8``; rowwise scaling is a different recipe and
+is not priced.
 
     python benchmarks/fidelity_published.py --sources          # every source
 """
@@ -40,8 +46,14 @@ def preset_of(hardware: str | None) -> str | None:
     name = (hardware or "").upper()
     return next((preset for words, preset in HARDWARE if all(w in name for w in words)), None)
 
-RECOMPUTE = {"none": "none", "full": "full", "selective-op": "op"}
-"""The source's recomputation -> autopar's."""
+RECOMPUTE = {"none": "none", "full": "full", "selective-op": "op", "selective-layer": "none"}
+"""The source's recomputation -> autopar's (per layer: see ``layer_modes``)."""
+SELECTIVE_LAYER_EVERY = 2
+"""torchtitan's default ``selective_ac_option``: every 2nd layer is recomputed whole."""
+
+PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8", "fp8-cs": "fp8",
+             "float8": "fp8", "float8-tensorwise": "fp8"}
+"""The source's precision -> autopar's (fp8 recipes with one scale per tensor)."""
 
 PLANNED_ELSEWHERE = {
     "llama3_paper_2024": "its schedule, recomputation and sharding are not published: "
@@ -50,6 +62,25 @@ PLANNED_ELSEWHERE = {
 """Sources whose rows leave open knobs a pinned estimate would have to guess."""
 
 GIB = 2**30
+
+UNSTATED_ZERO = {
+    # Megatron-Core's distributed optimizer (optimizer state and fp32 master weights sharded
+    # over dp, gradients reduce-scattered: ZeRO-1's footprint) is what NeMo's pretraining
+    # recipes run (``use_distributed_optimizer=True`` / ``distributed_fused_adam``); the
+    # tables do not print it.
+    "nemo_24_07_h100_pretrain": "1", "megatron_bridge_perf_h100": "1",
+    "nemo_long_sequence_cp": "1",
+}
+"""ZeRO stage of sources that leave it unstated: their framework's default."""
+
+_MEGATRON_CORE = {"master_weights": "optimizer"}
+FRAMEWORK_PRECISION = {
+    # Megatron-Core (NeMo, Megatron-Bridge) computes with 16-bit parameters in the model
+    # (Float16Module) and keeps the fp32 masters in its distributed optimizer.
+    "nemo_24_07_h100_pretrain": _MEGATRON_CORE, "megatron_bridge_perf_h100": _MEGATRON_CORE,
+    "nemo_long_sequence_cp": _MEGATRON_CORE,
+}
+"""Where each source's framework keeps its fp32 master weights, when not autopar's way."""
 
 ARCHITECTURES = {  # released configs (Hugging Face config.json of each model), for rows
     # whose source names the model but not all its sizes: (layers, hidden, ffn, heads,
@@ -113,8 +144,12 @@ def _num(row: dict, key: str, default: float | None = None) -> float | None:
 def expressible(row: dict) -> str:
     """Why the cost model cannot price ``row`` ("" when it can)."""
     precision = (row.get("precision") or "").lower()
-    if precision not in ("bf16", "fp16", "fp32"):
-        return f"precision {precision or '?'} (per-node precision is a later issue)"
+    if precision not in PRECISION:
+        why = ("rowwise scaling (autopar's fp8 scales per tensor)" if "rowwise" in precision
+               else "not stated by the source")
+        return f"precision {precision or '?'}: {why}"
+    if "async tp" in (row.get("scheme") or "").lower():
+        return "async TP (tensor-parallel communication overlapped in the matmuls) is not modelled"
     if (row.get("compile") or "").lower() in ("yes", "true", "1"):
         return "torch.compile (fusion it does is not modelled)"
     stem = Path(row.get("_file") or "").stem
@@ -127,8 +162,6 @@ def expressible(row: dict) -> str:
         return f"hardware {row.get('hardware')!r} has no preset"
     if (row.get("recompute") or "none") not in RECOMPUTE:
         return f"recompute {row.get('recompute')!r}"
-    if row.get("recompute") == "selective-layer":
-        return "recomputation of every k-th layer (per-layer recomputation is a later issue)"
     unit = (row.get("throughput_unit") or "").lower()
     if "token" not in unit and "tflop" not in unit:
         return f"throughput unit {row.get('throughput_unit')!r}"
@@ -180,14 +213,25 @@ def predict_row(row: dict) -> Outcome:
     if tp * pp * dp * cp != gpus:
         out.skipped = f"tp {tp} x pp {pp} x dp {dp} x cp {cp} != {gpus} GPUs"
         return out
-    zero_text = (row.get("zero_stage") or "0").lower()
+    stem = Path(row.get("_file") or "").stem
+    zero_text = (row.get("zero_stage") or UNSTATED_ZERO.get(stem, "0")).lower()
+    if not row.get("zero_stage") and stem in UNSTATED_ZERO:
+        out.notes.append(f"ZeRO-{UNSTATED_ZERO[stem]} (the source's framework default)")
     zero = 3 if zero_text in ("fsdp", "3", "zero-3", "zero3") else int(float(zero_text or 0))
     local = int(_num(row, "local_batch", batch // dp))
     micro = int(_num(row, "micro_batch", local if pp == 1 else 1))
     recompute = RECOMPUTE[row.get("recompute") or "none"]
+    layer_modes: tuple[str, ...] = ()
+    if row.get("recompute") == "selective-layer":
+        layers = int(_num(row, "layers"))
+        layer_modes = tuple("full" if (i + 1) % SELECTIVE_LAYER_EVERY == 0 else "none"
+                            for i in range(layers))
+        out.notes.append(f"every {SELECTIVE_LAYER_EVERY}nd layer recomputed (torchtitan's "
+                         "default; the source does not say)")
     if row.get("filled"):
         out.notes.append(f"{', '.join(row['filled'])} from the released config")
-    schedule = (row.get("schedule") or "1f1b") if pp > 1 else None
+    vpp = int(_num(row, "vpp", 1))
+    schedule = (row.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")) if pp > 1 else None
     spec_text = model_spec(row)
     seq = int(_num(row, "seq_len"))
     key = (spec_text, micro)
@@ -198,16 +242,17 @@ def predict_row(row: dict) -> Outcome:
         _TRACED[key] = trace(model, spec.example_inputs(micro, seq))
     gm = _TRACED[key]
     config = PinnedConfig(tp=tp, pp=pp, dp=dp, cp=cp, sp=tp > 1, microbatch=micro, global_batch=batch,
-                          recompute=recompute, precision=row["precision"].lower(), zero=zero,
+                          recompute=recompute, recompute_layers=layer_modes,
+                          precision=PRECISION[row["precision"].lower()], zero=zero,
                           optimizer="adamw", schedule=schedule or "1f1b",
-                          virtual=int(_num(row, "vpp", 1)),
+                          virtual=vpp if pp > 1 else 1,
                           # Megatron-style tensor parallelism (column/row pairs, sequence
                           # parallelism), as torchtitan's and NeMo's runs shard: the pinned
                           # estimate lifts the memory limit, and its own fastest layout would
                           # keep some weights whole on every tp rank.
                           layout="megatron" if tp > 1 else "auto",
                           # the published programs take the loss over whole logits
-                          chunked_loss=False)
+                          chunked_loss=False, **FRAMEWORK_PRECISION.get(stem, {}))
     est = estimate_graph(gm, row_cluster(row), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

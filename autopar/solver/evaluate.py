@@ -187,6 +187,10 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     n = len(layers) + 2
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
     u.expert_weights, u.expert_grad_bytes, u.host = [0.0] * n, [0.0] * n, [0.0] * n
+    counts = problem.cache.get("unit_counts")
+    if counts is None:  # which units each decision's folded nodes sit in: fixed per graph
+        counts = problem.cache["unit_counts"] = [_unit_counts(d.nodes, unit_of)
+                                                 for d in problem.decisions]
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -201,7 +205,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         numel = tables.trainable_numel(d, s)
         expert_f, expert_b = tables.expert_comm(d)
         expert = tables.expert_divisor(d) > 1
-        for k, c in _unit_counts(d.nodes, unit_of):
+        for k, c in counts[d.index]:
             u.tp_comm[k] += (expert_f + expert_b) * c
             u.largest[k] = max(u.largest[k], out)
             u.trainable_numel[k] += numel * c
@@ -244,7 +248,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
-        for k, c in _unit_counts(producer.nodes, unit_of):
+        for k, c in counts[key[0]]:
             u.tp_comm[k] += per_instance_comm * c
             u.act[k] += per_instance_saved * c
             u.layer_plain[k] += plain_saved * c
@@ -484,6 +488,23 @@ def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
     return total
 
 
+def _collective(tables: CostTables, kind: str, nbytes: float, mesh: dict[str, int],
+                axis: str, algorithm: str) -> float:
+    """``group_collective_time``, remembered for the search (the problem's cache): the
+    candidates of one search price the same few messages on the same meshes millions of
+    times. The entry keeps its cluster, so a cluster built later at the same address is
+    never served another's time."""
+    key = ("collective", id(tables.cluster), kind, nbytes, tuple(mesh.items()), axis,
+           algorithm)
+    cache = tables.problem.cache
+    hit = cache.get(key)
+    if hit is None or hit[0] is not tables.cluster:
+        hit = (tables.cluster, group_collective_time(kind, nbytes, mesh, axis, tables.cluster,
+                                                     algorithm=algorithm))
+        cache[key] = hit
+    return hit[1]
+
+
 def data_parallel_costs(
     tables: CostTables, setting: Setting, u: UnitCosts, units: list[int], gathered_peak: float,
 ) -> tuple[float, float, float]:
@@ -511,23 +532,18 @@ def data_parallel_costs(
     # replica group ("dp" of shard_mesh), whose shards are then all-reduced across groups
     mesh = setting.shard_mesh
     busy = busy_latency(tables.cluster, mesh, "dp")  # each call is asynchronous
-    times: dict[tuple[str, float], float] = {}  # repeated layers move the same bytes
 
     def dp_time(kind: str, nbytes: float) -> float:
-        key = (kind, nbytes)
-        if key not in times:
-            times[key] = busy + group_collective_time(
-                kind, nbytes, mesh, "dp", tables.cluster,
-                algorithm="auto" if kind == "all_reduce" else "ring")
-        return times[key]
+        return busy + _collective(tables, kind, nbytes, mesh, "dp",
+                                  "auto" if kind == "all_reduce" else "ring")
 
     def replica_time(grad_bytes: float) -> float:
         """HSDP: this rank's gradient shard of ``grad_bytes`` all-reduced across groups."""
         if setting.dp_replicate <= 1 or grad_bytes <= 0:
             return 0.0
-        return busy_latency(tables.cluster, mesh, "dp_replicate") + group_collective_time(
-            "all_reduce", grad_bytes / setting.shard_group, mesh, "dp_replicate",
-            tables.cluster, algorithm="auto")
+        return busy_latency(tables.cluster, mesh, "dp_replicate") + _collective(
+            tables, "all_reduce", grad_bytes / setting.shard_group, mesh, "dp_replicate",
+            "auto")
 
     grad_bytes = sum(u.grad_bytes[i] for i in units)
     if setting.zero in (0, 1, 2):
@@ -549,8 +565,7 @@ def data_parallel_costs(
     def edp_time(kind: str, nbytes: float) -> float:  # expert weights: over edp (x cp)
         if nbytes <= 0 or setting.ep <= 1:
             return 0.0
-        return busy + group_collective_time(kind, nbytes, setting.ep_mesh, "edp",
-                                            tables.cluster)
+        return busy + _collective(tables, kind, nbytes, setting.ep_mesh, "edp", "ring")
 
     def host_s(i: int) -> float:  # offload: this rank's fp32 shard crosses the host link
         if setting.offload == "none":

@@ -9,6 +9,7 @@ smaller ``tp`` and ZeRO stage, so the result is deterministic.
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.context_parallel import CP_ALGORITHMS
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
+from autopar.cost_models.pipeline import bubble_fraction, schedule_name
 from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import LEANNESS, RECOMPUTE_MODES
@@ -35,7 +37,14 @@ from autopar.solver.context import (
 )
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
-from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load, unit_costs
+from autopar.solver.evaluate import (
+    Prediction,
+    UnitCosts,
+    assemble,
+    evaluate,
+    stage_load,
+    unit_costs,
+)
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
@@ -421,7 +430,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             keep_all = replace(setting, recompute="none")
             time_floor = lower_bounds(CostTables(problem, cluster, options, keep_all, traced,
                                                  facts.seq_len), 1 / pp, flight / pp)[1]
-        if best is not None and time_floor / pp >= best[0]:
+        if best is not None and time_floor / pp * (1 + _least_idle(variants, pp, m)) >= best[0]:
             candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
             break
         # The tp layout solved for the same problem, recomputation, microbatch and ZeRO
@@ -461,8 +470,8 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                                     candidates, best, problem, batch)
             if step is not None:
                 fastest = step if fastest is None else min(fastest, step)
-        if fastest is None:
-            continue
+        if fastest is None or fastest == math.inf:
+            continue  # nothing fits, or nothing here can beat the best plan so far
         # Larger microbatches amortize per-microbatch costs, but near the memory limit they
         # force leaner, slower strategies (and with pipelines fewer microbatches mean more
         # bubble): keep halving while it helps.
@@ -484,7 +493,8 @@ def _reusable(key: tuple, zero: int) -> list[tuple]:
 def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
                 cluster: Cluster, candidates: list, best, problem, batch, reused: bool = False):
     """Evaluate one solved layout under every pipeline variant of ``setting``, each with its
-    balanced cut; (fastest step that fits or None, best so far)."""
+    balanced cut; (fastest step that fits, or inf when the variants that might fit cannot
+    beat the best plan so far, or None when none fits; best so far)."""
     if result is None or result.choice is None:
         return None, best
     pp, m = setting.pp, setting.microbatches
@@ -496,6 +506,9 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
     fastest = None
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
+        if _beaten(best, units, variant, cluster, tables.options):
+            fastest = math.inf if fastest is None else fastest
+            continue
         if pp > 1:
             cut = balance(load, pp, schedule, virtual, m, tables.capacity)
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
@@ -539,7 +552,7 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
                cluster: Cluster, candidates: list, best, problem, batch):
     """Price ``result``'s layout with a mode per layer: the pinned ones, or "none" or the
     setting's mode chosen per layer by CP-SAT (:mod:`autopar.solver.layer_recompute`);
-    (fastest step that fits or None, best so far)."""
+    (fastest step that fits, inf or None as :func:`_try_layout` says; best so far)."""
     if result is None or result.choice is None:
         return None, best
     options = tables.options
@@ -555,6 +568,9 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
     fastest = None
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
+        if not pinned and _beaten(best, by_mode["none"], variant, cluster, options):
+            fastest = math.inf if fastest is None else fastest
+            continue  # keeping every activation is the fastest mix
         if pp > 1:
             units = compose_units(by_mode, pinned) if pinned else by_mode[setting.recompute]
             load = stage_load(units, axis_link(cluster, setting.mesh, "pp"),
@@ -565,7 +581,21 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
             mixed = with_modes(variant, pinned)
             prediction = assemble(tables, compose_units(by_mode, pinned), mixed)
         else:
-            found = choose_layer_modes(tables, by_mode, variant)
+            # Keeping every activation is the fastest mix (recomputation only adds work):
+            # when it fits it is the answer, and when even it loses to the best plan so far
+            # no mix can win; only in between is the per-layer knapsack solved.
+            keep_all = ("none",) * len(by_mode["none"].layers)
+            if not keep_all or len(by_mode) < 2:
+                continue  # no repeated layers to mix
+            kept = assemble(tables, compose_units(by_mode, keep_all),
+                            with_modes(variant, keep_all))
+            if kept.peak_memory_bytes <= tables.capacity:
+                found = (keep_all, kept)
+            elif best is not None and kept.step_time_s * (
+                    1 + ground_margin(variant, cluster, options)) > best[0]:
+                continue
+            else:
+                found = choose_layer_modes(tables, by_mode, variant)
             if found is None:
                 continue
             mixed, prediction = with_modes(variant, found[0]), found[1]
@@ -583,6 +613,30 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
         if best is None or key < best[:5]:
             best = (*key, cand, problem, tables, batch)
     return fastest, best
+
+
+def _least_idle(variants, pp: int, m: int) -> float:
+    """The least bubble fraction of ``variants``: exact for GPipe, 1F1B and interleaved,
+    0 for the zero-bubble schedules (theirs depends on the stage times)."""
+    if pp == 1:
+        return 0.0
+    return min((bubble_fraction(s, pp, m, v) if schedule_name(s) in ("gpipe", "1f1b", "interleaved")
+                else 0.0) for s, v in variants)
+
+
+def _beaten(best, units: UnitCosts, variant: Setting, cluster: Cluster,
+            options: PlanOptions) -> bool:
+    """Whether ``variant`` cannot beat the best plan so far whatever its stage cut: its step
+    is at least every microbatch's work spread evenly over the stages plus the schedule's
+    bubble (exact for GPipe, 1F1B and interleaved, which idle (pp-1)/(v·m) of the work; 0 for
+    the zero-bubble schedules), before any data-parallel time."""
+    if best is None:
+        return False
+    pp, m = variant.pp, variant.microbatches
+    work = sum(units.fwd) + sum(units.bwd) + sum(units.tp_comm)
+    idle = _least_idle([(variant.schedule, variant.virtual)], pp, m)
+    floor = m * work / pp * (1 + idle)
+    return floor * (1 + ground_margin(variant, cluster, options)) > best[0]
 
 
 def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch.fx as fx
 
 from autopar.cost_models.comm import (
@@ -180,6 +181,12 @@ def _unit_counts(nodes: list[fx.Node], unit_of: dict[str, int]) -> list[tuple[in
     return list(counts.items())
 
 
+_SUMMED = ("tp_comm", "trainable_numel", "fwd", "bwd", "act", "layer_plain", "params",
+           "grads", "opt", "host", "grad_bytes", "weights", "expert_grad_bytes",
+           "expert_weights")
+"""The per-unit sums of :func:`unit_costs`, in the order of its per-decision rows."""
+
+
 def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     problem = tables.problem
     n_tp = tables.setting.tp
@@ -187,44 +194,37 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     n = len(layers) + 2
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
     u.expert_weights, u.expert_grad_bytes, u.host = [0.0] * n, [0.0] * n, [0.0] * n
+    # Each decision stands for its folded nodes, spread over units: its costs are added to
+    # every unit it sits in, times its nodes there -- one matrix product (units x
+    # decisions) instead of a Python loop per node.
     counts = problem.cache.get("unit_counts")
-    if counts is None:  # which units each decision's folded nodes sit in: fixed per graph
-        counts = problem.cache["unit_counts"] = [_unit_counts(d.nodes, unit_of)
-                                                 for d in problem.decisions]
+    if counts is None:  # fixed per graph
+        counts = np.zeros((len(problem.decisions), n))
+        for d in problem.decisions:
+            for k, c in _unit_counts(d.nodes, unit_of):
+                counts[d.index, k] = c
+        problem.cache["unit_counts"] = counts
+    rows = np.empty((len(problem.decisions), len(_SUMMED)))
+    out = np.zeros(len(problem.decisions))
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
-        own = tables.own_activation(d, s)
-        own_plain = tables.own_activation(d, s, recompute=False)
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
-        out = tables.transient_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad else 0.0
         # the peak counts the largest tensor twice (a gradient beside it); a cp attention
         # buffer is alive once
-        out = max(out, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
-        numel = tables.trainable_numel(d, s)
+        out[d.index] = max(
+            tables.transient_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad
+            else 0.0, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
         expert_f, expert_b = tables.expert_comm(d)
-        expert = tables.expert_divisor(d) > 1
-        for k, c in counts[d.index]:
-            u.tp_comm[k] += (expert_f + expert_b) * c
-            u.largest[k] = max(u.largest[k], out)
-            u.trainable_numel[k] += numel * c
-            u.fwd[k] += f * c
-            u.bwd[k] += (b + r) * c
-            u.act[k] += own * c
-            u.layer_plain[k] += own_plain * c
-            u.params[k] += st.params * c
-            u.grads[k] += st.grads * c
-            u.opt[k] += st.optimizer * c
-            u.host[k] += st.host_total * c
-            u.grad_bytes[k] += g * c
-            u.weights[k] += w * c
-            if expert:
-                u.expert_grad_bytes[k] += g * c
-                u.expert_weights[k] += w * c
+        expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
+        rows[d.index] = (expert_f + expert_b, tables.trainable_numel(d, s), f, b + r,
+                         tables.own_activation(d, s),
+                         tables.own_activation(d, s, recompute=False), st.params, st.grads,
+                         st.optimizer, st.host_total, g, w, g * expert, w * expert)
 
+    values = np.zeros((len(problem.decisions), 3))  # tp_comm, act, layer_plain per producer
     for key in problem.values:
-        producer = problem.decisions[key[0]]
         src = chosen(problem, choice, key[0]).outputs[key[1]]
         per_instance_comm = 0.0
         per_instance_saved = 0.0
@@ -248,10 +248,15 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
-        for k, c in counts[key[0]]:
-            u.tp_comm[k] += per_instance_comm * c
-            u.act[k] += per_instance_saved * c
-            u.layer_plain[k] += plain_saved * c
+        values[key[0]] += (per_instance_comm, per_instance_saved, plain_saved)
+    summed = counts.T @ rows
+    extra = counts.T @ values
+    for j, name in enumerate(_SUMMED):
+        setattr(u, name, summed[:, j].tolist())
+    u.tp_comm = (summed[:, 0] + extra[:, 0]).tolist()
+    u.act = (summed[:, _SUMMED.index("act")] + extra[:, 1]).tolist()
+    u.layer_plain = (summed[:, _SUMMED.index("layer_plain")] + extra[:, 2]).tolist()
+    u.largest = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
     _cuts(tables, choice, u)
     u.gathered_outputs = _gathered_outputs(tables, choice)
     return u

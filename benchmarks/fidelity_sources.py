@@ -63,24 +63,18 @@ PLANNED_ELSEWHERE = {
 
 GIB = 2**30
 
-UNSTATED_ZERO = {
+_MEGATRON_CORE = {
     # Megatron-Core's distributed optimizer (optimizer state and fp32 master weights sharded
     # over dp, gradients reduce-scattered: ZeRO-1's footprint) is what NeMo's pretraining
-    # recipes run (``use_distributed_optimizer=True`` / ``distributed_fused_adam``); the
-    # tables do not print it.
-    "nemo_24_07_h100_pretrain": "1", "megatron_bridge_perf_h100": "1",
-    "nemo_long_sequence_cp": "1",
+    # recipes run (``use_distributed_optimizer=True`` / ``distributed_fused_adam``), and
+    # the model computes with 16-bit parameters (Float16Module); the tables print neither.
+    "zero": "1", "master_weights": "optimizer",
 }
-"""ZeRO stage of sources that leave it unstated: their framework's default."""
-
-_MEGATRON_CORE = {"master_weights": "optimizer"}
-FRAMEWORK_PRECISION = {
-    # Megatron-Core (NeMo, Megatron-Bridge) computes with 16-bit parameters in the model
-    # (Float16Module) and keeps the fp32 masters in its distributed optimizer.
-    "nemo_24_07_h100_pretrain": _MEGATRON_CORE, "megatron_bridge_perf_h100": _MEGATRON_CORE,
-    "nemo_long_sequence_cp": _MEGATRON_CORE,
-}
-"""Where each source's framework keeps its fp32 master weights, when not autopar's way."""
+FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
+                      "megatron_bridge_perf_h100": _MEGATRON_CORE,
+                      "nemo_long_sequence_cp": _MEGATRON_CORE}
+"""What each source's framework runs where its rows leave it unstated: ZeRO stage, and where
+the fp32 master weights live."""
 
 ARCHITECTURES = {  # released configs (Hugging Face config.json of each model), for rows
     # whose source names the model but not all its sizes: (layers, hidden, ffn, heads,
@@ -214,9 +208,10 @@ def predict_row(row: dict) -> Outcome:
         out.skipped = f"tp {tp} x pp {pp} x dp {dp} x cp {cp} != {gpus} GPUs"
         return out
     stem = Path(row.get("_file") or "").stem
-    zero_text = (row.get("zero_stage") or UNSTATED_ZERO.get(stem, "0")).lower()
-    if not row.get("zero_stage") and stem in UNSTATED_ZERO:
-        out.notes.append(f"ZeRO-{UNSTATED_ZERO[stem]} (the source's framework default)")
+    defaults = FRAMEWORK_DEFAULTS.get(stem, {})
+    zero_text = (row.get("zero_stage") or defaults.get("zero", "0")).lower()
+    if not row.get("zero_stage") and "zero" in defaults:
+        out.notes.append(f"ZeRO-{defaults['zero']} (the source's framework default)")
     zero = 3 if zero_text in ("fsdp", "3", "zero-3", "zero3") else int(float(zero_text or 0))
     local = int(_num(row, "local_batch", batch // dp))
     micro = int(_num(row, "micro_batch", local if pp == 1 else 1))
@@ -252,7 +247,8 @@ def predict_row(row: dict) -> Outcome:
                           # keep some weights whole on every tp rank.
                           layout="megatron" if tp > 1 else "auto",
                           # the published programs take the loss over whole logits
-                          chunked_loss=False, **FRAMEWORK_PRECISION.get(stem, {}))
+                          chunked_loss=False,
+                          master_weights=defaults.get("master_weights", "params"))
     est = estimate_graph(gm, row_cluster(row), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

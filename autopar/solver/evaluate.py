@@ -193,7 +193,6 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     layers, unit_of = _units(problem.gm)
     n = len(layers) + 2
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
-    u.expert_weights, u.expert_grad_bytes, u.host = [0.0] * n, [0.0] * n, [0.0] * n
     # Each decision stands for its folded nodes, spread over units: its costs are added to
     # every unit it sits in, times its nodes there -- one matrix product (units x
     # decisions) instead of a Python loop per node.
@@ -250,12 +249,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
                     per_instance_saved += tables.saved_bytes(key, q)
         values[key[0]] += (per_instance_comm, per_instance_saved, plain_saved)
     summed = counts.T @ rows
-    extra = counts.T @ values
+    summed[:, [_SUMMED.index(k) for k in ("tp_comm", "act", "layer_plain")]] += counts.T @ values
     for j, name in enumerate(_SUMMED):
         setattr(u, name, summed[:, j].tolist())
-    u.tp_comm = (summed[:, 0] + extra[:, 0]).tolist()
-    u.act = (summed[:, _SUMMED.index("act")] + extra[:, 1]).tolist()
-    u.layer_plain = (summed[:, _SUMMED.index("layer_plain")] + extra[:, 2]).tolist()
     u.largest = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
     _cuts(tables, choice, u)
     u.gathered_outputs = _gathered_outputs(tables, choice)

@@ -504,9 +504,10 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
     status = f"{result.status}(layout reused)" if reused else result.status
     wall = 0.0 if reused else result.wall_s
     fastest = None
+    work = _work(units)
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if _beaten(best, units, variant, cluster, tables.options):
+        if _beaten(best, work, variant, cluster, tables.options):
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
@@ -566,9 +567,10 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
         by_mode[mode] = _units(t, result.choice)
     pp, m = setting.pp, setting.microbatches
     fastest = None
+    keep_work = 0.0 if pinned else _work(by_mode["none"])
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if not pinned and _beaten(best, by_mode["none"], variant, cluster, options):
+        if not pinned and _beaten(best, keep_work, variant, cluster, options):
             fastest = math.inf if fastest is None else fastest
             continue  # keeping every activation is the fastest mix
         if pp > 1:
@@ -624,16 +626,21 @@ def _least_idle(variants, pp: int, m: int) -> float:
                 else 0.0) for s, v in variants)
 
 
-def _beaten(best, units: UnitCosts, variant: Setting, cluster: Cluster,
+def _work(units: UnitCosts) -> float:
+    """One microbatch's compute and tensor-parallel time, all stages together."""
+    return sum(units.fwd) + sum(units.bwd) + sum(units.tp_comm)
+
+
+def _beaten(best, work: float, variant: Setting, cluster: Cluster,
             options: PlanOptions) -> bool:
     """Whether ``variant`` cannot beat the best plan so far whatever its stage cut: its step
-    is at least every microbatch's work spread evenly over the stages plus the schedule's
-    bubble (exact for GPipe, 1F1B and interleaved, which idle (pp-1)/(v·m) of the work; 0 for
-    the zero-bubble schedules), before any data-parallel time."""
+    is at least every microbatch's ``work`` (:func:`_work`) spread evenly over the stages
+    plus the schedule's bubble (exact for GPipe, 1F1B and interleaved, which idle
+    (pp-1)/(v·m) of the work; 0 for the zero-bubble schedules), before any data-parallel
+    time."""
     if best is None:
         return False
     pp, m = variant.pp, variant.microbatches
-    work = sum(units.fwd) + sum(units.bwd) + sum(units.tp_comm)
     idle = _least_idle([(variant.schedule, variant.virtual)], pp, m)
     floor = m * work / pp * (1 + idle)
     return floor * (1 + ground_margin(variant, cluster, options)) > best[0]

@@ -241,6 +241,11 @@ def cluster_entry(value: Any, where: str) -> None:
 COUNT = integer(1)
 SIZE = integer(0)
 SECONDS = number()
+# autopar.solver.cpsat.solve_stats: one CP-SAT solve (objective and bound in ``unit``)
+SOLVE = obj({"what": text(), "status": text(), "objective": nullable(number(-math.inf)),
+             "bound": nullable(number(-math.inf)), "unit": text(),
+             "gap": nullable(number(0.0, 1.0)), "wall_s": SECONDS,
+             "time_limit_s": nullable(SECONDS), "outcome": text()}, {"reused": flag})
 MEMORY = obj({"total": SIZE}, extra=SIZE)
 STRATEGY = obj({"in": list_of(placement), "out": list_of(placement)},
                {"impl": one_of(tuple(LOCAL_IMPLS))})
@@ -338,8 +343,12 @@ PLAN = obj(
             "memory_phases": map_of(SIZE),
         }),
         "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
-                       "candidates": list_of(map_of(plain))},
-                      {"solves": SIZE, "max_solves": nullable(COUNT), "budget_reached": flag}),
+                       "candidates": list_of(obj({}, {"solve_stats": list_of(SOLVE)},
+                                                 extra=plain))},
+                      {"solves": SIZE, "max_solves": nullable(COUNT), "budget_reached": flag,
+                       # autopar.solver.to_plan.optimality: the solves that chose this plan
+                       "plan_solves": list_of(SOLVE), "proved_optimal": flag,
+                       "gap": nullable(number(0.0, 1.0))}),
     },
     optional={
         "layers": list_of(obj({"block": text(), "layers": text(),

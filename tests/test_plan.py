@@ -86,6 +86,10 @@ def test_same_inputs_same_plan() -> None:
         plan.solver["wall_s"] = 0.0
         for c in plan.solver["candidates"]:
             c["wall_s"] = 0.0
+            for s in c.get("solve_stats", []):
+                s["wall_s"] = 0.0
+        for s in plan.solver.get("plan_solves", []):
+            s["wall_s"] = 0.0
         return plan.to_json()
 
     assert make() == make()

@@ -83,6 +83,10 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
+    for solve in plan.solver.get("plan_solves", []):
+        gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
+        again = " (solved for another setting, reused)" if solve.get("reused") else ""
+        lines.append(f"          {solve['what']} solve{again}: {solve['outcome']}{gap}")
     if plan.solver.get("budget_reached"):
         lines.append(f"          search stopped solving at its budget of "
                      f"{plan.solver['max_solves']} CP-SAT solves: later settings were priced "

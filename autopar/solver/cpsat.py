@@ -32,6 +32,37 @@ class SolveResult:
     choice: list[int] | None
     objective_s: float | None
     wall_s: float
+    bound_s: float | None = None  # CP-SAT's best bound: no choice can be faster
+    time_limit_s: float | None = None
+
+    def stats(self) -> dict:
+        """What the plan says about this solve (:func:`solve_stats`)."""
+        return solve_stats("layout", self.status, self.objective_s, self.bound_s, self.wall_s,
+                           self.time_limit_s, unit="s (modelled)")
+
+
+def solve_stats(what: str, status: str, objective: float | None, bound: float | None,
+                wall_s: float, time_limit_s: float | None, unit: str) -> dict:
+    """One CP-SAT solve as the plan reports it: its objective, best bound and relative gap
+    ``(objective - bound) / objective``, and whether the choice was proved optimal within
+    the model or the solve stopped at its time limit (then the gap says how far from
+    optimal it may be, at most)."""
+    gap = None
+    if objective is not None and bound is not None:
+        gap = max(objective - bound, 0.0) / objective if objective > 0 else 0.0
+    if status == "OPTIMAL":
+        outcome = "proved optimal within the model"
+    elif status == "FEASIBLE":
+        outcome = (f"stopped at the time limit ({time_limit_s:g} s) with a gap of "
+                   f"{100 * (gap or 0.0):.2f}%" if time_limit_s else "stopped before proving "
+                   "optimality")
+    elif status == "INFEASIBLE":
+        outcome = "proved infeasible"
+    else:
+        outcome = "stopped at the time limit with no solution"
+    return {"what": what, "status": status, "objective": objective, "bound": bound,
+            "unit": unit, "gap": gap, "wall_s": round(wall_s, 4),
+            "time_limit_s": time_limit_s, "outcome": outcome}
 
 
 def _t(seconds: float) -> int:
@@ -238,6 +269,7 @@ def solve(
     name = solver.StatusName(status)
     wall = time.perf_counter() - started
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(name, None, None, wall)
+        return SolveResult(name, None, None, wall, time_limit_s=time_limit_s)
     choice = [next(i for i, lit in enumerate(xs) if solver.Value(lit)) for xs in x]
-    return SolveResult(name, choice, solver.ObjectiveValue() * NS, wall)
+    return SolveResult(name, choice, solver.ObjectiveValue() * NS, wall,
+                       bound_s=solver.BestObjectiveBound() * NS, time_limit_s=time_limit_s)

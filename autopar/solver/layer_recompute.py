@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 
 from ortools.sat.python import cp_model
 
 from autopar.cost_models.pipeline import in_flight, schedule_name
 from autopar.solver.costs import CostTables, Setting
+from autopar.solver.cpsat import solve_stats
 from autopar.solver.evaluate import (
     Prediction,
     UnitCosts,
@@ -52,10 +54,11 @@ def compose_units(by_mode: Mapping[str, UnitCosts], modes: tuple[str, ...]) -> U
 
 def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
                        setting: Setting, time_limit_s: float = 5.0
-                       ) -> tuple[tuple[str, ...], Prediction] | None:
-    """The per-layer modes (among ``by_mode``'s) with the fastest step that fits, and its
-    prediction (every layer may get the same mode: the setting is then uniform); None when
-    nothing fits."""
+                       ) -> tuple[tuple[str, ...], Prediction, dict] | None:
+    """The per-layer modes (among ``by_mode``'s) with the fastest step that fits, its
+    prediction (every layer may get the same mode: the setting is then uniform) and the
+    CP-SAT solve's figures (:func:`autopar.solver.cpsat.solve_stats`); None when nothing
+    fits."""
     modes = list(by_mode)
     any_units = next(iter(by_mode.values()))
     n_layers = len(any_units.layers)
@@ -104,14 +107,19 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
+    started = time.perf_counter()
     status = solver.Solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
+    stats = solve_stats("recompute per layer", solver.StatusName(status),
+                        solver.ObjectiveValue(), solver.BestObjectiveBound(),
+                        time.perf_counter() - started, time_limit_s,
+                        unit="slowest stage in µs x (layers + 1) + layers recomputed")
     chosen = tuple(next(m for m, var in choice.items() if solver.Value(var)) for choice in pick)
     prediction = assemble(tables, compose_units(by_mode, chosen), with_modes(setting, chosen))
     if prediction.peak_memory_bytes > capacity:
         return None
-    return chosen, prediction
+    return chosen, prediction, stats
 
 
 def with_modes(setting: Setting, modes: tuple[str, ...]) -> Setting:

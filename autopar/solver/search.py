@@ -69,6 +69,9 @@ class Candidate:
     prediction: Prediction | None = None
     choice: list[int] | None = None
     wall_s: float = 0.0
+    # The CP-SAT solves behind this candidate (``cpsat.solve_stats``): its layout's, marked
+    # "reused" when solved for another setting, and the per-layer recomputation's if any.
+    solves: tuple[dict, ...] = ()
 
     def summary(self) -> dict:
         s = self.setting
@@ -87,6 +90,9 @@ class Candidate:
         if self.prediction is not None:
             out["step_time_s"] = self.prediction.step_time_s
             out["peak_memory_bytes"] = int(self.prediction.peak_memory_bytes)
+        solved_here = [s for s in self.solves if not s.get("reused")]
+        if solved_here:
+            out["solve_stats"] = solved_here
         return out
 
 
@@ -458,7 +464,8 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
                            activation_scale=flight / pp)
             if result.choice is None:
-                candidates.append(Candidate(setting, result.status, wall_s=result.wall_s))
+                candidates.append(Candidate(setting, result.status, wall_s=result.wall_s,
+                                            solves=(result.stats(),)))
                 continue
             hint = (problem, result.choice)
             layouts[reuse_key] = result
@@ -513,7 +520,8 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         if pp > 1:
             cut = balance(load, pp, schedule, virtual, m, tables.capacity)
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
-        cand = Candidate(variant, status, choice=result.choice, wall_s=wall)
+        cand = Candidate(variant, status, choice=result.choice, wall_s=wall,
+                         solves=(_layout_stats(result, reused),))
         prediction = assemble(tables, units, variant)
         if prediction.peak_memory_bytes > tables.capacity:
             if not reused:  # a reused layout that does not fit is simply solved anew
@@ -531,6 +539,11 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         if best is None or key < best[:5]:
             best = (*key, cand, problem, tables, batch)
     return fastest, best
+
+
+def _layout_stats(result: SolveResult, reused: bool) -> dict:
+    """The layout solve's figures, marked when this candidate reuses it."""
+    return {**result.stats(), "reused": True} if reused else result.stats()
 
 
 def _mixing(options: PlanOptions, setting: Setting) -> bool:
@@ -579,6 +592,7 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
                               busy_latency(cluster, setting.mesh, "pp"))
             variant = replace(variant, partition=balance(load, pp, schedule, virtual, m,
                                                          tables.capacity))
+        solves = [_layout_stats(result, reused=True)]  # solved for the uniform setting
         if pinned:
             mixed = with_modes(variant, pinned)
             prediction = assemble(tables, compose_units(by_mode, pinned), mixed)
@@ -601,8 +615,9 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
             if found is None:
                 continue
             mixed, prediction = with_modes(variant, found[0]), found[1]
+            solves += found[2:]
         cand = Candidate(mixed, f"{result.status}(recompute per layer)", prediction=prediction,
-                         choice=result.choice)
+                         choice=result.choice, solves=tuple(solves))
         if prediction.peak_memory_bytes > tables.capacity:
             cand.status = "REJECTED(evaluated memory above capacity)"
             candidates.append(cand)

@@ -146,6 +146,7 @@ def make_plan(
             "decisions": len(problem.decisions),
             "nodes": len(strategies),
             "candidates": [c.summary() for c in result.candidates],
+            **optimality(best.solves),
             **({"solves": result.budget.used, "max_solves": result.budget.limit,
                 "budget_reached": result.budget.reached} if result.budget else {}),
         },
@@ -318,6 +319,17 @@ def layer_rows(gm: fx.GraphModule, summary: list[dict], setting: Setting) -> lis
         rows.append({"block": "<outside layers>", "layers": "-", "recompute": "none",
                      "strategies": dict(outside)})
     return rows
+
+
+def optimality(solves: tuple[dict, ...]) -> dict:
+    """What the plan says about the CP-SAT solves that chose it: each solve's objective,
+    bound and gap, and whether all of them were proved optimal within the model."""
+    if not solves:
+        return {}
+    gaps = [s["gap"] for s in solves if s.get("gap") is not None]
+    return {"plan_solves": list(solves),
+            "proved_optimal": all(s["status"] == "OPTIMAL" for s in solves),
+            "gap": max(gaps) if gaps else None}
 
 
 def _layer_summary(result: SearchResult) -> list[dict]:

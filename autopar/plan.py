@@ -90,6 +90,9 @@ class Plan:
     # "mixes_batch"), exact, where}] (autopar.solver.batch_coupling); a statistic is made
     # whole over dp by the sync-batch-statistics pass
     batch_coupled: list[dict[str, Any]] = field(default_factory=list)
+    # the constraints the plan obeys, as text (autopar.constraints; a plugin's as it names
+    # itself)
+    constraints: list[str] = field(default_factory=list)
 
     # --- access ------------------------------------------------------------------------
     def strategy(self, node_name: str, axis: str) -> Strategy | None:

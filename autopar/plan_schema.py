@@ -348,7 +348,7 @@ PLAN = obj(
                       {"solves": SIZE, "max_solves": nullable(COUNT), "budget_reached": flag,
                        # autopar.solver.to_plan.optimality: the solves that chose this plan
                        "plan_solves": list_of(SOLVE), "proved_optimal": flag,
-                       "gap": nullable(number(0.0, 1.0))}),
+                       "gap": nullable(number(0.0, 1.0)), "interrupted": flag}),
     },
     optional={
         "layers": list_of(obj({"block": text(), "layers": text(),
@@ -364,6 +364,7 @@ PLAN = obj(
         # each algorithm's modelled seconds per step (or why it cannot run), and why
         "context": empty_or(CONTEXT),
         "precision": map_of(one_of(PRECISIONS)),
+        "constraints": list_of(text()),
         "batch_coupled": list_of(obj({"node": text(), "op": text(),
                                       "kind": one_of(("statistic", "mixes_batch")),
                                       "exact": flag, "where": text(empty=True)})),

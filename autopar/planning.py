@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,24 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from autopar.cluster import Cluster, load_cluster
+from autopar.constraints import (
+    Constraint,
+    DeviceBudget,
+    ModuleDtype,
+    check_stage_cuts,
+    parse_constraints,
+)
 from autopar.cost_models.compute import best_efficiency
 from autopar.errors import AutoparError, NoFeasiblePlanError, TraceError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import PRECISION_CHOICES, SEARCHED_RECOMPUTE_MODES, check_keywords, zero_stages
 from autopar.models.spec import SPEC_LIMITS
 from autopar.plan import Plan
+from autopar.plugins import discover as discover_plugins
 from autopar.precision import assign_precision
+from autopar.solver.constraint_core import conflicting
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
-from autopar.solver.search import SearchResult, search
+from autopar.solver.search import SearchResult, n_layers_of, search
 from autopar.solver.to_plan import make_plan
 from autopar.trace import trace
 
@@ -91,6 +101,7 @@ def plan(
     max_solves: int | None = 300,
     offload: str | tuple[str, ...] = ("none", "optimizer+params"),
     dp_replicate: int | None = None,
+    constraints: Sequence[Constraint | str] | None = None,
     model_name: str | None = None,
     **old_spellings: Any,
 ) -> Plan:
@@ -139,6 +150,9 @@ def plan(
     (batch norm) keeps the batch whole; "local" splits anyway, each rank's statistics its
     own as under DDP. ``plan.batch_coupled`` names those ops (:mod:`autopar.solver.
     batch_coupling`).
+    ``constraints`` (:mod:`autopar.constraints`: objects or text such as ``"tp<=4"``,
+    ``"memory<=40GiB"``, ``"cut after 11"``, ``"replicate lm_head"``) are obeyed; when
+    they leave no plan the error names the smallest set of them that conflict.
     ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
     tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
@@ -165,11 +179,16 @@ def plan(
             fix="pass the model object (or a graph from autopar.trace); for a model name such "
             "as 'gpt2', use `autopar plan gpt2 --cluster ...` or autopar.models.resolve_model",
         )
+    discover_plugins()  # installed packages' rules and op costs join before tracing
     cluster = load_cluster(cluster)
+    constraints = parse_constraints([*cluster.constraints, *(constraints or ())])
+    precision_overrides = {**{c.module: c.dtype for c in constraints
+                              if isinstance(c, ModuleDtype)}, **(precision_overrides or {})}
     gm = model if isinstance(model, fx.GraphModule) and META_KEY in model.meta else None
     if gm is None:
         gm = trace(model, example_inputs)
     check_returns_loss(gm)
+    check_stage_cuts(constraints, n_layers_of(gm))
     check_batch_size(global_batch or graph_facts(gm).batch_size or 1)
     options = PlanOptions(
         global_batch=global_batch,
@@ -200,16 +219,30 @@ def plan(
         max_solves=max_solves,
         offload=offload,
         dp_replicate=dp_replicate,
+        constraints=constraints,
     )
     if options.precision_overrides:  # a key naming nothing fails here, before any solve
         assign_precision(gm, options.precision, dict(options.precision_overrides))
     name = model_name or type(model).__name__
     counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
                            or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count
-    if counts == [cluster.world_size]:
-        result, used = _search_offloading_last(gm, cluster, options)
-        return make_plan(gm, result, cluster, used, name)
-    return _plan_fewest_fastest(gm, cluster, options, name, counts, pinned=devices is not None)
+    budget = [k for k in counts if all(k <= c.devices for c in constraints
+                                       if isinstance(c, DeviceBudget))] or counts[-1:]
+    try:
+        if budget == [cluster.world_size]:
+            result, used = _search_offloading_last(gm, cluster, options)
+            return make_plan(gm, result, cluster, used, name)
+        return _plan_fewest_fastest(gm, cluster, options, name, budget,
+                                    pinned=devices is not None)
+    except NoFeasiblePlanError as e:
+        if not constraints:
+            raise
+        conflict = conflicting(gm, cluster, options, device_counts(cluster, None))
+        if conflict is None:
+            raise NoFeasiblePlanError(f"{e.what} (under the constraints "
+                                      f"{', '.join(map(str, constraints))})",
+                                      where=e.where, fix=e.fix) from e
+        raise conflict from e
 
 
 def device_counts(cluster: Cluster, devices: int | None, pinned_mesh: bool = False) -> list[int]:
@@ -277,6 +310,11 @@ def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOpti
         try:
             result, used = _search_offloading_last(gm, sub, options)
             candidate = make_plan(gm, result, sub, used, name)
+        except KeyboardInterrupt:
+            if best is None:
+                raise
+            best.solver["interrupted"] = True  # Ctrl-C: the best plan so far
+            break
         except AutoparError as e:
             first_error = first_error or e
             tried.append({"devices": k, "step_time_s": None,
@@ -289,6 +327,9 @@ def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOpti
         if best is None or (candidate.predicted["step_time_s"]
                             <= best.predicted["step_time_s"] * (1 + 1e-9)):
             best = candidate
+        if result.interrupted:
+            best.solver["interrupted"] = True
+            break
     if best is None:
         assert first_error is not None
         raise first_error
@@ -379,8 +420,8 @@ def _search_offloading_last(gm: fx.GraphModule, cluster: Cluster, options: PlanO
     try:
         return search(gm, cluster, first), first
     except NoFeasiblePlanError:
-        if "optimizer+params" not in modes:
-            raise
+        if "optimizer+params" not in modes or 3 not in options.zero:
+            raise  # FSDP2 offloads ZeRO-3's shards: not when the stages exclude it
         offloading = dataclasses.replace(options, offload=("optimizer+params",), zero=(3,))
         return search(gm, cluster, offloading), offloading
 

@@ -6,11 +6,13 @@ from autopar.passes.chunked_loss import ChunkedLoss
 from autopar.passes.expert_parallel import ExpertParallel
 from autopar.passes.fuse_attention import FuseAttention
 from autopar.passes.infra import (
+    BUILTIN_ORDER,
     GraphPass,
     PassContext,
     PassManager,
     PassResult,
     get_pass,
+    place_passes,
     register_pass,
 )
 from autopar.passes.insert_collectives import InsertCollectives
@@ -74,6 +76,7 @@ def program_passes(plan: Plan) -> list[GraphPass]:
 
 
 __all__ = [
+    "BUILTIN_ORDER",
     "CastPrecision",
     "CheckpointLayers",
     "ChunkedLoss",
@@ -95,6 +98,7 @@ __all__ = [
     "SyncBatchStatistics",
     "TokenMeanLoss",
     "get_pass",
+    "place_passes",
     "program_passes",
     "register_pass",
     "sharding_passes",

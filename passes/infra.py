@@ -51,10 +51,17 @@ class PassResult:
 
 
 class GraphPass(ABC):
-    """Subclass and implement :meth:`run`; set ``name`` and, if needed, ``requires``."""
+    """Subclass and implement :meth:`run`; set ``name`` and, if needed, ``requires``.
+
+    A pass added to the built-in program (a plugin, or ``parallelize(passes=[...])``) says
+    where it runs with ``runs_after`` and/or ``runs_before``: a built-in pass name such as
+    ``"insert-collectives"`` (:data:`BUILTIN_ORDER`). With neither it runs last.
+    """
 
     name: str = ""
     requires: tuple[str, ...] = ()
+    runs_after: str | None = None
+    runs_before: str | None = None
 
     @abstractmethod
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
@@ -85,6 +92,44 @@ def get_pass(name: str) -> type[GraphPass]:
             fix=f"registered passes: {', '.join(sorted(_REGISTRY))}",
         )
     return _REGISTRY[name]
+
+
+# Every built-in pass, in the order ``program_passes`` runs those a plan needs. A program
+# holds only some of them; an added pass anchored on one the program lacks runs where that
+# one would have run.
+BUILTIN_ORDER = (
+    "shard-parameters", "localize-shapes", "substitute-local-ops", "token-mean-loss",
+    "insert-collectives", "sync-batch-statistics", "expert-parallel", "chunked-loss",
+    "fuse-attention", "cast-precision", "place-created-tensors", "recompute-inputs",
+    "outline-layers", "outline-experts", "checkpoint-layers", "pipeline-split",
+)
+
+
+def place_passes(program: list[GraphPass], added: Iterable[GraphPass]) -> list[GraphPass]:
+    """``program`` (built-in passes in :data:`BUILTIN_ORDER`) with each ``added`` pass placed
+    by its ``runs_after``/``runs_before``; passes anchored at the same place keep the order
+    they were given in. An anchor that is no built-in pass is an error naming the pass."""
+    rank = {name: i for i, name in enumerate(BUILTIN_ORDER)}
+    slots: list[tuple[float, int, GraphPass]] = [
+        (rank.get(p.name, len(rank)), 0, p) for p in program]
+    for i, p in enumerate(added):
+        for anchor in (p.runs_after, p.runs_before):
+            if anchor is not None and anchor not in rank:
+                raise PassError(
+                    f"pass {p.name!r} runs {'after' if anchor == p.runs_after else 'before'} "
+                    f"{anchor!r}, which is no built-in pass",
+                    where=f"{type(p).__module__}.{type(p).__qualname__}",
+                    fix=f"anchor it on one of: {', '.join(BUILTIN_ORDER)}")
+        after = rank[p.runs_after] + 0.5 if p.runs_after else None
+        before = rank[p.runs_before] - 0.5 if p.runs_before else None
+        if after is not None and before is not None and after > before:
+            raise PassError(
+                f"pass {p.name!r} runs after {p.runs_after!r} and before {p.runs_before!r}, "
+                "but that one runs first", where=f"pass {p.name}",
+                fix="anchor it between two passes in their order: " + ", ".join(BUILTIN_ORDER))
+        where = after if after is not None else before if before is not None else len(rank)
+        slots.append((where, 1 + i, p))
+    return [p for _, _, p in sorted(slots, key=lambda s: (s[0], s[1]))]
 
 
 class PassManager:

@@ -22,17 +22,19 @@ def free_port() -> int:
 
 def run_cases(nproc: int, out: Path, cases: list[dict], *, prefix: list[str] | None = None,
               timeout: int = 900, worker: str = "equivalence.py",
-              worker_args: tuple[str, ...] = ()) -> list[list[dict]]:
+              worker_args: tuple[str, ...] = (), path: tuple[str, ...] = ()
+              ) -> list[list[dict]]:
     """Run ``cases`` (by ``tests/workers/<worker>``, given ``worker_args`` first) in one
     torchrun launch of ``nproc`` processes; each rank's records, by rank. ``prefix`` wraps
-    the launch (``taskset``)."""
+    the launch (``taskset``); ``path`` adds folders to the workers' ``PYTHONPATH``."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [*(prefix or []), sys.executable, "-m", "torch.distributed.run",
            f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
            str(ROOT / "tests" / "workers" / worker), *worker_args]
     for case in cases:
         cmd += ["--case", json.dumps(case)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AUTOPAR_TEST_OUT=str(out))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), *path]),
+               AUTOPAR_TEST_OUT=str(out))
     env.pop("TRITON_INTERPRET", None)  # attention runs as it would in a user's CPU job
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]

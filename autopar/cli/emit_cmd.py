@@ -14,10 +14,12 @@ import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.plan_cmd import plan_from_args
 from autopar.cluster import load_cluster
+from autopar.constraints import parse_constraint
 from autopar.errors import AutoparError
 from autopar.knobs import schedule_name
-from autopar.passes import PassContext, PassManager, program_passes
+from autopar.passes import PassContext, PassManager
 from autopar.plan import Plan
+from autopar.plugins import program_for
 from autopar.runtime.parallel_module import rank_code
 from autopar.trace.align import rename_like
 
@@ -81,6 +83,9 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
     "precision_overrides": ("--precision-override",
                             lambda p: p.precision_policy.get("overrides", {}),
                             lambda given, chosen: dict(given) == chosen),
+    "constraint": ("--constraint", lambda p: ", ".join(p.constraints) or "none",
+                   lambda given, obeyed: all(str(parse_constraint(g)) in obeyed.split(", ")
+                                             for g in given)),
     "fuse_attention": ("--no-fuse-attention",
                        lambda p: f"{sum(e['fused'] for e in p.attention)} attention site(s) fused",
                        lambda v, fused: fused.startswith("0 ")),
@@ -90,7 +95,7 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
     "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
     "max_solves": ("--max-solves", lambda p: "nothing to solve", _never),
 }
-_EMIT_OWN = ("command", "model", "cluster", "plan", "rank")  # not planning choices
+_EMIT_OWN = ("command", "model", "cluster", "plan", "rank", "disable_pass")  # not planning choices
 
 
 def check_flags_against_plan(args: argparse.Namespace, plan: Plan) -> None:
@@ -136,7 +141,8 @@ def run_emit(args: argparse.Namespace) -> int:
                          planned)
     coords = rank_coords(plan, args.rank)
     device = "cuda" if plan.cluster.get("backend") == "nccl" else "cpu"  # where it would run
-    program, results = PassManager(program_passes(plan)).run(gm, PassContext(plan, coords, device))
+    passes = program_for(plan, disable=args.disable_pass or ())
+    program, results = PassManager(passes).run(gm, PassContext(plan, coords, device))
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
     print(f"# autopar {autopar.__version__} (plan schema {plan.schema_version}): rank "
           f"{args.rank} of {plan.world_size}, mesh {mesh}, coordinates {coords}")

@@ -343,6 +343,34 @@ def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
                    "model's own error there; 0: no preference)")
 
 
+def constraint(text: str) -> str:
+    """A constraint's text, read now so a typo fails before tracing (autopar.constraints)."""
+    from autopar.constraints import parse_constraint
+    from autopar.errors import AutoparError
+
+    try:
+        parse_constraint(text)
+    except AutoparError as e:
+        raise argparse.ArgumentTypeError(f"{e.what}; {e.fix}") from None
+    return text
+
+
+def add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true",
+                   help="no live progress (tracing, the mesh being solved, the best plan so "
+                   "far); it shows only on a terminal anyway")
+
+
+def add_constraint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--constraint", action="append", type=constraint, default=None,
+                   metavar="TEXT",
+                   help="what the plan must obey, repeatable: tp<=4, dp>=2, pp==2, "
+                   "devices<=64, memory<=40GiB, 'schedule in 1f1b,zb_v', 'cut after 11', "
+                   "'replicate lm_head', 'dtype lm_head=fp32' (a cluster file's constraints: "
+                   "list adds to them); when they leave no plan, the error names the "
+                   "constraints that conflict")
+
+
 SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp", "--ep",
                 "--dp-replicate",
                 "--cp-algorithm", "--cp-layout", "--microbatch",

@@ -51,6 +51,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     flags.add_extrapolation_margin(p)
     flags.add_fuse_attention(p)
     flags.add_chunked_loss(p)
+    flags.add_constraint(p)
+    flags.add_quiet(p)
 
 
 def _sub(sub: argparse._SubParsersAction, name: str, summary: str,
@@ -69,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_model(p)
     _add_plan_args(p)
     flags.add_json(p)
+    p.add_argument("--html", type=flags.output_file, default=None, metavar="FILE",
+                   help="also write the plan as one self-contained HTML report with charts "
+                   "(what autopar report writes)")
 
     p = _sub(sub, "inspect", "per-layer parameters, FLOPs and activation bytes")
     flags.add_model(p)
@@ -78,6 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(p)
     p.add_argument("--rank", type=int, default=0, help="which rank's program")
     p.add_argument("--plan", metavar="FILE", help="use this plan instead of solving")
+    p.add_argument("--disable-pass", action="append", metavar="NAME", default=None,
+                   help="leave out a plugin pass (or an optional built-in: chunked-loss, "
+                   "fuse-attention) by name; repeatable")
+
+    p = _sub(sub, "plugins", "list the plugins installed packages add (entry points)",
+             "List what installed packages add through the entry-point groups autopar.passes, "
+             "autopar.rules, autopar.cost_models and autopar.constraints: group, name, "
+             "package, version, where a pass runs, and whether it loaded (and why not).")
+
+    p = _sub(sub, "report", "write a plan as one self-contained HTML report with charts")
+    p.add_argument("plan", help="a plan JSON (autopar plan ... --json FILE)")
+    p.add_argument("-o", "--out", required=True, type=flags.output_file,
+                   help="the HTML file to write")
+    p.add_argument("--run", metavar="DIR", default=None,
+                   help="a recorded run (pm.record_run(DIR)) to compare predicted with measured")
 
     p = _sub(sub, "cluster", "cluster descriptions")
     csub = p.add_subparsers(dest="cluster_command", required=True)
@@ -186,6 +206,14 @@ def _run(args: argparse.Namespace) -> int:
         from autopar.cli.emit_cmd import run_emit
 
         return run_emit(args)
+    if args.command == "plugins":
+        from autopar.cli.plugins_cmd import run_plugins
+
+        return run_plugins(args)
+    if args.command == "report":
+        from autopar.cli.report_cmd import run_report
+
+        return run_report(args)
     if args.command == "cluster":
         from autopar.cluster import format_cluster, load_cluster
 

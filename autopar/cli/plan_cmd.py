@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from autopar import progress
 from autopar.cli.load import TracedModel, trace_model
 from autopar.cli.summary import format_plan
 from autopar.cluster import load_cluster
@@ -12,9 +13,18 @@ from autopar.planning import plan
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
-    cluster = load_cluster(args.cluster)  # a bad cluster fails before the model is traced
-    traced = trace_model(args.model, args.global_batch, args.seq)
-    result = plan(
+    """Trace and plan as the flags say, with live progress on a terminal (not --quiet)."""
+    with progress.reporting(progress.for_terminal(getattr(args, "quiet", False))) as shown:
+        cluster = load_cluster(args.cluster)  # a bad cluster fails before the model is traced
+        shown.update(f"tracing {args.model}")
+        traced = trace_model(args.model, args.global_batch, args.seq)
+        shown.update(f"traced {args.model} in {traced.trace_s:.1f} s; planning for "
+                     f"{cluster.name}")
+        return _plan(args, cluster, traced), traced
+
+
+def _plan(args: argparse.Namespace, cluster, traced: TracedModel) -> Plan:
+    return plan(
         traced.gm,
         cluster,
         dp=args.dp,
@@ -43,9 +53,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
         extrapolation_margin=args.extrapolation_margin,
         fuse_attention=args.fuse_attention,
         chunked_loss=args.chunked_loss,
+        constraints=args.constraint,
         model_name=traced.spec.name,
     )
-    return result, traced
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -54,4 +64,9 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         result.save(args.json)
         print(f"\nplan written to {args.json}")
+    if getattr(args, "html", None):
+        from autopar.report import write_report
+
+        path = write_report(result, args.html)
+        print(f"report written to {path}")
     return 0

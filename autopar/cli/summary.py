@@ -87,6 +87,11 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
         again = " (solved for another setting, reused)" if solve.get("reused") else ""
         lines.append(f"          {solve['what']} solve{again}: {solve['outcome']}{gap}")
+    if plan.solver.get("interrupted"):
+        lines.append("          search interrupted (Ctrl-C): the best plan found so far, not "
+                     "proven the fastest")
+    if plan.constraints:
+        lines.append(f"obeys     {', '.join(plan.constraints)} (constraints)")
     if plan.solver.get("budget_reached"):
         lines.append(f"          search stopped solving at its budget of "
                      f"{plan.solver['max_solves']} CP-SAT solves: later settings were priced "

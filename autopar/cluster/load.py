@@ -28,7 +28,7 @@ from autopar.cluster.presets import (
 )
 from autopar.cluster.profile import read_profile
 from autopar.cluster.text import UniqueKeyLoader, parse_json, read_text, too_deep
-from autopar.errors import ClusterError
+from autopar.errors import AutoparError, ClusterError
 
 if TYPE_CHECKING:
     pass
@@ -77,7 +77,7 @@ _LINK_UNITS = {
 }
 _TOP_KEYS = (
     "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device",
-    *_LINKS, "sources"
+    *_LINKS, "sources", "constraints"
 )  # fmt: skip
 _DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, _CURVE)
 
@@ -289,6 +289,8 @@ def _read(data: Any, origin: _Origin) -> dict[str, Any]:
     if "backend" in data:
         _check_backend(data["backend"], origin.where("backend"))
         out["backend"] = data["backend"]
+    if "constraints" in data:
+        out["constraints"] = _constraints(data["constraints"], origin)
     device = data.get("device", {})
     device = {"preset": device} if isinstance(device, str) else device
     device = _section(device, "device", _DEVICE_KEYS, origin)
@@ -439,10 +441,29 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         inter_node=link("inter_node"),
         name=values["name"],
         backend=values["backend"],
-        sources={key: sources[key] for key in sorted(sources, key=_field_order)},
+        sources={key: sources[key] for key in sorted(sources, key=_field_order)
+                 if key != "constraints"},
         cores_per_node=values.get("cores_per_node"),
         intra_node_uncontended=optional_link("intra_node_uncontended"),
+        constraints=values.get("constraints", ()),
     )
+
+
+def _constraints(value: Any, origin: _Origin) -> tuple[str, ...]:
+    """A ``constraints:`` list of constraint texts (``autopar.constraints``), each read."""
+    from autopar.constraints import parse_constraint
+
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ClusterError(f"{origin.desc}: constraints must be a list of texts, got {value!r}",
+                           where=origin.where("constraints"),
+                           fix="write constraints: [\"tp<=4\", \"memory<=40GiB\"]")
+    for i, text in enumerate(value):
+        try:
+            parse_constraint(text)
+        except AutoparError as e:
+            raise ClusterError(f"{origin.desc}: {e.what}", where=origin.where(
+                f"constraints[{i}]"), fix=e.fix) from None
+    return tuple(value)
 
 
 def _profile_path(value: Any, origin: _Origin) -> Path:

@@ -356,6 +356,10 @@ class Cluster:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     cores_per_node: int | None = None
     intra_node_uncontended: LinkSpec | None = None
+    # What plans for this cluster must obey, as constraint texts (``autopar.constraints``;
+    # a cluster file's ``constraints:``): a policy of the site, not a fact of the hardware,
+    # so clusters compare equal without them.
+    constraints: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         _check("count", self.nodes, "nodes", "Cluster.nodes")

@@ -9,6 +9,7 @@ as JSON), so every rank raises the same error rather than waiting forever.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,12 @@ from autopar.cluster import Cluster, load_cluster
 from autopar.errors import AutoparError, RuntimeSetupError
 from autopar.graph_facts import graph_facts
 from autopar.knobs import check_keywords
-from autopar.passes import PassContext, PassManager, program_passes
+from autopar.passes import PassContext, PassManager
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
+from autopar.plugins import program_for
 from autopar.precision import TORCH_DTYPES
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.experts import expert_parameters
@@ -51,6 +53,8 @@ def parallelize(
     plan: Plan | str | Path | None = None,
     record_run: str | Path | None = None,
     loss_scale: LossScaleConfig | None = None,
+    passes: Sequence[Any] = (),
+    disable_passes: Sequence[str] = (),
     **plan_options: Any,
 ) -> ParallelModule | IdleRank:
     """This rank's part of ``model``, planned for ``cluster`` and ready to train.
@@ -68,6 +72,11 @@ def parallelize(
 
     ``loss_scale`` tunes fp16's dynamic loss scaling (``LossScaleConfig``: initial scale,
     growth and backoff factors, growth interval; ``torch.amp.GradScaler``'s defaults).
+
+    ``passes`` adds graph passes to every rank's program for this call (``GraphPass``
+    instances, or names of registered or plugin passes), placed by their ``runs_after`` /
+    ``runs_before``; installed plugin passes (entry points, :mod:`autopar.plugins`) always
+    join. ``disable_passes`` removes plugin passes or optional built-ins by name.
 
     ``record_run`` (a directory) records every training step's time and collectives there
     (``ParallelModule.record_run``), for ``autopar calibrate --from-run DIR`` to refit this
@@ -112,7 +121,8 @@ def parallelize(
     offload = plan.training.get("offload", "none")
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     local = _microbatch_graph(model, example_inputs, plan, gm)
-    program, _ = PassManager(program_passes(plan)).run(local, PassContext(plan, ctx.coords, str(ctx.device)))
+    program, _ = PassManager(program_for(plan, passes, disable_passes)).run(
+        local, PassContext(plan, ctx.coords, str(ctx.device)))
     if plan.mesh.get("pp", 1) > 1:
         runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
             wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,

@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 
 from autopar.cluster import Cluster, LinkSpec
+from autopar.constraints import SettingView
 from autopar.cost_models.comm import axis_link, collective_transfer_time, group_collective_time
 from autopar.cost_models.compute import (
     allocation_time,
@@ -40,6 +41,7 @@ from autopar.cost_models.compute import (
 )
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
+from autopar.cost_models.op_costs import OpCostQuery, op_cost_for
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.experts import regions_of
 from autopar.graph_facts import META_KEY, NodeFacts
@@ -117,6 +119,15 @@ class Setting:
     def layer_mode(self, position: int) -> str:
         """The recomputation of the ``position``-th repeated layer (in running order)."""
         return self.layer_recompute[position] if self.layer_recompute else self.recompute
+
+    @property
+    def view(self) -> SettingView:
+        """This setting as constraints see it (``autopar.constraints.SettingView``)."""
+        return SettingView(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep,
+                           zero=self.zero, microbatch=self.microbatch,
+                           microbatches=self.microbatches,
+                           schedule=self.schedule if self.pp > 1 else None,
+                           virtual=self.virtual, recompute=self.recompute)
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -480,6 +491,12 @@ class CostTables:
         flops = facts.fwd_flops * scale * work
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
+        custom = op_cost_for(facts.target)
+        if custom is not None:  # a plugin's cost (cost_models/op_costs.py)
+            fwd, bwd = custom(OpCostQuery(flops, moved, device, dtype, shape,
+                                          facts.requires_grad))
+            bwd = bwd if facts.requires_grad else 0.0
+            return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
         attention = "scaled_dot_product" in facts.target
         eff = attention_efficiency(device) if attention else 1.0
         fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff)
@@ -841,7 +858,7 @@ class CostTables:
 
     @cached_property
     def capacity(self) -> float:
-        return self.cluster.device.memory_bytes * self.options.memory_fraction
+        return self.options.capacity(self.cluster.device.memory_bytes)
 
 
 _PARAM_VIEWS = {torch.ops.aten.transpose.int, torch.ops.aten.permute.default,

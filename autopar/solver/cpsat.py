@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from autopar.constraints import Constraint, DecisionView, LayoutView
 from autopar.cost_models.comm import busy_latency, group_collective_time
 from autopar.cost_models.memory import ddp_buffer_bytes
+from autopar.graph_facts import META_KEY
 from autopar.placements import Replicate
 from autopar.solver.costs import CostTables, sharded_compute
 
@@ -140,6 +142,24 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
         memory_terms.append(_kib(tables.saved_bytes(key, q) * count * activation_scale) * sv)
 
 
+def restrict(model: cp_model.CpModel, tables: CostTables, x: list[list]) -> None:
+    """Let each constraint with a layout hook add to the model (``Constraint.restrict``)."""
+    hooked = [c for c in tables.options.constraints
+              if type(c).restrict is not Constraint.restrict]
+    if not hooked:
+        return
+    decisions = [DecisionView(
+        name=d.name, nodes=tuple(n.name for n in d.nodes),
+        module_paths=tuple(dict.fromkeys(n.meta[META_KEY].module_path for n in d.nodes)),
+        layer=d.facts.layer, op=str(d.nodes[0].target),
+        choices=tuple((str(s), lit) for s, lit in zip(d.candidates, lits)),
+        replicated=tuple(s.is_replicated for s in d.candidates))
+        for d, lits in zip(tables.problem.decisions, x)]
+    view = LayoutView(model, tables.setting.view, decisions)
+    for constraint in hooked:
+        constraint.restrict(view)
+
+
 def solve(
     tables: CostTables,
     time_limit_s: float,
@@ -187,6 +207,7 @@ def solve(
 
     for key, info in problem.values.items():
         _value_terms(model, tables, x, key, info, per_micro, memory_terms, activation_scale)
+    restrict(model, tables, x)
 
     fwd = sum(fwd_terms)
     bwd = sum(bwd_terms)
@@ -258,6 +279,7 @@ def solve(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1  # one worker: the same inputs always give the same plan
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
     solver.parameters.random_seed = 0
     # Full linearization: the joint (y) marginals then give a tight LP bound, which proves
     # optimality in well under a second where the default level searches for minutes.

@@ -107,6 +107,7 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
     started = time.perf_counter()
     status = solver.Solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -109,6 +109,9 @@ class PlanOptions:
     # gradient and optimizer shards in host memory and steps the optimizer there (FSDP2's
     # CPUOffloadPolicy). Chosen only when no plan fits in device memory without it.
     offload: tuple[str, ...] = ("none", "optimizer+params")
+    # What the plan must obey (autopar.constraints): settings they rule out are skipped,
+    # stage cuts bound the pipeline partition, a memory cap lowers the capacity.
+    constraints: tuple = ()
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "dp", "tp", "pp", "cp", "ep", "dp_replicate",
@@ -226,6 +229,13 @@ class PlanOptions:
                 where="PlanOptions.memory_fraction",
                 fix="e.g. 0.9 leaves 10% headroom",
             )
+        from autopar.constraints import Constraint
+
+        if not isinstance(self.constraints, tuple) or not all(
+                isinstance(c, Constraint) for c in self.constraints):
+            raise AutoparError(f"constraints must be a tuple of Constraint, got "
+                               f"{self.constraints!r}", where="PlanOptions.constraints",
+                               fix="parse text with autopar.constraints.parse_constraints")
         margin = self.extrapolation_margin
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                    or not math.isfinite(margin) or margin < 0):
@@ -240,3 +250,16 @@ class PlanOptions:
                 where="PlanOptions.time_limit_s",
                 fix="e.g. 20",
             )
+
+    def capacity(self, device_memory_bytes: float) -> float:
+        """Bytes a plan may fill on one device: ``memory_fraction`` of it, or less under a
+        memory cap constraint."""
+        from autopar.constraints import memory_cap
+
+        cap = memory_cap(self.constraints)
+        usable = device_memory_bytes * self.memory_fraction
+        return min(usable, cap.bytes) if cap else usable
+
+    def allows(self, setting) -> bool:
+        """Whether every constraint allows ``setting`` (an ``autopar.constraints.SettingView``)."""
+        return all(c.allows(setting) for c in self.constraints)

@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
+from autopar import progress
 from autopar.cluster import Cluster
+from autopar.constraints import memory_cap, stage_cuts
 from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.context_parallel import CP_ALGORITHMS
 from autopar.cost_models.ground import load_ground
@@ -96,6 +98,14 @@ class Candidate:
         return out
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a search, carrying the best (step, ..., batch) tuple found so far."""
+
+    def __init__(self, best: tuple | None):
+        super().__init__()
+        self.best = best
+
+
 @dataclass
 class SearchResult:
     best: Candidate
@@ -106,6 +116,7 @@ class SearchResult:
     wall_s: float
     couplings: tuple[Coupling, ...] = ()  # ops coupling the batch (batch_coupling)
     budget: SolveBudget | None = None
+    interrupted: bool = False  # stopped by Ctrl-C: the best plan so far
 
 
 @dataclass
@@ -152,8 +163,20 @@ def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
                     continue
                 if options.pp is not None and pp != options.pp:
                     continue
+                if not _mesh_allowed(options, pp, dp, cp, tp):
+                    continue
                 shapes.append((pp, dp, cp, tp))
     return sorted(shapes)
+
+
+def _mesh_allowed(options: PlanOptions, pp: int, dp: int, cp: int, tp: int) -> bool:
+    """Whether the mesh constraints (degrees and device budgets, which see nothing else)
+    allow a mesh; the others are checked on each whole setting."""
+    from autopar.constraints import Degree, DeviceBudget, SettingView
+
+    view = SettingView(dp=dp, tp=tp, pp=pp, cp=cp)
+    return all(c.allows(view) for c in options.constraints
+               if isinstance(c, DeviceBudget) or (isinstance(c, Degree) and c.axis != "ep"))
 
 
 def _cp_degrees(n: int, options: PlanOptions, seq_len: int | None) -> list[int]:
@@ -222,74 +245,81 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
         if not long and best is None:
             yield from (s for s in shapes if s[2] > 1)
 
-    for pp, dp, cp, tp in ordered():
-        if global_batch % dp:
-            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
-                                        f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
-            continue
-        if cp not in refusals:  # the same for every mesh with this cp
-            refusals[cp] = cp_refusal(gm, cp, options.cp_layout, facts.seq_len,
-                                      options.fuse_attention)
-        coupled = coupling_refusal(couplings, dp, 1)
-        if coupled:
-            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
-                                        f"SKIPPED({coupled})"))
-            continue
-        refusal = refusals[cp]
-        if refusal:
-            candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
-                                        f"SKIPPED(cp={cp}: {refusal})"))
-            continue
-        local = global_batch // dp
+    interrupted = False  # Ctrl-C: the best plan so far, said to be one
+    try:
+        for pp, dp, cp, tp in ordered():
+            if global_batch % dp:
+                candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
+                                            f"SKIPPED(global batch {global_batch} not divisible by dp={dp})"))
+                continue
+            if cp not in refusals:  # the same for every mesh with this cp
+                refusals[cp] = cp_refusal(gm, cp, options.cp_layout, facts.seq_len,
+                                          options.fuse_attention)
+            coupled = coupling_refusal(couplings, dp, 1)
+            if coupled:
+                candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
+                                            f"SKIPPED({coupled})"))
+                continue
+            refusal = refusals[cp]
+            if refusal:
+                candidates.append(Candidate(Setting(dp, tp, 0, 0, 0, pp=pp, cp=cp),
+                                            f"SKIPPED(cp={cp}: {refusal})"))
+                continue
+            local = global_batch // dp
 
-        def problem_for(microbatch: int, tp: int = tp) -> tuple[Problem, dict]:
-            """The tp decisions for one microbatch size: splitting the batch over tp needs
-            a microbatch that tp divides (problems are shared by the sizes that allow it)."""
-            splits_batch = options.tp_splits_batch and microbatch % tp == 0
-            key = (tp, splits_batch)  # shared by every dp and pp
-            if key not in problems:
-                if not skeleton:
-                    skeleton.append(problem_skeleton(gm))
-                problem = fusion.apply(build_problem(gm, tp, batch, skeleton[0]))
-                if not splits_batch and tp > 1:
-                    forbid_splitting_batch(problem, traced)
-                if adjust is not None:
-                    adjust(problem)
-                problems[key] = (problem, batch)
-            return problems[key]
+            def problem_for(microbatch: int, tp: int = tp) -> tuple[Problem, dict]:
+                """The tp decisions for one microbatch size: splitting the batch over tp needs
+                a microbatch that tp divides (problems are shared by the sizes that allow it)."""
+                splits_batch = options.tp_splits_batch and microbatch % tp == 0
+                key = (tp, splits_batch)  # shared by every dp and pp
+                if key not in problems:
+                    if not skeleton:
+                        skeleton.append(problem_skeleton(gm))
+                    problem = fusion.apply(build_problem(gm, tp, batch, skeleton[0]))
+                    if not splits_batch and tp > 1:
+                        forbid_splitting_batch(problem, traced)
+                    if adjust is not None:
+                        adjust(problem)
+                    problems[key] = (problem, batch)
+                return problems[key]
 
-        problem = problem_for(local)[0]
-        # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
-        offload = options.offload[0] if len(options.offload) == 1 else "none"
-        for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
-            if dp * cp == 1 and zero > 0:
-                continue  # ZeRO shards over data parallelism; nothing to shard
-            if offload != "none" and (zero != 3 or dp * cp == 1):
-                continue  # FSDP2 offloads ZeRO-3's shards
-            for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
-                for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
-                                     cluster.devices_per_node):
-                    # HSDP after full sharding: it reuses that layout (_reusable)
-                    replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
-                                                 cluster.devices_per_node)
-                    if not replicas:
-                        candidates.append(Candidate(
-                            Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp, ep=ep),
-                            f"SKIPPED(dp_replicate={options.dp_replicate} does not run with "
-                            f"dp={dp}, ZeRO-{zero}{', ep' if ep > 1 else ''})"))
-                    for replicate in replicas:
-                        base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
-                                       cp_algorithm="auto" if cp > 1 else "none",
-                                       cp_layout=options.cp_layout, ep=ep, offload=offload,
-                                       dp_replicate=replicate)
-                        best = _search_microbatches(
-                            problem_for, cluster, options, candidates, best, facts, traced,
-                            local, base, n_layers, layouts, couplings, budget,
-                        )
+            problem = problem_for(local)[0]
+            # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
+            offload = options.offload[0] if len(options.offload) == 1 else "none"
+            for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
+                if dp * cp == 1 and zero > 0:
+                    continue  # ZeRO shards over data parallelism; nothing to shard
+                if offload != "none" and (zero != 3 or dp * cp == 1):
+                    continue  # FSDP2 offloads ZeRO-3's shards
+                for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
+                    for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
+                                         cluster.devices_per_node):
+                        # HSDP after full sharding: it reuses that layout (_reusable)
+                        replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
+                                                     cluster.devices_per_node)
+                        if not replicas:
+                            candidates.append(Candidate(
+                                Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp, ep=ep),
+                                f"SKIPPED(dp_replicate={options.dp_replicate} does not run with "
+                                f"dp={dp}, ZeRO-{zero}{', ep' if ep > 1 else ''})"))
+                        for replicate in replicas:
+                            base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
+                                           cp_algorithm="auto" if cp > 1 else "none",
+                                           cp_layout=options.cp_layout, ep=ep, offload=offload,
+                                           dp_replicate=replicate)
+                            best = _search_microbatches(
+                                problem_for, cluster, options, candidates, best, facts, traced,
+                                local, base, n_layers, layouts, couplings, budget,
+                            )
+    except KeyboardInterrupt as stop:
+        best = getattr(stop, "best", None) or best
+        if best is None:
+            raise KeyboardInterrupt from None
+        interrupted = True
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,
-                        time.perf_counter() - started, tuple(found), budget)
+                        time.perf_counter() - started, tuple(found), budget, interrupted)
 
 
 def check_cp(gm: fx.GraphModule, options: PlanOptions, seq_len: int | None) -> None:
@@ -388,104 +418,136 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
     previous = None  # step time at the next larger microbatch that fitted
     hint = None
     pp = base.pp
-    for mb in _microbatch_sizes(options, local, traced):
-        setting = replace(base, microbatch=mb, microbatches=local // mb)
-        if local % mb:
-            candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
-            continue
-        m = local // mb
-        if base.zero == 1 and m == 1 and 2 in options.zero:
-            # one microbatch: stage 1 moves what stage 2 moves and keeps whole gradients
-            candidates.append(Candidate(setting, "SKIPPED(ZeRO-1 with one microbatch: "
-                                                 "ZeRO-2's communication, more memory)"))
-            continue
-        coupled = coupling_refusal(list(couplings), base.dp, m)
-        if coupled:
-            candidates.append(Candidate(setting, f"SKIPPED({coupled})"))
-            continue
-        # Fewer microbatches than stages only where the batch is coupled (the exact
-        # statistic needs one microbatch per rank) or GPipe is pinned: otherwise a pipeline
-        # that idles is never worth pricing.
-        if pp > 1 and m < pp and not couplings and options.schedule != "gpipe":
-            candidates.append(Candidate(setting, f"SKIPPED({m} microbatches cannot fill {pp} stages)"))
-            continue
-        variants = pipeline_variants(options, pp, m, n_layers)
-        if not variants:
-            candidates.append(Candidate(setting, "SKIPPED(no pipeline schedule fits)"))
-            continue
-        problem, batch = problem_for(mb)
-        if hint is not None and hint[0] is not problem:
-            hint = None  # candidate indices of another problem
-        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-        if setting.cp_algorithm == "auto":
-            costs = algorithm_costs(tables, _cp_algorithms(options))
-            algorithm = cheapest(costs)
-            if algorithm is None:
-                candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
-                                            + "; ".join(map(str, costs.values())) + ")"))
+    try:
+        for mb in _microbatch_sizes(options, local, traced):
+            setting = replace(base, microbatch=mb, microbatches=local // mb)
+            progress.current().update(f"{cluster.world_size} devices: solving "
+                                      f"{setting_text(setting)}", _best_text(best))
+            if local % mb:
+                candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
                 continue
-            setting = replace(setting, cp_algorithm=algorithm)
+            m = local // mb
+            if base.zero == 1 and m == 1 and 2 in options.zero:
+                # one microbatch: stage 1 moves what stage 2 moves and keeps whole gradients
+                candidates.append(Candidate(setting, "SKIPPED(ZeRO-1 with one microbatch: "
+                                                     "ZeRO-2's communication, more memory)"))
+                continue
+            coupled = coupling_refusal(list(couplings), base.dp, m)
+            if coupled:
+                candidates.append(Candidate(setting, f"SKIPPED({coupled})"))
+                continue
+            # Fewer microbatches than stages only where the batch is coupled (the exact
+            # statistic needs one microbatch per rank) or GPipe is pinned: otherwise a pipeline
+            # that idles is never worth pricing.
+            if pp > 1 and m < pp and not couplings and options.schedule != "gpipe":
+                candidates.append(Candidate(setting, f"SKIPPED({m} microbatches cannot fill {pp} stages)"))
+                continue
+            variants = pipeline_variants(options, pp, m, n_layers)
+            if not variants:
+                candidates.append(Candidate(setting, "SKIPPED(no pipeline schedule fits)"))
+                continue
+            if options.constraints:
+                refused = [c for c in options.constraints
+                           if not any(c.allows(replace(setting, schedule=s, virtual=v).view)
+                                      for s, v in variants)]
+                variants = [(s, v) for s, v in variants
+                            if options.allows(replace(setting, schedule=s, virtual=v).view)]
+                if not variants:
+                    candidates.append(Candidate(setting, "SKIPPED(constraint "
+                                                + ", ".join(map(str, refused or options.constraints))
+                                                + ")"))
+                    continue
+            problem, batch = problem_for(mb)
+            if hint is not None and hint[0] is not problem:
+                hint = None  # candidate indices of another problem
             tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-        flight = min(m, pp)  # 1F1B's first stage
-        memory_floor, time_floor = lower_bounds(tables, 1 / pp, flight / pp)
-        if memory_floor > tables.capacity:
-            candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
-            continue
-        if best is not None and _mixing(options, setting) and options.recompute_layers is None:
-            # a mix recomputes only some layers: its floor is the one that keeps everything
-            keep_all = replace(setting, recompute="none")
-            time_floor = lower_bounds(CostTables(problem, cluster, options, keep_all, traced,
-                                                 facts.seq_len), 1 / pp, flight / pp)[1]
-        if best is not None and time_floor / pp * (1 + _least_idle(variants, pp, m)) >= best[0]:
-            candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
-            break
-        # The tp layout solved for the same problem, recomputation, microbatch and ZeRO
-        # stage on another (pp, dp) mesh is tried first: it rarely changes with them (they
-        # scale memory and data-parallel traffic), and evaluating it is far cheaper than a
-        # solve. Only when it does not fit is the layout solved for this mesh.
-        reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.grad_group > 1,
-                     setting.cp, setting.cp_algorithm)
-        uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
-        fastest = None
-        if uniform:
-            # ZeRO-1/2 also try the layouts solved for stages 0 and 3 (searched first): the
-            # stage scales memory and data-parallel traffic, not which op is split how
-            for key in _reusable(reuse_key, setting.zero):
-                fastest, best = _try_layout(layouts.get(key), tables, setting, variants,
-                                            cluster, candidates, best, problem, batch,
-                                            reused=True)
-                if fastest is not None:
-                    break
-        if fastest is None and (uniform or reuse_key not in layouts):
-            if budget is not None and not budget.allows():
-                candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
-                                            "CP-SAT solves spent; no solved layout fits)"))
+            if setting.cp_algorithm == "auto":
+                costs = algorithm_costs(tables, _cp_algorithms(options))
+                algorithm = cheapest(costs)
+                if algorithm is None:
+                    candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
+                                                + "; ".join(map(str, costs.values())) + ")"))
+                    continue
+                setting = replace(setting, cp_algorithm=algorithm)
+                tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+            flight = min(m, pp)  # 1F1B's first stage
+            memory_floor, time_floor = lower_bounds(tables, 1 / pp, flight / pp)
+            if memory_floor > tables.capacity:
+                candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
                 continue
-            result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
-                           activation_scale=flight / pp)
-            if result.choice is None:
-                candidates.append(Candidate(setting, result.status, wall_s=result.wall_s,
-                                            solves=(result.stats(),)))
-                continue
-            hint = (problem, result.choice)
-            layouts[reuse_key] = result
+            if best is not None and _mixing(options, setting) and options.recompute_layers is None:
+                # a mix recomputes only some layers: its floor is the one that keeps everything
+                keep_all = replace(setting, recompute="none")
+                time_floor = lower_bounds(CostTables(problem, cluster, options, keep_all, traced,
+                                                     facts.seq_len), 1 / pp, flight / pp)[1]
+            if best is not None and time_floor / pp * (1 + _least_idle(variants, pp, m)) >= best[0]:
+                candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
+                break
+            # The tp layout solved for the same problem, recomputation, microbatch and ZeRO
+            # stage on another (pp, dp) mesh is tried first: it rarely changes with them (they
+            # scale memory and data-parallel traffic), and evaluating it is far cheaper than a
+            # solve. Only when it does not fit is the layout solved for this mesh.
+            reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.grad_group > 1,
+                         setting.cp, setting.cp_algorithm)
+            uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
+            fastest = None
             if uniform:
-                fastest, best = _try_layout(result, tables, setting, variants, cluster,
-                                            candidates, best, problem, batch)
-        if _mixing(options, setting):
-            step, best = _try_mixed(layouts.get(reuse_key), tables, setting, variants, cluster,
-                                    candidates, best, problem, batch)
-            if step is not None:
-                fastest = step if fastest is None else min(fastest, step)
-        if fastest is None or fastest == math.inf:
-            continue  # nothing fits, or nothing here can beat the best plan so far
-        # Larger microbatches amortize per-microbatch costs, but near the memory limit they
-        # force leaner, slower strategies (and with pipelines fewer microbatches mean more
-        # bubble): keep halving while it helps.
-        if previous is not None and fastest >= previous:
-            break
-        previous = fastest
+                # ZeRO-1/2 also try the layouts solved for stages 0 and 3 (searched first): the
+                # stage scales memory and data-parallel traffic, not which op is split how
+                for key in _reusable(reuse_key, setting.zero):
+                    fastest, best = _try_layout(layouts.get(key), tables, setting, variants,
+                                                cluster, candidates, best, problem, batch,
+                                                reused=True)
+                    if fastest is not None:
+                        break
+            if fastest is None and (uniform or reuse_key not in layouts):
+                if budget is not None and not budget.allows():
+                    candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
+                                                "CP-SAT solves spent; no solved layout fits)"))
+                    continue
+                result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
+                               activation_scale=flight / pp)
+                if result.choice is None:
+                    candidates.append(Candidate(setting, result.status, wall_s=result.wall_s,
+                                                solves=(result.stats(),)))
+                    continue
+                hint = (problem, result.choice)
+                layouts[reuse_key] = result
+                if uniform:
+                    fastest, best = _try_layout(result, tables, setting, variants, cluster,
+                                                candidates, best, problem, batch)
+            if _mixing(options, setting):
+                step, best = _try_mixed(layouts.get(reuse_key), tables, setting, variants, cluster,
+                                        candidates, best, problem, batch)
+                if step is not None:
+                    fastest = step if fastest is None else min(fastest, step)
+            if fastest is None or fastest == math.inf:
+                continue  # nothing fits, or nothing here can beat the best plan so far
+            # Larger microbatches amortize per-microbatch costs, but near the memory limit they
+            # force leaner, slower strategies (and with pipelines fewer microbatches mean more
+            # bubble): keep halving while it helps.
+            if previous is not None and fastest >= previous:
+                break
+            previous = fastest
+    except KeyboardInterrupt:  # Ctrl-C: the search keeps the best plan found so far
+        raise SearchInterrupted(best) from None
     return best
+
+
+def setting_text(s: Setting) -> str:
+    """A setting in a few words, for the progress display: ``pp=2 dp=64 tp=8 ZeRO-1
+    microbatch 1 x 16 recompute full``."""
+    mesh = " ".join(f"{a}={n}" for a, n in s.mesh.items())
+    return (f"{mesh} ZeRO-{s.zero} microbatch {s.microbatch} x {s.microbatches} "
+            f"recompute {s.recompute}")
+
+
+def _best_text(best: tuple | None) -> str | None:
+    if best is None or best[5].prediction is None:
+        return None
+    cand = best[5]
+    return (f"{cand.prediction.step_time_s * 1e3:.4g} ms per step (modelled), "
+            f"{setting_text(cand.setting)}")
 
 
 def _reusable(key: tuple, zero: int) -> list[tuple]:
@@ -518,7 +580,10 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
-            cut = balance(load, pp, schedule, virtual, m, tables.capacity)
+            cuts = stage_cuts(tables.options.constraints)
+            cut = balance(load, pp, schedule, virtual, m, tables.capacity, cuts)
+            if cut is None and cuts:
+                continue  # no partition has the required stage boundaries and fits
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
         cand = Candidate(variant, status, choice=result.choice, wall_s=wall,
                          solves=(_layout_stats(result, reused),))
@@ -590,8 +655,11 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
             units = compose_units(by_mode, pinned) if pinned else by_mode[setting.recompute]
             load = stage_load(units, axis_link(cluster, setting.mesh, "pp"),
                               busy_latency(cluster, setting.mesh, "pp"))
-            variant = replace(variant, partition=balance(load, pp, schedule, virtual, m,
-                                                         tables.capacity))
+            cuts = stage_cuts(options.constraints)
+            cut = balance(load, pp, schedule, virtual, m, tables.capacity, cuts)
+            if cut is None and cuts:
+                continue
+            variant = replace(variant, partition=cut)
         solves = [_layout_stats(result, reused=True)]  # solved for the uniform setting
         if pinned:
             mixed = with_modes(variant, pinned)
@@ -723,7 +791,7 @@ def no_plan_error(
             fix="; ".join(dict.fromkeys(c.fix for c in by_reason)),
         )
     low = lowest_memory(gm, cluster, options)
-    capacity = cluster.device.memory_bytes * options.memory_fraction
+    capacity = options.capacity(cluster.device.memory_bytes)
     if low is None or low[1].total <= capacity:
         reasons = "; ".join(sorted({c.status for c in candidates})) or "none was tried"
         return NoFeasiblePlanError(
@@ -743,7 +811,9 @@ def no_plan_error(
         + (f"cp={setting.cp}, " if setting.cp > 1 else "") + f"tp={setting.tp}, ZeRO-{setting.zero}, recompute {setting.recompute}, microbatch "
         f"{setting.microbatch}: {parts}), "
         f"{format_bytes(memory.total - capacity)} more than the {format_bytes(capacity)} usable "
-        f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})",
+        + (f"(the constraint {memory_cap(options.constraints)})"
+           if capacity < cluster.device.memory_bytes * options.memory_fraction else
+           f"({options.memory_fraction:.0%} of {format_bytes(cluster.device.memory_bytes)})"),
         where=f"cluster {cluster.name}",
         fix="use more or larger devices"
         + ("" if 3 in options.zero else ", allow ZeRO-3 (zero=(0, 3))")
@@ -776,10 +846,17 @@ def lowest_memory(
 ) -> tuple[Setting, MemoryBreakdown] | None:
     """The setting and breakdown of the least-memory plan: each mesh at microbatch 1 with
     the highest allowed ZeRO stage, every decision at its least-memory strategy."""
+    floors = mesh_memory_floors(gm, cluster, options)
+    return min(floors, key=lambda f: f[1].total) if floors else None
+
+
+def mesh_memory_floors(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions
+                       ) -> list[tuple[Setting, MemoryBreakdown]]:
+    """Per mesh, the least memory a plan on it needs (:func:`lowest_memory`'s setting)."""
     facts = graph_facts(gm)
     traced = facts.batch_size or 1
     global_batch = options.global_batch or traced
-    low = None
+    floors: list[tuple[Setting, MemoryBreakdown]] = []
     recompute = "full" if "full" in options.recompute else options.recompute[0]
     batch = batch_strategies(gm, traced)
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
@@ -804,7 +881,5 @@ def lowest_memory(
                 + tables.activation_memory(d, d.candidates[i]))
             for d in problem.decisions
         ]
-        memory = evaluate(tables, choice).memory
-        if low is None or memory.total < low[1].total:
-            low = (setting, memory)
-    return low
+        floors.append((setting, evaluate(tables, choice).memory))
+    return floors

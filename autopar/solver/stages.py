@@ -85,18 +85,25 @@ def _prefix(values: tuple[float, ...]) -> list[float]:
 
 
 def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches: int,
-            capacity: float) -> tuple[int, ...] | None:
+            capacity: float, cuts: frozenset[int] = frozenset()) -> tuple[int, ...] | None:
     """Layer counts per chunk minimizing the slowest chunk's time, each chunk at least one
     layer; with one chunk per rank every stage's memory (states plus its in-flight
-    activations) must also fit ``capacity``. None when no cut fits.
+    activations) must also fit ``capacity``. ``cuts`` are layer counts at which a chunk
+    must end (a constraint's stage boundaries). None when no cut fits.
 
     Greedy filling of each chunk as far as a time bound allows is optimal for a bound (the
-    constraints only tighten as a chunk grows), so bisection on the bound finds the best.
+    constraints only tighten as a chunk grows, and a chunk never crosses a required
+    boundary), so bisection on the bound finds the best.
     """
     n = len(load.layer_time)
     chunks = pp * virtual
-    if n < chunks:
+    if n < chunks or any(not 0 < c < n for c in cuts) or len(cuts) > chunks - 1:
         return None
+    boundaries = sorted(cuts)
+
+    def next_cut(start: int) -> int:
+        """The furthest a chunk starting at ``start`` may reach."""
+        return next((c for c in boundaries if c > start), n)
     times, states, acts = (_prefix(load.layer_time), _prefix(load.layer_state),
                            _prefix(load.layer_act))
     one_per_rank = virtual == 1 and schedule_name(schedule) != "zb_v"
@@ -121,12 +128,13 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
         counts, start = [], 0
         for k in range(chunks):
             if k == chunks - 1:
-                if not fits(k, start, n, bound):
+                if next_cut(start) < n or not fits(k, start, n, bound):
                     return None
                 counts.append(n - start)
                 break
             lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
-            if not fits(k, start, lo, bound):
+            hi = min(hi, next_cut(start))
+            if lo > hi or not fits(k, start, lo, bound):
                 return None
             while lo < hi:  # the furthest end that fits
                 mid = (lo + hi + 1) // 2
@@ -175,6 +183,8 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     while improved:
         improved = False
         for k in range(chunks - 1):
+            if sum(counts[:k + 1]) in cuts:
+                continue  # a required boundary stays where it is
             for step in (1, -1):  # one layer from chunk k+1 to k, or back
                 moved = list(counts)
                 moved[k] += step

@@ -147,6 +147,7 @@ def make_plan(
             "nodes": len(strategies),
             "candidates": [c.summary() for c in result.candidates],
             **optimality(best.solves),
+            **({"interrupted": True} if result.interrupted else {}),
             **({"solves": result.budget.used, "max_solves": result.budget.limit,
                 "budget_reached": result.budget.reached} if result.budget else {}),
         },
@@ -159,6 +160,7 @@ def make_plan(
         precision_policy=precision.policy(),
         batch_coupled=[c.to_json(splits_exactly([c], setting.dp, setting.microbatches))
                        for c in result.couplings],
+        constraints=[str(c) for c in options.constraints],
     )
 
 

@@ -32,7 +32,7 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
-MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer")
+MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -146,6 +146,7 @@ def run_case(case: dict) -> dict:
             "microbatches": plan.batch["microbatches"], "recompute": plan.training["recompute"],
             "recompute_layers": plan.training.get("recompute_layers"),
             "checkpointed": pm.code.count("checkpointed("), "layer_span": _layer_span(pm),
+            "code_counts": {w: pm.code.count(w) for w in case.get("count_in_code", [])},
             "schedule": plan.pipeline.get("schedule"),
             "virtual_stages": plan.pipeline.get("virtual_stages"),
             "losses": losses, "reference": ref_losses, "grad_digest": digest.hexdigest(),

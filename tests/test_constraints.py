@@ -170,3 +170,12 @@ def test_a_pinned_degree_in_conflict_is_named_as_a_pin() -> None:
     model, batch = _gpt()
     with pytest.raises(NoFeasiblePlanError, match=r"tp>=2 and tp=1 \(pinned\)"):
         autopar.plan(model, FAST, batch, tp=1, constraints=["tp>=2"])
+
+
+def test_a_module_dtype_constraint_sets_its_precision() -> None:
+    model, batch = _gpt(layers=2)
+    plan = autopar.plan(model, "8xA100-80GB", batch, constraints=["dtype lm_head=fp32"])
+    assert plan.training["precision"] == "bf16"
+    assert plan.precision_policy["overrides"] == {"lm_head": "fp32"}
+    (head,) = plan.precision_policy["kept_fp32"]["override"]  # the lm_head's linear
+    assert plan.precision[head] == "fp32"

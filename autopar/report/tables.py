@@ -58,6 +58,13 @@ def summary_table(plan: Plan, run: RunSteps | None) -> str:
     rows.append(("solver", f"{s.get('status', '')} in "
                  f"{format_seconds(float(s.get('wall_s', 0.0)))}, "
                  f"{len(s.get('candidates', []))} candidates considered", "measured"))
+    for solve in s.get("plan_solves", []):
+        gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
+        again = " (reused)" if solve.get("reused") else ""
+        rows.append((f"{solve['what']} solve", f"{solve['outcome']}{gap}{again}",
+                     "CP-SAT, within the model"))
+    if s.get("interrupted"):
+        rows.append(("search", "interrupted (Ctrl-C): the best plan found so far", "measured"))
     if run is not None:
         err = run.median_s / run.predicted_s - 1 if run.predicted_s else 0.0
         rows.append(("step time, run", f"{format_seconds(run.median_s)} median past the "

@@ -255,8 +255,8 @@ class ModuleDtype(Constraint):
 
 
 def _in_module(path: str, module: str) -> bool:
-    return path == module or path.startswith(module + ".") or f".{module}." in f".{path}." \
-        or path.endswith("." + module)
+    """Whether ``module`` is ``path`` or a part of it between dots."""
+    return f".{module}." in f".{path}."
 
 
 def _positive(value: Any, where: str) -> None:

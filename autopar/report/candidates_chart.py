@@ -6,7 +6,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from autopar.report.charts import GIB, TEMPLATE, title_of
-from autopar.report.facts import Candidates, setting_text
+from autopar.report.facts import Candidates
+from autopar.solver.search import setting_text
 from autopar.units import format_bytes, format_seconds
 
 

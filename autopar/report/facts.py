@@ -83,19 +83,6 @@ class Candidates:
     total: int = 0
 
 
-def setting_text(c: dict[str, Any]) -> str:
-    """A candidate's setting in a few words: ``pp=2 dp=8 tp=1 ZeRO-3 8x8 1f1b``."""
-    words = [f"{k}={c[k]}" for k in ("pp", "dp", "tp", "ep", "dp_replicate") if k in c]
-    words.append(f"ZeRO-{c.get('zero', 0)}")
-    words.append(f"microbatch {c.get('microbatch')} x {c.get('microbatches')}")
-    if c.get("recompute", "none") != "none":
-        words.append(f"recompute {c['recompute']}")
-    if c.get("pp", 1) > 1 and c.get("schedule"):
-        v = c.get("virtual", 1)
-        words.append(c["schedule"] + (f" v={v}" if v and v > 1 else ""))
-    return " ".join(words)
-
-
 def _plan_setting(plan: Plan) -> dict[str, Any]:
     mesh, pipe = plan.mesh, plan.pipeline
     want = {"pp": mesh.get("pp", 1), "dp": mesh.get("dp", 1), "tp": mesh.get("tp", 1),

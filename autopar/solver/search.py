@@ -422,7 +422,8 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
         for mb in _microbatch_sizes(options, local, traced):
             setting = replace(base, microbatch=mb, microbatches=local // mb)
             progress.current().update(f"{cluster.world_size} devices: solving "
-                                      f"{setting_text(setting)}", _best_text(best))
+                                      f"{setting_text(Candidate(setting, '').summary())}",
+                                      _best_text(best))
             if local % mb:
                 candidates.append(Candidate(setting, f"SKIPPED(microbatch {mb} does not divide {local})"))
                 continue
@@ -447,16 +448,15 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                 candidates.append(Candidate(setting, "SKIPPED(no pipeline schedule fits)"))
                 continue
             if options.constraints:
-                refused = [c for c in options.constraints
-                           if not any(c.allows(replace(setting, schedule=s, virtual=v).view)
-                                      for s, v in variants)]
-                variants = [(s, v) for s, v in variants
-                            if options.allows(replace(setting, schedule=s, virtual=v).view)]
-                if not variants:
-                    candidates.append(Candidate(setting, "SKIPPED(constraint "
-                                                + ", ".join(map(str, refused or options.constraints))
-                                                + ")"))
+                views = [replace(setting, schedule=s, virtual=v).view for s, v in variants]
+                allowed = [options.allows(view) for view in views]
+                if not any(allowed):
+                    refused = [c for c in options.constraints
+                               if not any(c.allows(view) for view in views)]
+                    candidates.append(Candidate(setting, "SKIPPED(constraint " + ", ".join(
+                        map(str, refused or options.constraints)) + ")"))
                     continue
+                variants = [v for v, ok in zip(variants, allowed) if ok]
             problem, batch = problem_for(mb)
             if hint is not None and hint[0] is not problem:
                 hint = None  # candidate indices of another problem
@@ -534,12 +534,18 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
     return best
 
 
-def setting_text(s: Setting) -> str:
-    """A setting in a few words, for the progress display: ``pp=2 dp=64 tp=8 ZeRO-1
-    microbatch 1 x 16 recompute full``."""
-    mesh = " ".join(f"{a}={n}" for a, n in s.mesh.items())
-    return (f"{mesh} ZeRO-{s.zero} microbatch {s.microbatch} x {s.microbatches} "
-            f"recompute {s.recompute}")
+def setting_text(c: dict) -> str:
+    """A candidate's setting (``Candidate.summary()``, or a plan JSON's candidate) in a few
+    words: ``pp=2 dp=8 tp=1 ZeRO-3 microbatch 8 x 8 1f1b``."""
+    words = [f"{k}={c[k]}" for k in ("pp", "dp", "tp", "ep", "dp_replicate") if k in c]
+    words.append(f"ZeRO-{c.get('zero', 0)}")
+    words.append(f"microbatch {c.get('microbatch')} x {c.get('microbatches')}")
+    if c.get("recompute", "none") != "none":
+        words.append(f"recompute {c['recompute']}")
+    if c.get("pp", 1) > 1 and c.get("schedule"):
+        v = c.get("virtual", 1)
+        words.append(c["schedule"] + (f" v={v}" if v and v > 1 else ""))
+    return " ".join(words)
 
 
 def _best_text(best: tuple | None) -> str | None:
@@ -547,7 +553,7 @@ def _best_text(best: tuple | None) -> str | None:
         return None
     cand = best[5]
     return (f"{cand.prediction.step_time_s * 1e3:.4g} ms per step (modelled), "
-            f"{setting_text(cand.setting)}")
+            f"{setting_text(cand.summary())}")
 
 
 def _reusable(key: tuple, zero: int) -> list[tuple]:
@@ -566,7 +572,7 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
     beat the best plan so far, or None when none fits; best so far)."""
     if result is None or result.choice is None:
         return None, best
-    pp, m = setting.pp, setting.microbatches
+    pp = setting.pp
     units = _units(tables, result.choice)
     load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None,
                       busy_latency(cluster, setting.mesh, "pp"))
@@ -580,10 +586,9 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
-            cuts = stage_cuts(tables.options.constraints)
-            cut = balance(load, pp, schedule, virtual, m, tables.capacity, cuts)
-            if cut is None and cuts:
-                continue  # no partition has the required stage boundaries and fits
+            cut = _cut(load, variant, tables)
+            if cut is False:
+                continue
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
         cand = Candidate(variant, status, choice=result.choice, wall_s=wall,
                          solves=(_layout_stats(result, reused),))
@@ -609,6 +614,15 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
 def _layout_stats(result: SolveResult, reused: bool) -> dict:
     """The layout solve's figures, marked when this candidate reuses it."""
     return {**result.stats(), "reused": True} if reused else result.stats()
+
+
+def _cut(load, variant: Setting, tables: CostTables) -> tuple[int, ...] | None | bool:
+    """``variant``'s balanced stage cut (None: none fits, equal counts are priced); False
+    when the constraints require stage boundaries and no cut with them fits."""
+    cuts = stage_cuts(tables.options.constraints)
+    cut = balance(load, variant.pp, variant.schedule, variant.virtual, variant.microbatches,
+                  tables.capacity, cuts)
+    return False if cut is None and cuts else cut
 
 
 def _mixing(options: PlanOptions, setting: Setting) -> bool:
@@ -643,7 +657,7 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
             problem, cluster, options, replace(setting, recompute=mode), tables.traced_batch,
             tables.seq_len)
         by_mode[mode] = _units(t, result.choice)
-    pp, m = setting.pp, setting.microbatches
+    pp = setting.pp
     fastest = None
     keep_work = 0.0 if pinned else _work(by_mode["none"])
     for schedule, virtual in variants:
@@ -655,9 +669,8 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
             units = compose_units(by_mode, pinned) if pinned else by_mode[setting.recompute]
             load = stage_load(units, axis_link(cluster, setting.mesh, "pp"),
                               busy_latency(cluster, setting.mesh, "pp"))
-            cuts = stage_cuts(options.constraints)
-            cut = balance(load, pp, schedule, virtual, m, tables.capacity, cuts)
-            if cut is None and cuts:
+            cut = _cut(load, variant, tables)
+            if cut is False:
                 continue
             variant = replace(variant, partition=cut)
         solves = [_layout_stats(result, reused=True)]  # solved for the uniform setting

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from autopar.cluster import load_cluster
+from autopar.cluster.presets import HOPPER_NATIVE_ATTENTION_EFFICIENCY
 from autopar.cost_models.memory import REPORT_FRAGMENTATION
 from autopar.graph_facts import graph_facts
 from autopar.models import resolve_model
@@ -69,6 +70,17 @@ _MEGATRON_CORE = {
     # recipes run (``use_distributed_optimizer=True`` / ``distributed_fused_adam``), and
     # the model computes with 16-bit parameters (Float16Module); the tables print neither.
     "zero": "1", "master_weights": "optimizer",
+    # NeMo's LLM pretraining recipes run one sequence per microbatch
+    # (``micro_batch_size=1``; the performance summary's MBS column for Llama 2/3) and
+    # accumulate the rest; a table that prints no MBS ran the recipe's.
+    "micro_batch": "1",
+    # NeMo's throughput callback counts model FLOPs by ``nemo/utils/flops_formulas.py``
+    # (``llama2``/``llama3``/``gpt3``): full (non-causal) attention, 12·s·h per token and
+    # layer, and the logits; a TFLOPS column is that count over the measured step time.
+    "flops": "nemo",
+    # Megatron-Core's attention is Transformer Engine's, which runs cuDNN's fused attention
+    # on Hopper (FlashAttention-2 is an Ampere kernel): a Hopper-native kernel.
+    "attention": "hopper-native",
 }
 FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
                       "megatron_bridge_perf_h100": _MEGATRON_CORE,
@@ -159,6 +171,8 @@ def expressible(row: dict) -> str:
     unit = (row.get("throughput_unit") or "").lower()
     if "token" not in unit and "tflop" not in unit:
         return f"throughput unit {row.get('throughput_unit')!r}"
+    if not any(row.get(k) for k in ("tp", "pp", "dp", "zero_stage")):
+        return "parallel layout not stated by the source"
     for key in ("layers", "hidden", "heads", "vocab", "seq_len", "gpus", "global_batch"):
         if _num(row, key) is None:
             return f"no {key}"
@@ -184,10 +198,27 @@ def row_cluster(row: dict):
     per_node = int(_num(row, "devices_per_node", 8))
     spec: dict = {"nodes": max(1, gpus // per_node), "devices_per_node": min(per_node, gpus),
                   "device": {"preset": preset_of(row["hardware"])}}
+    kernel = FRAMEWORK_DEFAULTS.get(Path(row.get("_file") or "").stem, {}).get("attention")
+    if kernel == "hopper-native" and preset_of(row["hardware"]).startswith(("H100", "H200")):
+        spec["device"]["attention_efficiency"] = HOPPER_NATIVE_ATTENTION_EFFICIENCY
     gbps = _num(row, "inter_node_gbps_per_gpu")
     if gbps:
         spec["inter_node_link"] = {"bandwidth_bytes_per_s": gbps / 8 * 1e9}
     return load_cluster(spec)
+
+
+def nemo_model_flops(row: dict, batch: int, seq: int) -> float:
+    """Model FLOPs of one global batch as NeMo counts them (``nemo/utils/flops_formulas.py``,
+    ``llama2``/``llama3``: per token and layer 12·h² for Q and O, 12·h²·groups/heads for K
+    and V, 18·h·ffn for the gated MLP, 12·s·h for attention without the causal half, and
+    6·V·h once for the logits; ``gpt3``: 24·h² + 4·s·h per layer, times 3, plus the logits)."""
+    layers, h, heads, vocab = (int(_num(row, k)) for k in ("layers", "hidden", "heads", "vocab"))
+    tokens = batch * seq
+    if "llama" in row["model"].lower():
+        groups, ffn = int(_num(row, "kv_heads", heads)), int(_num(row, "ffn_hidden"))
+        return tokens * layers * h * h * (12 + 12 * groups / heads + 18 * ffn / h + 12 * seq / h
+                                         + 6 * vocab / (layers * h))
+    return (24 * tokens * h * h + 4 * tokens * seq * h) * 3 * layers + 6 * tokens * h * vocab
 
 
 _TRACED: dict[tuple, torch.fx.GraphModule] = {}
@@ -214,7 +245,10 @@ def predict_row(row: dict) -> Outcome:
         out.notes.append(f"ZeRO-{defaults['zero']} (the source's framework default)")
     zero = 3 if zero_text in ("fsdp", "3", "zero-3", "zero3") else int(float(zero_text or 0))
     local = int(_num(row, "local_batch", batch // dp))
-    micro = int(_num(row, "micro_batch", local if pp == 1 else 1))
+    micro = int(_num(row, "micro_batch", _num(defaults, "micro_batch", local if pp == 1 else 1)))
+    if micro < 1 or local < micro:
+        out.skipped = f"global batch {batch} over dp {dp} leaves no {micro}-sequence microbatch"
+        return out
     recompute = RECOMPUTE[row.get("recompute") or "none"]
     layer_modes: tuple[str, ...] = ()
     if row.get("recompute") == "selective-layer":
@@ -255,8 +289,12 @@ def predict_row(row: dict) -> Outcome:
     if "token" in unit:
         out.predicted = batch * seq / step / gpus
     else:
-        facts = graph_facts(gm)
-        flops = (facts.fwd_flops + facts.bwd_flops) * batch / (facts.batch_size or 1)
+        if defaults.get("flops") == "nemo":
+            flops = nemo_model_flops(row, batch, seq)
+            out.notes.append("FLOPs by NeMo's formula (non-causal attention)")
+        else:
+            facts = graph_facts(gm)
+            flops = (facts.fwd_flops + facts.bwd_flops) * batch / (facts.batch_size or 1)
         out.predicted = flops / step / gpus / 1e12
     out.predicted_gib = est.prediction.peak_memory_bytes * (1 + REPORT_FRAGMENTATION) / GIB
     out.fits = est.prediction.peak_memory_bytes <= est.tables.cluster.device.memory_bytes

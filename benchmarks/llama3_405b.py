@@ -31,11 +31,9 @@ from published_data import load
 
 import autopar
 from autopar.cluster import load_cluster
+from autopar.cluster.presets import HOPPER_NATIVE_ATTENTION_EFFICIENCY
 from autopar.models import resolve_model
 from autopar.trace import trace
-
-FA3_OVER_FA2 = 1.5
-"""FlashAttention-3 over FlashAttention-2 on H100, the low end of the paper's 1.5-2.0x."""
 
 RECOMPUTE = ("none", "selective", "full", "op")
 
@@ -57,9 +55,9 @@ def clusters(row: dict) -> dict[str, object]:
             "device": {"preset": "H100-80GB"}}
     preset = load_cluster(base).device.attention_efficiency
     fa3 = {**base, "device": {"preset": "H100-80GB",
-                              "attention_efficiency": preset * FA3_OVER_FA2}}
+                              "attention_efficiency": HOPPER_NATIVE_ATTENTION_EFFICIENCY}}
     return {f"preset (attention {preset:.2f})": load_cluster(base),
-            f"FA3-class (attention {preset * FA3_OVER_FA2:.2f})": load_cluster(fa3)}
+            f"FA3-class (attention {HOPPER_NATIVE_ATTENTION_EFFICIENCY:.2f})": load_cluster(fa3)}
 
 
 def describe(plan: autopar.Plan) -> str:

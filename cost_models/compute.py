@@ -157,7 +157,8 @@ def _dims(shape: Sequence[int]) -> tuple[int, int, int, int]:
 
 # --- Efficiency ---------------------------------------------------------------------------
 def matmul_efficiency(
-    device: DeviceSpec, shape: Sequence[int] | None = None, *, flops: float | None = None
+    device: DeviceSpec, shape: Sequence[int] | None = None, *, flops: float | None = None,
+    loop_depth: int | None = None,
 ) -> float:
     """Fraction of peak a matmul reaches on ``device``.
 
@@ -165,7 +166,10 @@ def matmul_efficiency(
     (``2*batch*m*n*k``, or ``flops`` when no shape is known). Otherwise the parametric
     model when ``shape`` is known: ``matmul_efficiency * wave_fill * tile_use * k_depth``
     (see :func:`wave_fill`, :func:`tile_use`, :func:`k_depth`); with neither, the
-    large-GEMM asymptote ``device.matmul_efficiency``.
+    large-GEMM asymptote ``device.matmul_efficiency``. ``loop_depth`` replaces ``k`` in the
+    K-loop term for a kernel whose tiles loop over something else: fused attention's
+    query tile fills its load pipeline once and then sweeps every key block, so its depth
+    is the key length, not the head dim its matmuls contract.
 
     >>> from autopar.cluster import load_cluster
     >>> dev = load_cluster("A100-80GB").device
@@ -185,7 +189,7 @@ def matmul_efficiency(
         device.matmul_efficiency
         * wave_fill(batch, m, n, k, sm_count(device))
         * tile_use(m, n)
-        * k_depth(k)
+        * k_depth(loop_depth or k)
     )
 
 
@@ -269,7 +273,7 @@ def attention_efficiency(device: DeviceSpec) -> float:
 
     >>> from autopar.cluster import load_cluster
     >>> attention_efficiency(load_cluster("H100-80GB").device)
-    0.3
+    0.4
     """
     return float(getattr(device, "attention_efficiency", DEFAULT_ATTENTION_EFFICIENCY))
 
@@ -314,6 +318,7 @@ def op_time(
     shape: Sequence[int] | None = None,
     kernels: int = 1,
     efficiency_scale: float = 1.0,
+    loop_depth: int | None = None,
 ) -> float:
     """Seconds for an op doing ``flops`` and moving ``bytes_moved`` in ``kernels`` launches.
 
@@ -321,7 +326,8 @@ def op_time(
     sets the efficiency; ``flops`` stays authoritative for the work). Without it the large-GEMM
     efficiency applies, or the measured curve at ``flops / kernels`` per call.
     ``efficiency_scale`` multiplies that efficiency for kernels that reach less of peak than a
-    GEMM (fused attention: :func:`attention_efficiency`).
+    GEMM (fused attention: :func:`attention_efficiency`), ``loop_depth`` the depth of their
+    tiles' main loop (:func:`matmul_efficiency`).
 
     >>> from autopar.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device
@@ -337,7 +343,7 @@ def op_time(
     if flops > 0:
         per_call = flops / max(kernels, 1)
         rate = (peak_flops(device, dtype) * efficiency_scale
-                * matmul_efficiency(device, shape, flops=per_call))
+                * matmul_efficiency(device, shape, flops=per_call, loop_depth=loop_depth))
         compute = flops / rate
     memory = 0.0
     if bytes_moved > 0:

@@ -379,3 +379,25 @@ def test_attention_runs_at_the_cluster_files_attention_efficiency() -> None:
     assert attention_seconds(0.6) == pytest.approx(attention_seconds(0.3) / 2, rel=0.02)
     a100, h100 = load_cluster("A100-80GB").device, load_cluster("H100-80GB").device
     assert a100.attention_efficiency == 2 * h100.attention_efficiency
+
+
+def test_fused_attention_is_not_charged_a_short_k_loop_for_its_head_dim() -> None:
+    """A fused attention kernel's query tile sweeps every key once its pipeline is full, so
+    its efficiency does not fall with a short head dim the way a GEMM's falls with a short
+    ``k`` (measured on an H100: ``benchmarks/results/h100_2026-11-26_layers.md``); the same
+    FLOPs at head dim 64 and 128 cost the same, while a plain matmul of that ``k`` is slower
+    (modelled)."""
+    from autopar.cost_models.compute import op_time
+    from autopar.solver.costs import attention_loop
+
+    dev = load_cluster("H100-80GB").device
+    flops = 4 * 32 * 8192 * 8192 * 128
+    for head_dim in (64, 128):
+        shape = (32 * 8192 * 128 // head_dim, 8192, head_dim)
+        fused = op_time(flops, 0, dev, "bf16", shape=shape, loop_depth=attention_loop(shape))
+        gemm = op_time(flops, 0, dev, "bf16", shape=shape)
+        assert fused == pytest.approx(op_time(flops, 0, dev, "bf16", shape=(262144, 8192, 8192)),
+                                      rel=0.02)
+        assert gemm > 1.2 * fused
+    # the values matmul of eager attention contracts over the keys: the same depth
+    assert attention_loop((262144, 128, 8192)) == attention_loop((262144, 8192, 128)) == 8192

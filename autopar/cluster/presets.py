@@ -32,14 +32,16 @@ Conventions, so the presets can be compared with each other:
 - ``attention_efficiency`` is the share of the device's matmul rate that fused attention
   (FlashAttention-style: two matmuls around an online softmax) reaches on the score tiles
   it runs. It is a property of the kernel as much as of the device, so a cluster file sets
-  it for the kernel its runs use, and ``autopar calibrate`` measures it. The default, 0.3,
-  is what the end-to-end H100 runs this model is checked against fit (torchtitan's and IBM's
-  FSDP runs with PyTorch SDPA, whose flash backend is FlashAttention-2; see
-  ``benchmarks/fidelity_published.py``). A100 presets scale it by how much more of the chip FlashAttention-2 reaches
-  there: up to 73% of A100 peak against 35% of H100 peak (Dao, 2023; Shah et al., 2024),
-  per matmul rate (0.75 and 0.7 of peak) a factor of 2.0. A Hopper-native kernel
-  (FlashAttention-3, cuDNN) is 1.5-2.0x FlashAttention-2 on H100 (Shah et al., 2024):
-  describe such a cluster with ``attention_efficiency`` 0.45-0.6. ``cpu`` has PyTorch's
+  it for the kernel its runs use, and ``autopar calibrate`` measures it. The default, 0.4,
+  is PyTorch SDPA's flash backend (FlashAttention-2) measured on an H100
+  (``benchmarks/results/h100_2026-11-26.md``, causal, head dim 128, forward and backward
+  together by FLOPs: 251 TFLOP/s at 4,096 tokens and 303 at 16,384, 0.36 and 0.44 of the
+  preset's matmul rate, 0.7 x 989 TFLOP/s). A100 presets scale it by how much more of the
+  chip FlashAttention-2 reaches there: up to 73% of A100 peak against 35% of H100 peak
+  (Dao, 2023; Shah et al., 2024), per matmul rate (0.75 and 0.7 of peak) a factor of 2.0,
+  capped at 1. A Hopper-native kernel (FlashAttention-3, cuDNN, which Transformer Engine
+  runs) is 1.5-2.0x FlashAttention-2 on H100 (Shah et al., 2024):
+  ``HOPPER_NATIVE_ATTENTION_EFFICIENCY``. ``cpu`` has PyTorch's
   CPU flash kernel as ``autopar calibrate --quick`` measured it on the CI VM (0.69 with one
   process computing, 0.96-1.0 with two: matmuls slow down more than it does when both
   cores are busy, as in a 2-process run), rounded to 0.9.
@@ -72,11 +74,18 @@ DEFAULT_KERNEL_FLOOR_S = 5e-6
 DEFAULT_MEMORY_EFFICIENCY = 0.8
 """Memory efficiency of a device described without a preset: the GPU figure (see above)."""
 
-DEFAULT_ATTENTION_EFFICIENCY = 0.3
-"""Fused attention's share of the matmul rate, where nothing says otherwise (see above)."""
+DEFAULT_ATTENTION_EFFICIENCY = 0.4
+"""Fused attention's share of the matmul rate, where nothing says otherwise: FlashAttention-2
+(PyTorch SDPA's flash backend) measured on an H100 (see above)."""
 
-AMPERE_ATTENTION_EFFICIENCY = 2.0 * DEFAULT_ATTENTION_EFFICIENCY
+AMPERE_ATTENTION_EFFICIENCY = min(1.0, 2.0 * DEFAULT_ATTENTION_EFFICIENCY)
 """FlashAttention-2 on an A100 reaches twice its H100 share of the matmul rate (see above)."""
+
+HOPPER_NATIVE_ATTENTION_EFFICIENCY = min(1.0, 1.6 * DEFAULT_ATTENTION_EFFICIENCY)
+"""A Hopper-native attention kernel (FlashAttention-3; cuDNN's fused attention, which
+Transformer Engine runs on H100) on an H100: Shah et al. (2024, §4.1) measure FlashAttention-3
+1.5-2.0x FlashAttention-2 forward and 1.5-1.75x backward; by FLOPs the backward (2.5x the
+forward's) dominates, so 1.6x. A cluster file says which kernel its runs use."""
 
 
 def _preset(

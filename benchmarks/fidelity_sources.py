@@ -193,13 +193,14 @@ def model_spec(row: dict) -> str:
             f"vocab={sizes['vocab']},seq={seq},batch={batch}")
 
 
-def row_cluster(row: dict):
+def row_cluster(row: dict, attention: str | None = None):
+    """The row's cluster; ``attention`` names the source's kernel when it is not SDPA's."""
     gpus = int(_num(row, "gpus"))
     per_node = int(_num(row, "devices_per_node", 8))
+    preset = preset_of(row["hardware"])
     spec: dict = {"nodes": max(1, gpus // per_node), "devices_per_node": min(per_node, gpus),
-                  "device": {"preset": preset_of(row["hardware"])}}
-    kernel = FRAMEWORK_DEFAULTS.get(Path(row.get("_file") or "").stem, {}).get("attention")
-    if kernel == "hopper-native" and preset_of(row["hardware"]).startswith(("H100", "H200")):
+                  "device": {"preset": preset}}
+    if attention == "hopper-native" and preset.startswith(("H100", "H200")):
         spec["device"]["attention_efficiency"] = HOPPER_NATIVE_ATTENTION_EFFICIENCY
     gbps = _num(row, "inter_node_gbps_per_gpu")
     if gbps:
@@ -283,7 +284,7 @@ def predict_row(row: dict) -> Outcome:
                           # the published programs take the loss over whole logits
                           chunked_loss=False,
                           master_weights=defaults.get("master_weights", "params"))
-    est = estimate_graph(gm, row_cluster(row), config)
+    est = estimate_graph(gm, row_cluster(row, defaults.get("attention")), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()
     if "token" in unit:

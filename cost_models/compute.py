@@ -351,6 +351,28 @@ def op_time(
     return (max(compute, memory) + kernels * kernel_floor(device)) / compute_share(device)
 
 
+def attention_time(
+    flops: float, bytes_moved: float, device: DeviceSpec, dtype: str,
+    *, shape: Sequence[int] | None = None,
+) -> float:
+    """Seconds of one pass of a fused attention kernel: :func:`op_time` at the device's
+    :func:`attention_efficiency`, with ``shape`` one of its two matmuls' ``(m, n, k)``. A
+    query tile fills its load pipeline once and then sweeps every key, so its loop depth is
+    the key length (``n`` of the scores matmul, ``k`` of the one that weights the values),
+    not the head dim they contract.
+
+    >>> from autopar.cluster import load_cluster
+    >>> dev = load_cluster("H100-80GB").device
+    >>> f = 4 * 32 * 8192 * 8192 * 128
+    >>> attention_time(f, 0, dev, "bf16", shape=(32 * 8192, 8192, 128)) == attention_time(
+    ...     f, 0, dev, "bf16", shape=(32 * 8192, 128, 8192))
+    True
+    """
+    depth = max(shape[-2], shape[-1]) if shape is not None else None
+    return op_time(flops, bytes_moved, device, dtype, shape=shape,
+                   efficiency_scale=attention_efficiency(device), loop_depth=depth)
+
+
 # An op's forward, and its recomputation in backward (activation checkpointing: the same
 # kernels on the same shapes), cost what :func:`op_time` says.
 forward_time = op_time

@@ -387,17 +387,19 @@ def test_fused_attention_is_not_charged_a_short_k_loop_for_its_head_dim() -> Non
     ``k`` (measured on an H100: ``benchmarks/results/h100_2026-11-26_layers.md``); the same
     FLOPs at head dim 64 and 128 cost the same, while a plain matmul of that ``k`` is slower
     (modelled)."""
-    from autopar.cost_models.compute import op_time
-    from autopar.solver.costs import attention_loop
+    from autopar.cost_models.compute import attention_time, op_time
 
     dev = load_cluster("H100-80GB").device
     flops = 4 * 32 * 8192 * 8192 * 128
     for head_dim in (64, 128):
         shape = (32 * 8192 * 128 // head_dim, 8192, head_dim)
-        fused = op_time(flops, 0, dev, "bf16", shape=shape, loop_depth=attention_loop(shape))
-        gemm = op_time(flops, 0, dev, "bf16", shape=shape)
-        assert fused == pytest.approx(op_time(flops, 0, dev, "bf16", shape=(262144, 8192, 8192)),
+        fused = attention_time(flops, 0, dev, "bf16", shape=shape)
+        gemm = op_time(flops, 0, dev, "bf16", shape=shape,
+                       efficiency_scale=dev.attention_efficiency)
+        assert fused == pytest.approx(op_time(flops, 0, dev, "bf16", shape=(262144, 8192, 8192),
+                                              efficiency_scale=dev.attention_efficiency),
                                       rel=0.02)
         assert gemm > 1.2 * fused
     # the values matmul of eager attention contracts over the keys: the same depth
-    assert attention_loop((262144, 128, 8192)) == attention_loop((262144, 8192, 128)) == 8192
+    assert attention_time(flops, 0, dev, "bf16", shape=(262144, 128, 8192)) == attention_time(
+        flops, 0, dev, "bf16", shape=(262144, 8192, 128))

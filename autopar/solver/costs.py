@@ -34,7 +34,7 @@ from autopar.constraints import SettingView
 from autopar.cost_models.comm import axis_link, collective_transfer_time, group_collective_time
 from autopar.cost_models.compute import (
     allocation_time,
-    attention_efficiency,
+    attention_time,
     backward_time,
     causal_fraction,
     forward_time,
@@ -210,13 +210,6 @@ def matmul_shape(node: fx.Node) -> tuple[int, int, int] | None:
         q = ins[0]
         return _numel(q) // max(q[-1], 1), ins[1][-2], q[-1]
     return None
-
-
-def attention_loop(shape: tuple[int, int, int] | None) -> int | None:
-    """The main-loop depth of a fused attention kernel's tile, from one of its matmuls'
-    ``(m, n, k)``: a query tile sweeps every key, so the key length (``n`` of the scores
-    matmul, ``k`` of the one that weights the values), not the head dim."""
-    return max(shape[1], shape[2]) if shape else None
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -505,10 +498,8 @@ class CostTables:
             bwd = bwd if facts.requires_grad else 0.0
             return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
         attention = "scaled_dot_product" in facts.target
-        eff = attention_efficiency(device) if attention else 1.0
-        keys = attention_loop(shape) if attention else None
-        fwd = forward_time(flops, moved, device, dtype, shape=shape, efficiency_scale=eff,
-                           loop_depth=keys)
+        fwd = (attention_time if attention else forward_time)(flops, moved, device, dtype,
+                                                              shape=shape)
         fwd += allocation_time(written * scale * stored, device)
         cast = self._weight_cast_bytes(d) / div
         if cast:  # the fp32 weight's working copy, and its gradient cast back in backward
@@ -516,8 +507,8 @@ class CostTables:
         bwd = 0.0
         if facts.requires_grad and attention:
             # Fused attention's backward: the FLOPs the trace counted, in one kernel.
-            bwd = forward_time(facts.bwd_flops * scale * work, 2 * moved, device, dtype,
-                               shape=shape, efficiency_scale=eff, loop_depth=keys)
+            bwd = attention_time(facts.bwd_flops * scale * work, 2 * moved, device, dtype,
+                                 shape=shape)
         elif facts.requires_grad:
             # The trace measured which gradients autograd computes (a frozen weight has no
             # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
@@ -544,14 +535,11 @@ class CostTables:
         device, dtype = self.cluster.device, self.dtype(d)
         moved = min(facts.bytes_read, facts.bytes_written) / (facts.bytes_read + facts.bytes_written
                                                               or 1) * moved
-        keys = attention_loop(shape)
-        fwd = forward_time(flops, moved, device, dtype, shape=shape,
-                           efficiency_scale=attention_efficiency(device), loop_depth=keys)
+        fwd = attention_time(flops, moved, device, dtype, shape=shape)
         bwd = 0.0
         if facts.requires_grad:
-            bwd = forward_time(flops * facts.bwd_flops / facts.fwd_flops, 2 * moved, device,
-                               dtype, shape=shape, efficiency_scale=attention_efficiency(device),
-                               loop_depth=keys)
+            bwd = attention_time(flops * facts.bwd_flops / facts.fwd_flops, 2 * moved, device,
+                                 dtype, shape=shape)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:

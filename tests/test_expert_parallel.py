@@ -167,6 +167,35 @@ def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
                 assert r["sharded"], ("expected tensor-parallel weights", case)
 
 
+@pytest.mark.parametrize("routing", ["dense", "sorted"])
+def test_no_tensor_parallel_collective_splits_an_expert_region(routing: str) -> None:
+    """With ep > 1 each expert region runs as one block between its all-to-alls (one module
+    under ZeRO-3): every value passed between two of its ops keeps its tp placement, even
+    where a redistribution inside would price the same (the tie that once split a dense
+    region in two, and outline-experts failed)."""
+    import yaml
+
+    from autopar.values import tensor_inputs
+
+    model = _moe(routing)
+    cluster = yaml.safe_load(Path(FAST).read_text())
+    cluster.update(nodes=1, devices_per_node=4)
+    plan = autopar.plan(model, cluster, (IDX, IDX), dp=2, ep=2, tp=2, zero=3,
+                        recompute=("none",))
+    strategies = plan.to_dict()["strategies"]
+    checked = 0
+    for region in expert_regions(autopar.trace(model, (IDX, IDX))):
+        for node in region.members:
+            if node.name not in strategies:
+                continue
+            for slot, a in enumerate(tensor_inputs(node)):
+                if a in region.members and a.name in strategies:
+                    assert strategies[node.name]["tp"]["in"][slot] == \
+                        strategies[a.name]["tp"]["out"][0], (node.name, a.name)
+                    checked += 1
+    assert checked >= 2
+
+
 def test_why_experts_stay_whole_never_calls_a_faster_setting_slower() -> None:
     """A setting spreading the experts that was predicted faster but lost on the
     extrapolation handicap is said to be faster, and why it lost."""

@@ -749,6 +749,28 @@ class CostTables:
         first = {min(r.matmuls, key=order.__getitem__).name: r.rows.name for r in regions}
         return weights, first
 
+    @cached_property
+    def _expert_members(self) -> dict[str, int]:
+        """Node name -> index of the expert region it runs in, when experts are spread."""
+        if self.setting.ep <= 1:
+            return {}
+        return {n.name: i for i, r in enumerate(regions_of(self.problem.gm))
+                for n in r.members}
+
+    def inside_experts(self, key: ValueKey, consumer: int) -> bool:
+        """Does the value ``key`` flow between two ops of one expert region (``ep > 1``)?
+        Expert parallelism runs each region as one block between its token all-to-alls (and
+        under ZeRO-3 as one module, ``passes/outline_experts.py``), on the rows of this
+        rank's experts: a tensor-parallel collective inside it would split the region in
+        two, so such a value keeps its placement (the layout solve pins it)."""
+        members = self._expert_members
+        if not members or consumer < 0:
+            return False
+        def regions(d: int) -> set[int]:
+            return {members[n.name] for n in self.problem.decisions[d].nodes
+                    if n.name in members}
+        return bool(regions(key[0]) & regions(consumer))
+
     def expert_divisor(self, d: Decision) -> int:
         """``ep`` for a stacked expert weight (each rank keeps a block of experts), else 1."""
         if self.setting.ep <= 1 or d.kind != "param":

@@ -403,3 +403,28 @@ def test_fused_attention_is_not_charged_a_short_k_loop_for_its_head_dim() -> Non
     # the values matmul of eager attention contracts over the keys: the same depth
     assert attention_time(flops, 0, dev, "bf16", shape=(262144, 128, 8192)) == attention_time(
         flops, 0, dev, "bf16", shape=(262144, 8192, 128))
+
+
+def test_communication_hidden_behind_compute_still_slows_it() -> None:
+    """Overlap is not free (Lee et al. 2025: compute beside a collective runs 18.9% slower):
+    the hidden part of FSDP's and DDP's collectives adds OVERLAP_SLOWDOWN of its time; what
+    is exposed is paid once, and gloo (nothing overlaps) pays exactly its communication."""
+    from autopar.cost_models.data_parallel import (
+        OVERLAP_SLOWDOWN,
+        Unit,
+        bucketed_step,
+        fsdp_step,
+        with_contention,
+    )
+
+    units = [Unit(gather_s=1.0, reduce_s=1.0, forward_s=2.0, backward_s=4.0)] * 3
+    free = fsdp_step(units, contention=0.0)
+    taxed = fsdp_step(units)
+    assert taxed.comm_s == free.comm_s == 9.0
+    assert taxed.exposed_s == pytest.approx(free.exposed_s + OVERLAP_SLOWDOWN * (9.0 - 3.0))
+    assert fsdp_step(units, overlap=False).exposed_s == 9.0
+    ddp = bucketed_step([1.0, 1.0], 4.0)
+    assert ddp.exposed_s == pytest.approx(1.0 + OVERLAP_SLOWDOWN * 1.0)
+    assert bucketed_step([1.0, 1.0], 4.0, overlap=False).exposed_s == 2.0
+    with pytest.raises(ValueError, match="contention"):
+        with_contention(1.0, 0.0, 1.0)

@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from autopar.constraints import Constraint, DecisionView, LayoutView
 from autopar.cost_models.comm import busy_latency, group_collective_time
+from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.memory import ddp_buffer_bytes
 from autopar.graph_facts import META_KEY
 from autopar.placements import Replicate
@@ -231,48 +232,59 @@ def solve(
             """A dp collective's latency; each is asynchronous (see busy_latency)."""
             return busy_latency(tables.cluster, mesh, axis) + bare(kind, axis=axis)
 
-        def slope(kind: str, nbytes: float, axis: str = "dp") -> int:
+        def slope(kind: str, nbytes: float, axis: str = "dp") -> float:
             """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
-            return _t(max(bare(kind, nbytes, axis) - bare(kind, axis=axis), 0.0))
+            return max(bare(kind, nbytes, axis) - bare(kind, axis=axis), 0.0)
+
+        def linear(pieces: list, factor: float = 1.0):
+            """The integer expression of (seconds, literal or None for a constant) pieces."""
+            return sum(_t(factor * sec) * (1 if lit is None else lit) for sec, lit in pieces)
 
         # HSDP: every gradient shard all-reduced across the replica groups once per step
-        replicas = 0
+        replicas: list = []
         if setting.dp_replicate > 1:
-            replicas = _t(fixed("all_reduce", "dp_replicate")) + sum(
-                slope("all_reduce", g / setting.shard_group, "dp_replicate") * lit
-                for g, lit in grad_terms)
+            replicas = [(fixed("all_reduce", "dp_replicate"), None)] + [
+                (slope("all_reduce", g / setting.shard_group, "dp_replicate"), lit)
+                for g, lit in grad_terms]
 
+        gloo = tables.cluster.backend == "gloo"
         if setting.zero in (0, 1, 2):
             total_grads = sum(g for g, _ in grad_terms)
             buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True)
                            * state_scale)
             if setting.zero == 0:
-                comm = _t(fixed("all_reduce")) + sum(
-                    slope("all_reduce", g) * lit for g, lit in grad_terms)
+                pieces = [(fixed("all_reduce"), None)] + [
+                    (slope("all_reduce", g), lit) for g, lit in grad_terms]
             else:
-                comm = _t(fixed("reduce_scatter") + fixed("all_gather")) + sum(
-                    (slope("reduce_scatter", g) + slope("all_gather", g)) * lit
-                    for g, lit in grad_terms)
-            gloo = tables.cluster.backend == "gloo"
+                pieces = [(fixed("reduce_scatter") + fixed("all_gather"), None)] + [
+                    (slope("reduce_scatter", g) + slope("all_gather", g), lit)
+                    for g, lit in grad_terms]
             if setting.zero == 2 and m > 1 and gloo:  # see evaluate: hidden where it overlaps
-                comm = comm + (m - 1) * (_t(fixed("reduce_scatter")) + sum(
-                    slope("reduce_scatter", g) * lit for g, lit in grad_terms))
+                pieces += [((m - 1) * fixed("reduce_scatter"), None)] + [
+                    ((m - 1) * slope("reduce_scatter", g), lit) for g, lit in grad_terms]
+            pieces += replicas
             overlap = 0 if gloo else bwd  # see evaluate
-            model.Add(exposed >= comm + replicas - overlap)
+            model.Add(exposed >= linear(pieces) - overlap)
         else:
-            comm_terms = [slope("reduce_scatter", g) * lit for g, lit in grad_terms]
+            pieces = [(slope("reduce_scatter", g), lit) for g, lit in grad_terms]
             peak_terms = []
             for d, s, lit in weight_terms:
                 one = tables.weight_bytes(d, s)
-                comm_terms.append(2 * slope("all_gather", one * d.count) * lit)
+                pieces.append((2 * slope("all_gather", one * d.count), lit))
                 # Gathered weights at peak: the root's, and two layers' (prefetch).
                 peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
                                               else 2)) * lit)
-            latency = 2 * fixed("all_gather") + fixed("reduce_scatter")
-            hidden = 0 if tables.cluster.backend == "gloo" else fwd + bwd
-            model.Add(exposed >= m * (_t(latency) + sum(comm_terms) - hidden) + replicas)
+            pieces.append((2 * fixed("all_gather") + fixed("reduce_scatter"), None))
+            pieces = [(m * sec, lit) for sec, lit in pieces] + replicas
+            hidden = 0 if gloo else m * (fwd + bwd)
+            model.Add(exposed >= linear(pieces) - hidden)
             memory_terms.extend(peak_terms)
         objective = objective + exposed
+        if not gloo:
+            # the hidden part slows the compute beside it (cost_models.data_parallel
+            # OVERLAP_SLOWDOWN); charged on all of it, exposed included, as an upper bound
+            # the evaluation of the solved layout then makes exact
+            objective = objective + linear(pieces, OVERLAP_SLOWDOWN)
     if enforce_memory:
         model.Add(sum(memory_terms) + buffers <= int(tables.capacity // KIB))
     model.Minimize(objective)

@@ -48,6 +48,24 @@ OVERLAP_SLOWDOWN = 0.189
 average over A100, H100, MI250, MI210; see the module docstring)."""
 
 
+def fsdp_copies_s(gathered_bytes: float, grad_bytes: float, device) -> tuple[float, float]:
+    """(copy-out of one all-gather, copy-in of one reduce-scatter) of an FSDP2 unit, seconds.
+
+    FSDP2 gathers a unit's shards into one flat buffer, then copies it out into the
+    parameters' own tensors (``split_with_sizes_copy`` in ``foreach_all_gather_copy_out``, on
+    the compute stream when the gather is waited for): ``gathered_bytes`` read and written.
+    Before reducing, it copies the unsharded gradients into one buffer in the reduce dtype
+    (``_chunk_cat`` in ``foreach_reduce``, on the reduce-scatter stream): the gradients read in
+    the parameter dtype (as many bytes as the gathered weights) and ``grad_bytes`` written.
+    Both are memory-bound kernels, priced as streaming ones (:func:`op_time`)."""
+    from autopar.cost_models.compute import op_time
+
+    copy_out = op_time(0, 2 * gathered_bytes, device, "bf16") if gathered_bytes > 0 else 0.0
+    copy_in = (op_time(0, gathered_bytes + grad_bytes, device, "bf16")
+               if grad_bytes > 0 else 0.0)
+    return copy_out, copy_in
+
+
 def with_contention(comm_s: float, exposed_s: float, contention: float) -> float:
     """The step time communication adds: its exposed part, plus ``contention`` of the part
     hidden behind compute (which that compute runs slower for)."""

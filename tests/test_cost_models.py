@@ -428,3 +428,18 @@ def test_communication_hidden_behind_compute_still_slows_it() -> None:
     assert bucketed_step([1.0, 1.0], 4.0, overlap=False).exposed_s == 2.0
     with pytest.raises(ValueError, match="contention"):
         with_contention(1.0, 0.0, 1.0)
+
+
+def test_fsdp_copies_are_priced_as_the_bytes_they_stream() -> None:
+    """FSDP2 copies every gathered unit out of its flat buffer (read + write the unsharded
+    weights) and every gradient into the reduce buffer in the reduce dtype (read 16-bit,
+    write fp32): memory-bound work on the device, none for a unit without weights."""
+    from autopar.cost_models.compute import kernel_floor, memory_efficiency
+    from autopar.cost_models.data_parallel import fsdp_copies_s
+
+    dev = load_cluster("H100-80GB").device
+    rate = dev.memory_bandwidth_bytes_per_s * memory_efficiency(dev)
+    out, into = fsdp_copies_s(2e9, 4e9, dev)  # 1e9 bf16 weights, their fp32 gradients
+    assert out == pytest.approx(4e9 / rate + kernel_floor(dev))
+    assert into == pytest.approx(6e9 / rate + kernel_floor(dev))
+    assert fsdp_copies_s(0.0, 0.0, dev) == (0.0, 0.0)

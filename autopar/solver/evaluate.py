@@ -23,7 +23,13 @@ from autopar.cost_models.comm import (
     group_collective_time,
 )
 from autopar.cost_models.compute import optimizer_step_time
-from autopar.cost_models.data_parallel import CommTime, Unit, bucketed_step, fsdp_step
+from autopar.cost_models.data_parallel import (
+    CommTime,
+    Unit,
+    bucketed_step,
+    fsdp_copies_s,
+    fsdp_step,
+)
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
 from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
@@ -575,6 +581,8 @@ def data_parallel_costs(
                            tables.cluster.device)
 
     n_layers = len(u.layers)
+    device = tables.cluster.device
+    copies = {i: fsdp_copies_s(u.weights[i], u.grad_bytes[i], device) for i in units}
 
     def microbatch(last: bool) -> CommTime:
         """One microbatch's collectives; under HSDP only the last all-reduces the shards
@@ -584,7 +592,7 @@ def data_parallel_costs(
                  + edp_time("all_gather", u.expert_weights[i]) + host_s(i),
                  reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
                  + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i)
-                 + (replica_time(u.grad_bytes[i]) if last else 0.0),
+                 + (replica_time(u.grad_bytes[i]) if last else 0.0) + copies[i][1],
                  forward_s=u.fwd[i] + u.tp_comm[i] / 2,
                  backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=0 < i <= n_layers)
             for i in sorted(units)
@@ -592,5 +600,7 @@ def data_parallel_costs(
 
     last = microbatch(True)
     early = microbatch(False) if setting.dp_replicate > 1 else last
-    return ((m - 1) * early.comm_s + last.comm_s, (m - 1) * early.exposed_s + last.exposed_s,
-            gathered_peak)
+    # the gathers' copy-outs run on the compute stream: every gather's is on the step's path
+    copy_out = m * sum(copies[i][0] * (2 if 0 < i <= n_layers else 1) for i in units)
+    return ((m - 1) * early.comm_s + last.comm_s,
+            (m - 1) * early.exposed_s + last.exposed_s + copy_out, gathered_peak)

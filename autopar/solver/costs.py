@@ -323,10 +323,17 @@ class CostTables:
     @cached_property
     def _low_read_params(self) -> frozenset[int]:
         """Decisions of parameters a low-precision node reads in fp32: each read casts a
-        working copy (kept for backward by the matmul), as torch.autocast does."""
+        working copy (kept for backward by the matmul), as torch.autocast does (once per
+        problem and precision assignment)."""
         p = self.precision
         if p.params != "fp32":
             return frozenset()
+        key = ("low_read_params", precision_key(self.options, self.setting.zero))
+        if key not in self.problem.cache:
+            self.problem.cache[key] = self._reads_in_fp32(p)
+        return self.problem.cache[key]
+
+    def _reads_in_fp32(self, p: PrecisionAssignment) -> frozenset[int]:
         out = set()
         for name, word in p.enforced.items():
             if word == "fp32" or name not in self.problem.decision_of:
@@ -373,22 +380,27 @@ class CostTables:
     def in_recomputed_layer(self, d: Decision) -> bool:
         return self.setting.recompute == "full" and d.facts.layer is not None
 
-    @cached_property
+    @property
     def op_policy_saved(self) -> frozenset[str]:
         """Nodes whose outputs the ``op`` policy keeps: in each layer, the 1st, 3rd, ...
-        matmul with a weight, and every attention op."""
-        saved, counts = set(), {}
-        for node in self.problem.gm.graph.nodes:
-            facts = node.meta.get(META_KEY)
-            if facts is None or facts.layer is None or node.op != "call_function":
-                continue
-            if "scaled_dot_product" in facts.target or node.name in self.problem.fused_attention:
-                saved.add(node.name)
-            elif facts.target in MATMUL_TARGETS and facts.fwd_flops:
-                counts[facts.layer] = counts.get(facts.layer, 0) + 1
-                if counts[facts.layer] % 2:
+        matmul with a weight, and every attention op (a fact of the graph: once per
+        problem)."""
+        cache = self.problem.cache
+        if "op_policy_saved" not in cache:
+            saved, counts = set(), {}
+            for node in self.problem.gm.graph.nodes:
+                facts = node.meta.get(META_KEY)
+                if facts is None or facts.layer is None or node.op != "call_function":
+                    continue
+                if ("scaled_dot_product" in facts.target
+                        or node.name in self.problem.fused_attention):
                     saved.add(node.name)
-        return frozenset(saved)
+                elif facts.target in MATMUL_TARGETS and facts.fwd_flops:
+                    counts[facts.layer] = counts.get(facts.layer, 0) + 1
+                    if counts[facts.layer] % 2:
+                        saved.add(node.name)
+            cache["op_policy_saved"] = frozenset(saved)
+        return cache["op_policy_saved"]
 
     def checkpoint_keeps(self, use: Use, producer: Decision) -> bool:
         """Does the checkpoint of the consumer's layer keep a value no op saves (measured with
@@ -892,14 +904,18 @@ def precision_assignment(problem: Problem, options: PlanOptions,
                          zero: int) -> PrecisionAssignment:
     """The per-node precision of ``problem``'s graph under ``options`` at ZeRO ``zero``
     (which decides the dtype parameters are read in), computed once per problem."""
-    compute = options.precision
-    key = ("precision", compute, options.precision_overrides,
-           params_word(compute, zero, options.master_weights))
+    key = precision_key(options, zero)
     if key not in problem.cache:
-        problem.cache[key] = assign_precision(problem.gm, compute,
+        problem.cache[key] = assign_precision(problem.gm, options.precision,
                                               dict(options.precision_overrides), key[3],
                                               fused=problem.fused_attention)
     return problem.cache[key]
+
+
+def precision_key(options: PlanOptions, zero: int) -> tuple:
+    """What a problem's precision assignment depends on (its cache key)."""
+    return ("precision", options.precision, options.precision_overrides,
+            params_word(options.precision, zero, options.master_weights))
 
 
 def _itemsize(dtype: str) -> int:

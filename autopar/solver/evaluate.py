@@ -268,8 +268,8 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
     """Bytes each cut between units would send forward (activations, once per value however
     many later units read it) and backward (their gradients)."""
     problem = tables.problem
-    if "last_reader" not in problem.cache:  # which unit reads each value last
-        last_reader: dict[tuple, int] = {}
+    if "cut_spans" not in problem.cache:  # per value, the unit spans it crosses (fixed)
+        last_reader: dict[tuple, int] = {}  # which unit reads each value last
         for node in problem.gm.graph.nodes:
             if node.name not in problem.decision_of:
                 continue
@@ -280,18 +280,29 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
                     continue
                 key = (problem.decision_of[producer.name], index, producer.name)
                 last_reader[key] = max(last_reader.get(key, -1), k)
-        problem.cache["last_reader"] = last_reader
-    for (decision, index, name), reader in problem.cache["last_reader"].items():
-        start = u.unit_of[name]
-        if reader <= start:
-            continue
-        p = chosen(problem, choice, decision).outputs[index]
-        nbytes = tables.value_bytes((decision, index)) / divisor(p, tables.setting.tp)
-        grad = tables.requires_grad((decision, index))
-        for cut in range(start, reader):
-            u.cut_fwd[cut] += nbytes
-            if grad:
-                u.cut_bwd[cut] += nbytes
+        keys: dict[tuple[int, int], int] = {}
+        spans = [(keys.setdefault((decision, index), len(keys)), u.unit_of[name], reader)
+                 for (decision, index, name), reader in last_reader.items()
+                 if reader > u.unit_of[name]]
+        problem.cache["cut_spans"] = (list(keys), np.array([s[0] for s in spans], dtype=int),
+                                      np.array([s[1] for s in spans], dtype=int),
+                                      np.array([s[2] for s in spans], dtype=int))
+    keys, which, starts, readers = problem.cache["cut_spans"]
+    if not keys:
+        return
+    tp = tables.setting.tp
+    fwd = np.array([tables.value_bytes(k) / divisor(chosen(problem, choice, k[0]).outputs[k[1]], tp)
+                    for k in keys])
+    bwd = np.where([tables.requires_grad(k) for k in keys], fwd, 0.0)
+    # a value crosses every cut from its unit up to (not including) its last reader's:
+    # +bytes at the start, -bytes at the reader, summed along the cuts
+    n = len(u.cut_fwd)
+    for total, per_key in ((u.cut_fwd, fwd), (u.cut_bwd, bwd)):
+        steps = np.zeros(n + 1)
+        np.add.at(steps, starts, per_key[which])
+        np.add.at(steps, readers, -per_key[which])
+        for cut, extra in enumerate(np.cumsum(steps)[:n]):
+            total[cut] += float(extra)
 
 
 def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) -> StageLoad:

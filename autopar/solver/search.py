@@ -9,6 +9,7 @@ smaller ``tp`` and ZeRO stage, so the result is deterministic.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -745,11 +746,20 @@ def _beaten(best, work: float, variant: Setting, cluster: Cluster,
 def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:
     """The handicap of ``setting`` for being beyond validated ground (see
     :mod:`autopar.cost_models.ground`)."""
+    return _margin(tuple(setting.mesh.items()), setting.zero,
+                   setting.schedule if setting.pp > 1 else None, cluster.backend,
+                   cluster.devices_per_node, options.extrapolation_margin)
+
+
+@functools.lru_cache(maxsize=4096)
+def _margin(mesh: tuple, zero: int, schedule: str | None, backend: str,
+            devices_per_node: int, margin: float | None) -> float:
+    """:func:`ground_margin` of one (mesh, ZeRO, schedule): the search asks for the same ones
+    thousands of times."""
     ground = load_ground()
-    labels = ground.labels(setting.mesh, zero=setting.zero,
-                           schedule=setting.schedule if setting.pp > 1 else None,
-                           backend=cluster.backend, devices_per_node=cluster.devices_per_node)
-    return ground.margin(labels, options.extrapolation_margin)
+    labels = ground.labels(dict(mesh), zero=zero, schedule=schedule, backend=backend,
+                           devices_per_node=devices_per_node)
+    return ground.margin(labels, margin)
 
 
 def lower_bounds(tables: CostTables, state_scale: float = 1.0,

@@ -26,7 +26,8 @@ zigzag layout (chunks ``i`` and ``2cp - 1 - i`` on rank ``i``) evens it out (Bra
 >>> from autopar.cluster import LinkSpec
 >>> s = AttentionShape(batch=1, heads=32, kv_heads=8, seq=131072, head_dim=128, element_bytes=2)
 >>> link = LinkSpec(4.5e11, 1e-5)
->>> ring = attention_comm("ring", s, 8, link, compute_fwd_s=0.05, compute_bwd_s=0.1, overlap=True)
+>>> ring = attention_comm("ring", s, 8, link, compute_fwd_s=0.05, compute_bwd_s=0.1,
+...                       overlap=True, contention=0.0)
 >>> ring.forward_s == 0.0   # each K/V step hides behind a block of compute
 True
 >>> gather = attention_comm("all_gather", s, 8, link, overlap=True)
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 from autopar.cluster import LinkSpec
 from autopar.cost_models.comm import collective_time, send_recv_time
+from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN, with_contention
 
 CP_ALGORITHMS = ("ring", "all_gather", "ulysses")
 """The attention algorithms under context parallelism (the ``cp_algorithm`` knob)."""
@@ -103,13 +105,15 @@ def attention_comm(
     overlap: bool = True,
     busy_s: float = 0.0,
     backend: str = "nccl",
+    contention: float = OVERLAP_SLOWDOWN,
 ) -> AttentionComm:
     """Modelled cost of ``algorithm`` for one attention call (see the module's docstring).
 
     ``compute_fwd_s``/``compute_bwd_s``: the rank's kernel time for the call, which ring
     steps hide behind when ``overlap``; ``busy_s``: the extra wait of an asynchronous
     message on a busy host (a ring step is one); ``backend``: see
-    :func:`~autopar.cost_models.comm.collective_time`."""
+    :func:`~autopar.cost_models.comm.collective_time`; ``contention``: how much slower the
+    kernel runs beside a ring step (:func:`~autopar.cost_models.data_parallel.with_contention`)."""
     if cp <= 1:
         return AttentionComm(0.0, 0.0, 0.0, 0.0)
     why = unsupported(algorithm, shape, cp)
@@ -119,9 +123,13 @@ def attention_comm(
     if algorithm == "ring":
         step = send_recv_time(kv, link) + busy_s
         back = send_recv_time(2 * kv, link) + busy_s  # K/V with their dK/dV
-        if overlap:  # each step hides behind one block of the kernel's work
-            fwd = (cp - 1) * max(0.0, step - compute_fwd_s / cp)
-            bwd = (cp - 1) * max(0.0, back - compute_bwd_s / cp) + step
+        if overlap:  # each step hides behind one block of the kernel's work, which the
+            # transfer beside it slows (cost_models.data_parallel.OVERLAP_SLOWDOWN)
+            fwd = with_contention((cp - 1) * step,
+                                  (cp - 1) * max(0.0, step - compute_fwd_s / cp), contention)
+            bwd = with_contention((cp - 1) * back + step,
+                                  (cp - 1) * max(0.0, back - compute_bwd_s / cp) + step,
+                                  contention)
         else:
             fwd, bwd = (cp - 1) * step, (cp - 1) * back + step
         return AttentionComm(fwd, bwd, (cp - 1) * kv + (cp - 1) * 2 * kv + kv, 3 * kv)

@@ -43,12 +43,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autopar.cluster import DeviceSpec
+from autopar.cost_models.compute import op_time
+
 OVERLAP_SLOWDOWN = 0.189
 """How much slower compute runs while a collective runs beside it (Lee et al. 2025, the
 average over A100, H100, MI250, MI210; see the module docstring)."""
 
 
-def fsdp_copies_s(gathered_bytes: float, grad_bytes: float, device) -> tuple[float, float]:
+def fsdp_copies_s(gathered_bytes: float, grad_bytes: float,
+                  device: DeviceSpec) -> tuple[float, float]:
     """(copy-out of one all-gather, copy-in of one reduce-scatter) of an FSDP2 unit, seconds.
 
     FSDP2 gathers a unit's shards into one flat buffer, then copies it out into the
@@ -57,9 +61,8 @@ def fsdp_copies_s(gathered_bytes: float, grad_bytes: float, device) -> tuple[flo
     Before reducing, it copies the unsharded gradients into one buffer in the reduce dtype
     (``_chunk_cat`` in ``foreach_reduce``, on the reduce-scatter stream): the gradients read in
     the parameter dtype (as many bytes as the gathered weights) and ``grad_bytes`` written.
-    Both are memory-bound kernels, priced as streaming ones (:func:`op_time`)."""
-    from autopar.cost_models.compute import op_time
-
+    Both are memory-bound kernels, priced as streaming ones (:func:`op_time`; no FLOPs, so
+    the dtype named does not matter)."""
     copy_out = op_time(0, 2 * gathered_bytes, device, "bf16") if gathered_bytes > 0 else 0.0
     copy_in = (op_time(0, gathered_bytes + grad_bytes, device, "bf16")
                if grad_bytes > 0 else 0.0)

@@ -294,15 +294,17 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
     fwd = np.array([tables.value_bytes(k) / divisor(chosen(problem, choice, k[0]).outputs[k[1]], tp)
                     for k in keys])
     bwd = np.where([tables.requires_grad(k) for k in keys], fwd, 0.0)
-    # a value crosses every cut from its unit up to (not including) its last reader's:
-    # +bytes at the start, -bytes at the reader, summed along the cuts
     n = len(u.cut_fwd)
-    for total, per_key in ((u.cut_fwd, fwd), (u.cut_bwd, bwd)):
+
+    def crossing(per_key: np.ndarray) -> list[float]:
+        """A value crosses every cut from its unit up to (not including) its last reader's:
+        +bytes at the start, -bytes at the reader, summed along the cuts."""
         steps = np.zeros(n + 1)
         np.add.at(steps, starts, per_key[which])
         np.add.at(steps, readers, -per_key[which])
-        for cut, extra in enumerate(np.cumsum(steps)[:n]):
-            total[cut] += float(extra)
+        return np.cumsum(steps)[:n].tolist()
+
+    u.cut_fwd, u.cut_bwd = crossing(fwd), crossing(bwd)
 
 
 def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) -> StageLoad:

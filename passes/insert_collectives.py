@@ -29,9 +29,7 @@ TP = "tp"
 
 def _sharded_compute(view: PlanView, node: fx.Node, axis: str) -> bool:
     s = view.strategy(node, axis)
-    if s is None:
-        return False
-    return not all(isinstance(p, Replicate) for p in (*s.inputs, *s.outputs))
+    return s is not None and s.splits_work
 
 
 def _needs(view: PlanView, node: fx.Node, slot: int, axis: str):
@@ -50,6 +48,24 @@ def replace_tensor_inputs(node: fx.Node, new_by_slot: dict[int, fx.Node]) -> Non
             if slot in new_by_slot:
                 leaves[i] = new_by_slot[slot]
     node.args, node.kwargs = tree_unflatten(leaves, spec)
+
+
+def _weight_key(gm: fx.GraphModule, node: fx.Node) -> int | None:
+    """The identity of the tensor a ``get_attr`` node reads (tied weights share one)."""
+    if node.op != "get_attr":
+        return None
+    try:
+        return id(gm.get_parameter(node.target))
+    except AttributeError:
+        return None
+
+
+def _weight_reads(gm: fx.GraphModule, requests: dict) -> dict[int | None, int]:
+    """How many consumer slots read each weight, over every ``get_attr`` that names it."""
+    reads: dict[int | None, int] = defaultdict(int)
+    for (a, _), consumers in requests.items():
+        reads[_weight_key(gm, value_of(a)[0])] += len(consumers)
+    return reads
 
 
 @register_pass
@@ -81,6 +97,7 @@ class InsertCollectives(GraphPass):
                 need = tuple(view.strategy(node, ax).inputs[slot] for ax in axes)
                 requests[(a, need)].append((node, slot, sharded))
 
+        reads = _weight_reads(gm, requests)
         changes: list[str] = []
         replacements: dict[fx.Node, dict[int, fx.Node]] = defaultdict(dict)
         position = {n: i for i, n in enumerate(graph.nodes)}
@@ -117,8 +134,16 @@ class InsertCollectives(GraphPass):
                 changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
             synced = current
             if needs_grad_sync:
-                weight = producer.op == "get_attr" and current is a
-                with graph.inserting_before(first):
+                # The sum may wait for the end of the step only where every read of the
+                # weight is a partial one: deferred, it sums the whole accumulated .grad,
+                # and a whole term from another reader would be counted once per device.
+                weight = (producer.op == "get_attr" and current is a
+                          and len(sharded_users) == reads[_weight_key(gm, producer)])
+                # right before the first sharded reader: a buffer written in place through
+                # views (``new_empty`` then ``copy_`` into slices) is complete only there,
+                # and autograd forbids reading a custom Function's view of an earlier state
+                first_sharded = min((c[0] for c in sharded_users), key=lambda n: position[n])
+                with graph.inserting_before(first_sharded):
                     synced = graph.call_function(comm_ops.grad_all_reduce, (current, TP, weight))
                 synced.meta["val"] = a.meta.get("val")
                 changes.append(f"{a.name}: gradient all-reduce on tp for sharded readers "

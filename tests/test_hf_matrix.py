@@ -76,7 +76,7 @@ def test_traces_and_plans(arch: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2", "zero3"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2", "zero3", "tp2_random"])
 def test_matches_single_device(layout: str, tmp_path: Path) -> None:
     ranks = run_cases(2, tmp_path, [{"arch": arch} for arch in ZOO], worker="hf_matrix.py",
                       worker_args=("--layout", layout), timeout=600)
@@ -97,7 +97,8 @@ def check_layout(layout: str, r: dict) -> str | None:
     if r["status"] != "equal":
         return None
     mesh = r["mesh"]
-    wanted = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "pp2": {"pp": 2}, "zero3": {"dp": 2}}[layout]
+    wanted = {"dp2": {"dp": 2}, "tp2": {"tp": 2}, "pp2": {"pp": 2}, "zero3": {"dp": 2},
+              "tp2_random": {"tp": 2}}[layout]
     if any(mesh.get(axis, 1) != n for axis, n in wanted.items()):
         return f"mesh {mesh}, expected {wanted}"
     if layout == "tp2" and not r["sharded"]:
@@ -112,7 +113,7 @@ def check_layout(layout: str, r: dict) -> str | None:
 def note(layout: str, r: dict) -> str | None:
     if r["status"] != "equal":
         return None
-    if layout == "tp2":
+    if layout in ("tp2", "tp2_random"):
         return f"{len(r['sharded'])} weights sharded" if r["sharded"] else "no weight sharded"
     if layout == "pp2":
         return r.get("schedule")

@@ -128,3 +128,128 @@ def test_moves_the_program_records_go_to_the_ranks_device() -> None:
                                                                        "meta"))
     placed = devices(program)
     assert placed and set(placed) == {torch.device("meta")}
+
+
+class CastLike(torch.nn.Module):
+    """``b(h).type_as(h)`` with ``h = a(x)``: type_as reads ``h`` only for its dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return (self.b(h).type_as(h) ** 2).mean()
+
+
+@pytest.mark.parametrize("other", ["S(1)", "P"])
+def test_a_whole_op_reading_a_split_input_for_its_dtype_keeps_whole_gradients(other) -> None:
+    """``type_as(R, split) -> R`` computes the same whole output on every device, so the
+    gradient of its replicated input is whole too. It was all-reduced as if partial, which
+    doubled it under tp=2 (tiny Gemma 2 trained wrong on such a layout)."""
+    from autopar import comm_ops
+    from autopar.plan import Plan
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    gm = autopar.trace(CastLike(), ((x,), {}))
+    data = autopar.plan(gm, "tests/clusters/cpu-fast-links.yaml", tp=2, recompute=("none",)
+                        ).to_dict()
+    layout = {"linear": (["R", "R", "R"], ["R"]),
+              "linear_1": (["R", "S(0)", "S(0)"], ["S(1)"]),  # b(h): column-parallel
+              "type_as": (["R", other], ["R"]), "pow_1": (["R"], ["R"]), "mean": (["R"], ["R"])}
+    for name, (ins, outs) in layout.items():
+        data["strategies"][name]["tp"] = {"in": ins, "out": outs}
+    plan = Plan.from_dict(data)
+    program, _ = PassManager(sharding_passes()).run(gm, PassContext(plan, {"dp": 0, "tp": 0}))
+    nodes = {n.name: n for n in program.graph.nodes}
+    assert nodes["type_as"].args[0].target is comm_ops.redistribute  # b(h) gathered, no more
+    # a replicated input read by split work still has its partial gradients summed
+    assert nodes["linear_1"].args[0].target is comm_ops.grad_all_reduce
+
+
+class TiedHead(torch.nn.Module):
+    """An embedding whose weight is also the output head's (``tied``), or a separate head."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return (self.head(self.embed(idx)) ** 2).mean()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_weight_with_a_whole_gradient_term_is_summed_at_once(tied: bool) -> None:
+    """A weight read replicated by split work has partial gradients, summed over tp; that
+    sum may wait for the end of the step (one bucketed all-reduce) only when no other read
+    adds a whole term to the same ``.grad``: deferred, the whole term was summed too,
+    counted once per device (tiny BERT, RoBERTa and BART's tied embeddings trained wrong)."""
+    from autopar import comm_ops
+    from autopar.plan import Plan
+
+    idx = torch.randint(0, 16, (4, 8))
+    gm = autopar.trace(TiedHead(tied), ((idx,), {}))
+    data = autopar.plan(gm, "tests/clusters/cpu-fast-links.yaml", tp=2, recompute=("none",)
+                        ).to_dict()
+    weights = [n.name for n in gm.graph.nodes if n.op == "get_attr"]
+    embedding = next(n.name for n in gm.graph.nodes if "embedding" in str(n.target))
+    head = next(n.name for n in gm.graph.nodes if "linear" in str(n.target))
+    layout = {**{w: ([], ["R"]) for w in weights},
+              embedding: (["R", "R"], ["R"]),  # whole: its weight gradient is whole
+              head: (["S(1)", "R"], ["S(1)"])}  # split by sequence: a partial term
+    for name, (ins, outs) in {**layout, "pow_1": (["S(1)"], ["S(1)"]),
+                              "mean": (["S(1)"], ["P(avg)"])}.items():
+        data["strategies"][name]["tp"] = {"in": ins, "out": outs}
+    program, _ = PassManager(sharding_passes()).run(gm, PassContext(Plan.from_dict(data),
+                                                                     {"dp": 0, "tp": 0}))
+    syncs = [n for n in program.graph.nodes if n.target is comm_ops.grad_all_reduce]
+    assert len(syncs) == 1 and syncs[0].users.keys() == {program.graph.find_nodes(
+        op="call_function", target=torch.ops.aten.linear.default)[0]}
+    assert syncs[0].args[2] is not tied  # deferred only without the embedding's whole term
+
+
+class FilledBuffer(torch.nn.Module):
+    """A buffer made empty and filled in place through slices, then read by a matmul (as
+    DeepSeek-V3's attention assembles its query and key heads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+        self.c = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffer = x.new_empty(4, 8)
+        buffer[:, :4] = self.a(x)
+        buffer[:, 4:] = self.b(x)
+        return (self.c(buffer) ** 2).mean()
+
+
+def test_a_buffer_filled_in_place_is_synced_once_filled() -> None:
+    """The gradient all-reduce of a replicated value read by split work is a view of it, so
+    it must come after the last in-place write: made before, autograd refused to run the
+    program ("a view was created ... its base ... modified inplace")."""
+    from autopar import comm_ops
+    from autopar.plan import Plan
+
+    x = torch.randn(4, 8)
+    gm = autopar.trace(FilledBuffer(), ((x,), {}))
+    data = autopar.plan(gm, "tests/clusters/cpu-fast-links.yaml", tp=2, recompute=("none",)
+                        ).to_dict()
+    whole = {n.name: ([], ["R"]) for n in gm.graph.nodes if n.op == "get_attr"}
+    whole.update({n.name: (["R"] * len(data["strategies"][n.name]["tp"]["in"]), ["R"])
+                  for n in gm.graph.nodes if n.name in data["strategies"]
+                  and n.op == "call_function"})
+    layout = {**whole, "linear_2": (["R", "S(0)", "S(0)"], ["S(1)"]),  # c: column-parallel
+              "pow_1": (["S(1)"], ["S(1)"]), "mean": (["S(1)"], ["P(avg)"])}
+    for name, (ins, outs) in layout.items():
+        data["strategies"][name]["tp"] = {"in": ins, "out": outs}
+    program, _ = PassManager(sharding_passes()).run(gm, PassContext(Plan.from_dict(data),
+                                                                     {"dp": 0, "tp": 0}))
+    order = [n.name for n in program.graph.nodes]
+    (sync,) = [n for n in program.graph.nodes if n.target is comm_ops.grad_all_reduce
+               and n.args[0].name == "new_empty"]
+    assert order.index("copy__1") < order.index(sync.name) < order.index("linear_2")

@@ -48,7 +48,7 @@ from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.knobs import RECOMPUTE_MODES
 from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
 from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
-from autopar.placements import Placement, Replicate, Shard
+from autopar.placements import Placement, Shard
 from autopar.precision import (
     BYTES,
     PrecisionAssignment,
@@ -178,11 +178,6 @@ class Setting:
         mesh = {"pp": self.pp} if self.pp > 1 else {}
         return {**mesh, "dp_replicate": self.dp_replicate, "dp": self.shard_group,
                 "tp": self.tp}
-
-
-def sharded_compute(strategy: Strategy) -> bool:
-    """Work splits over the axis when anything the node touches is not replicated."""
-    return not all(isinstance(p, Replicate) for p in (*strategy.inputs, *strategy.outputs))
 
 
 def divisor(placement: Placement, n: int) -> int:
@@ -480,7 +475,7 @@ class CostTables:
         facts = d.facts
         if d.kind != "op" or d.name in self.problem.dead:
             return 0.0, 0.0, 0.0
-        div = self.setting.tp if sharded_compute(s) else 1
+        div = self.setting.tp if s.splits_work else 1
         scale = self._scale(d) / div
         dtype = self.dtype(d)
         # Buffers an op keeps for backward (a softmax's output inside cross-entropy, norm
@@ -591,7 +586,7 @@ class CostTables:
         temporary twice."""
         if d.kind != "op" or d.facts.target not in AUTOCAST_FP32_TARGETS:
             return 0.0
-        div = self.setting.tp if sharded_compute(s) else 1
+        div = self.setting.tp if s.splits_work else 1
         chunked = self._chunked_loss(d)
         if chunked is not None:
             tokens, classes, logit_bytes = chunked
@@ -624,7 +619,7 @@ class CostTables:
         facts = d.facts
         if d.kind != "op" or not facts.requires_grad or (recompute and self.recomputed(d)):
             return 0.0
-        div = self.setting.tp if sharded_compute(s) else 1
+        div = self.setting.tp if s.splits_work else 1
         # Float buffers (statistics, LSEs) follow the compute precision, or fp32 for the ops
         # autocast runs in fp32 (the loss's log-softmax); masks keep their bytes.
         chunked = self._chunked_loss(d)

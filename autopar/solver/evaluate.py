@@ -35,7 +35,7 @@ from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
-from autopar.solver.costs import CostTables, Setting, divisor, sharded_compute
+from autopar.solver.costs import CostTables, Setting, divisor
 from autopar.solver.problem import Problem, ValueKey
 from autopar.solver.stages import StageLoad, equal_partition, rank_of_chunk
 from autopar.strategies import Strategy
@@ -106,7 +106,7 @@ def needed_placements(problem: Problem, choice: list[int], key: ValueKey,
         q = s.inputs[use.slot]
         flags = out.setdefault(q, {"saved": False, "partial_grad": False, "only_sharded": True})
         flags["saved"] |= tables.keeps(use, key) if tables is not None else use.saves
-        sharded = q == R and sharded_compute(s)
+        sharded = q == R and s.splits_work
         flags["partial_grad"] |= sharded
         flags["only_sharded"] &= sharded
     return out

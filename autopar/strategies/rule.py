@@ -103,6 +103,22 @@ class Strategy:
     def is_replicated(self) -> bool:
         return all(isinstance(p, Replicate) for p in (*self.inputs, *self.outputs))
 
+    @property
+    def splits_work(self) -> bool:
+        """Whether devices compute different parts of the node, so that the gradient of a
+        replicated input comes out partial (one term per device) and must be all-reduced.
+
+        True when an output is split over the axis (sharded, or pending a sum), or when a
+        local implementation with collectives of its own (vocabulary-parallel cross-entropy)
+        reads split inputs. An op whose outputs are all whole reads a split input only for
+        its metadata (``type_as``'s dtype, ``new_zeros``'s device, ``zeros_like``'s shape):
+        every device computes the same whole output from the same replicated inputs, whose
+        gradients are then whole, and all-reducing them would multiply them by the axis size.
+        """
+        if any(not isinstance(p, Replicate) for p in self.outputs):
+            return True
+        return self.local_impl is not None and not self.is_replicated
+
 
 Rule = Callable[[OpCall, int], list[Strategy]]
 

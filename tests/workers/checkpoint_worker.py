@@ -59,6 +59,10 @@ def main() -> int:
               "zero": pm.plan.training["zero"]}
     Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(record))
     if dist.is_initialized():
+        # every rank done before any tears its groups down: a rank that exits while its
+        # peer still finishes may leave gloo work behind (one SIGABRT, "terminate called
+        # without an active exception", in CI on 2026-11-27)
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

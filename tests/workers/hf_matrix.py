@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+import zlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,9 +39,12 @@ from grad_check import compare, train_parallel, train_reference  # noqa: E402
 import autopar  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.plan import Plan  # noqa: E402
+from autopar.solver import cpsat  # noqa: E402
 from tests.hf_zoo import build  # noqa: E402
 
 STEPS = 3
+# layout tp2_random's seed; set AUTOPAR_LAYOUT_SEED to draw other layouts (or reproduce one)
+RANDOM_LAYOUT_SEED = int(os.environ.get("AUTOPAR_LAYOUT_SEED", 2026))
 FAST = str(HERE.parent / "clusters" / "cpu-fast-links.yaml")
 
 # Each layout: the pins it plans with, and the cluster. Tensor parallelism needs fast links
@@ -50,20 +54,28 @@ LAYOUTS: dict[str, dict] = {
     "tp2": {"tp": 2, "cluster": FAST},
     "pp2": {"pp": 2, "microbatches": 2},
     "zero3": {"dp": 2, "zero": 3},
+    # tp=2 on a random layout among those the constraints allow (cpsat.LAYOUT_NOISE_SEED,
+    # one seed per architecture): redistributions and placements today's costs never pick
+    "tp2_random": {"tp": 2, "cluster": FAST, "layout_seed": RANDOM_LAYOUT_SEED},
 }
 
 
-def plan_everywhere(model, cluster, inputs, pins: dict) -> Plan | str:
+def plan_everywhere(model, cluster, inputs, pins: dict, layout_seed: int | None = None
+                    ) -> Plan | str:
     """Rank 0's plan on every rank, or the text of its refusal (an AutoparError). Any other
-    failure of planning is raised on every rank, so none waits for the others."""
+    failure of planning is raised on every rank, so none waits for the others.
+    ``layout_seed``: plan a random layout (see ``cpsat.LAYOUT_NOISE_SEED``)."""
     box = ["", "", ""]  # plan JSON, refusal, other failure
     if dist.get_rank() == 0:
+        cpsat.LAYOUT_NOISE_SEED = layout_seed
         try:
             box[0] = autopar.plan(model, cluster, inputs, **pins).to_json()
         except AutoparError as e:
             box[1] = f"{type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
             box[2] = f"planning failed on rank 0: {type(e).__name__}: {e}"
+        finally:
+            cpsat.LAYOUT_NOISE_SEED = None
     dist.broadcast_object_list(box, src=0)
     if box[2]:
         raise RuntimeError(box[2])
@@ -73,6 +85,9 @@ def plan_everywhere(model, cluster, inputs, pins: dict) -> Plan | str:
 def run_cell(arch: str, layout: str) -> dict:
     options = dict(LAYOUTS[layout])
     cluster = cluster_for(options.pop("cluster", None), dist.get_world_size())
+    seed = options.pop("layout_seed", None)
+    if seed is not None:
+        seed += zlib.crc32(arch.encode())
     clock = [time.perf_counter()]
 
     def lap() -> float:
@@ -83,7 +98,7 @@ def run_cell(arch: str, layout: str) -> dict:
     weights = dict(model.named_parameters(remove_duplicate=False))
     reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
     times = {"reference": lap()}
-    plan = plan_everywhere(model, cluster, (a, k), {**options, "recompute": ("none",)})
+    plan = plan_everywhere(model, cluster, (a, k), {**options, "recompute": ("none",)}, seed)
     times["plan"] = lap()
     if isinstance(plan, str):
         return {"status": "refused", "reason": plan}

@@ -234,9 +234,17 @@ class CostTables:
         self.dp_link: LinkSpec = axis_link(cluster, setting.mesh, "dp")
         self.element_bytes = activation_bytes_per_element(options.precision)
         # The solver, the bounds and every evaluation of a layout ask for the same
-        # coefficients again: each is computed once per setting.
-        self._times: dict[tuple, tuple[float, float, float]] = {}
-        self._moves: dict[tuple, float] = {}
+        # coefficients again: each is computed once for all the settings it depends on
+        # (an op's times and a value's redistributions do not depend on dp, pp or the
+        # pipeline schedule, which the search varies most).
+        self.layout_key = (setting.tp, setting.microbatch, setting.recompute, setting.cp,
+                           setting.cp_layout, precision_key(options, setting.zero), cluster,
+                           self.tp_link)
+        """What an op's times, a value's redistributions and saved bytes depend on."""
+        self._times: dict[tuple, tuple[float, float, float]] = problem.cache.setdefault(
+            ("times", *self.layout_key), {})
+        self._moves: dict[tuple, float] = problem.cache.setdefault(
+            ("moves", *self.layout_key), {})
         self._comm: dict[tuple, AttentionComm] = {}
         # choice -> its unit costs (autopar.solver.search prices a layout uniformly, then
         # per layer, from the same units)

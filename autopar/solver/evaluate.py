@@ -187,48 +187,90 @@ def _unit_counts(nodes: list[fx.Node], unit_of: dict[str, int]) -> list[tuple[in
     return list(counts.items())
 
 
-_SUMMED = ("tp_comm", "trainable_numel", "fwd", "bwd", "act", "layer_plain", "params",
-           "grads", "opt", "host", "grad_bytes", "weights", "expert_grad_bytes",
-           "expert_weights")
-"""The per-unit sums of :func:`unit_costs`, in the order of its per-decision rows."""
+_LAYOUT = ("fwd", "bwd", "act", "layer_plain", "tp_comm")
+"""The per-unit sums of :func:`unit_costs` that follow from the layout alone (the op and
+value costs of :attr:`CostTables.layout_key`): shared by every setting of the search with
+that key, which differ in dp, pp, the schedule and the ZeRO stage's sharding."""
+_STATES = ("tp_comm", "trainable_numel", "params", "grads", "opt", "host", "grad_bytes",
+           "weights", "expert_grad_bytes", "expert_weights")
+"""The per-unit sums of :func:`unit_costs` that depend on the setting's sharding and
+experts (``tp_comm`` here: the experts' all-to-alls)."""
 
 
 def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     problem = tables.problem
-    n_tp = tables.setting.tp
     layers, unit_of = _units(problem.gm)
     n = len(layers) + 2
+    counts = _unit_counts_matrix(problem, unit_of, n)
+    layout = _layout_costs(tables, choice, counts)
+    rows = np.empty((len(problem.decisions), len(_STATES)))
+    for d in problem.decisions:
+        s = d.candidates[choice[d.index]]
+        st = tables.states(d, s)
+        g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
+        expert_f, expert_b = tables.expert_comm(d)
+        expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
+        rows[d.index] = (expert_f + expert_b, tables.trainable_numel(d, s), st.params,
+                         st.grads, st.optimizer, st.host_total, g, w, g * expert, w * expert)
+    summed = counts.T @ rows
+    per_unit = {name: summed[:, j] for j, name in enumerate(_STATES)}
+    per_unit["tp_comm"] = per_unit["tp_comm"] + layout["tp_comm"]
+    for name in _LAYOUT[:-1]:
+        per_unit[name] = layout[name]
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
-    # Each decision stands for its folded nodes, spread over units: its costs are added to
-    # every unit it sits in, times its nodes there -- one matrix product (units x
-    # decisions) instead of a Python loop per node.
+    for name, values in per_unit.items():
+        setattr(u, name, values.tolist())
+    u.largest, u.cut_fwd, u.cut_bwd = (list(layout[k]) for k in ("largest", "cut_fwd",
+                                                                   "cut_bwd"))
+    u.gathered_outputs = layout["gathered_outputs"]
+    return u
+
+
+def _unit_counts_matrix(problem: Problem, unit_of: dict[str, int], n: int) -> np.ndarray:
+    """How many of each decision's folded nodes sit in each unit (decisions x units): its
+    costs are added to every unit it sits in, times its nodes there -- one matrix product
+    instead of a Python loop per node (fixed per graph)."""
     counts = problem.cache.get("unit_counts")
-    if counts is None:  # fixed per graph
+    if counts is None:
         counts = np.zeros((len(problem.decisions), n))
         for d in problem.decisions:
             for k, c in _unit_counts(d.nodes, unit_of):
                 counts[d.index, k] = c
         problem.cache["unit_counts"] = counts
-    rows = np.empty((len(problem.decisions), len(_SUMMED)))
+    return counts
+
+
+def _layout_costs(tables: CostTables, choice: list[int], counts: np.ndarray) -> dict:
+    """The per-unit costs that follow from the layout (:data:`_LAYOUT`), the largest
+    tensor, the cut bytes and the gathered outputs, computed once per layout and
+    :attr:`CostTables.layout_key` (plus what a value's partial gradient and saved weight
+    copies depend on: whether weight gradients are deferred, and ep)."""
+    s = tables.setting
+    key = ("layout_costs", tables.layout_key, s.cp_algorithm, s.ep,
+           s.zero == 0 and s.pp == 1, tables.traced_batch, tables.seq_len, tuple(choice))
+    cache = tables.problem.cache
+    if key not in cache:
+        cache[key] = _compute_layout_costs(tables, choice, counts)
+    return cache[key]
+
+
+def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndarray) -> dict:
+    problem = tables.problem
+    n_tp = tables.setting.tp
+    rows = np.empty((len(problem.decisions), 4))
     out = np.zeros(len(problem.decisions))
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
-        st = tables.states(d, s)
-        g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
         # the peak counts the largest tensor twice (a gradient beside it); a cp attention
         # buffer is alive once
         out[d.index] = max(
             tables.transient_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad
             else 0.0, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
-        expert_f, expert_b = tables.expert_comm(d)
-        expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
-        rows[d.index] = (expert_f + expert_b, tables.trainable_numel(d, s), f, b + r,
-                         tables.own_activation(d, s),
-                         tables.own_activation(d, s, recompute=False), st.params, st.grads,
-                         st.optimizer, st.host_total, g, w, g * expert, w * expert)
+        rows[d.index] = (f, b + r, tables.own_activation(d, s),
+                         tables.own_activation(d, s, recompute=False))
 
-    values = np.zeros((len(problem.decisions), 3))  # tp_comm, act, layer_plain per producer
+    values = np.zeros((len(problem.decisions), 3))  # act, layer_plain, tp_comm per producer
     for key in problem.values:
         src = chosen(problem, choice, key[0]).outputs[key[1]]
         per_instance_comm = 0.0
@@ -253,27 +295,29 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
-        values[key[0]] += (per_instance_comm, per_instance_saved, plain_saved)
-    summed = counts.T @ rows
-    summed[:, [_SUMMED.index(k) for k in ("tp_comm", "act", "layer_plain")]] += counts.T @ values
-    for j, name in enumerate(_SUMMED):
-        setattr(u, name, summed[:, j].tolist())
-    u.largest = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
-    _cuts(tables, choice, u)
-    u.gathered_outputs = _gathered_outputs(tables, choice)
-    return u
+        values[key[0]] += (per_instance_saved, plain_saved, per_instance_comm)
+    summed = counts.T @ np.hstack([rows, np.zeros((len(rows), 1))])
+    summed[:, 2:] += counts.T @ values
+    layout = {name: summed[:, j].copy() for j, name in enumerate(_LAYOUT)}
+    layout["largest"] = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
+    n = counts.shape[1]
+    layout["cut_fwd"], layout["cut_bwd"] = _cuts(tables, choice, n)
+    layout["gathered_outputs"] = _gathered_outputs(tables, choice)
+    return layout
 
 
-def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
+def _cuts(tables: CostTables, choice: list[int], n_units: int
+          ) -> tuple[list[float], list[float]]:
     """Bytes each cut between units would send forward (activations, once per value however
     many later units read it) and backward (their gradients)."""
     problem = tables.problem
+    unit_of = _units(problem.gm)[1]
     if "cut_spans" not in problem.cache:  # per value, the unit spans it crosses (fixed)
         last_reader: dict[tuple, int] = {}  # which unit reads each value last
         for node in problem.gm.graph.nodes:
             if node.name not in problem.decision_of:
                 continue
-            k = u.unit_of[node.name]
+            k = unit_of[node.name]
             for a in tensor_inputs(node):
                 producer, index = value_of(a)
                 if producer.op == "get_attr" or producer.name not in problem.decision_of:
@@ -281,20 +325,20 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
                 key = (problem.decision_of[producer.name], index, producer.name)
                 last_reader[key] = max(last_reader.get(key, -1), k)
         keys: dict[tuple[int, int], int] = {}
-        spans = [(keys.setdefault((decision, index), len(keys)), u.unit_of[name], reader)
+        spans = [(keys.setdefault((decision, index), len(keys)), unit_of[name], reader)
                  for (decision, index, name), reader in last_reader.items()
-                 if reader > u.unit_of[name]]
+                 if reader > unit_of[name]]
         problem.cache["cut_spans"] = (list(keys), np.array([s[0] for s in spans], dtype=int),
                                       np.array([s[1] for s in spans], dtype=int),
                                       np.array([s[2] for s in spans], dtype=int))
     keys, which, starts, readers = problem.cache["cut_spans"]
     if not keys:
-        return
+        return [0.0] * n_units, [0.0] * n_units
     tp = tables.setting.tp
     fwd = np.array([tables.value_bytes(k) / divisor(chosen(problem, choice, k[0]).outputs[k[1]], tp)
                     for k in keys])
     bwd = np.where([tables.requires_grad(k) for k in keys], fwd, 0.0)
-    n = len(u.cut_fwd)
+    n = n_units
 
     def crossing(per_key: np.ndarray) -> list[float]:
         """A value crosses every cut from its unit up to (not including) its last reader's:
@@ -304,7 +348,7 @@ def _cuts(tables: CostTables, choice: list[int], u: UnitCosts) -> None:
         np.add.at(steps, readers, -per_key[which])
         return np.cumsum(steps)[:n].tolist()
 
-    u.cut_fwd, u.cut_bwd = crossing(fwd), crossing(bwd)
+    return crossing(fwd), crossing(bwd)
 
 
 def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) -> StageLoad:

@@ -60,11 +60,13 @@ def _weight_key(gm: fx.GraphModule, node: fx.Node) -> int | None:
         return None
 
 
-def _weight_reads(gm: fx.GraphModule, requests: dict) -> dict[int | None, int]:
+def _weight_reads(gm: fx.GraphModule, requests: dict) -> dict[int, int]:
     """How many consumer slots read each weight, over every ``get_attr`` that names it."""
-    reads: dict[int | None, int] = defaultdict(int)
+    reads: dict[int, int] = defaultdict(int)
     for (a, _), consumers in requests.items():
-        reads[_weight_key(gm, value_of(a)[0])] += len(consumers)
+        key = _weight_key(gm, value_of(a)[0])
+        if key is not None:
+            reads[key] += len(consumers)
     return reads
 
 
@@ -137,8 +139,8 @@ class InsertCollectives(GraphPass):
                 # The sum may wait for the end of the step only where every read of the
                 # weight is a partial one: deferred, it sums the whole accumulated .grad,
                 # and a whole term from another reader would be counted once per device.
-                weight = (producer.op == "get_attr" and current is a
-                          and len(sharded_users) == reads[_weight_key(gm, producer)])
+                key = _weight_key(gm, producer) if current is a else None
+                weight = key is not None and len(sharded_users) == reads[key]
                 # right before the first sharded reader: a buffer written in place through
                 # views (``new_empty`` then ``copy_`` into slices) is complete only there,
                 # and autograd forbids reading a custom Function's view of an earlier state

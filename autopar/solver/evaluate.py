@@ -300,8 +300,7 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
     summed[:, 2:] += counts.T @ values
     layout = {name: summed[:, j].copy() for j, name in enumerate(_LAYOUT)}
     layout["largest"] = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
-    n = counts.shape[1]
-    layout["cut_fwd"], layout["cut_bwd"] = _cuts(tables, choice, n)
+    layout["cut_fwd"], layout["cut_bwd"] = _cuts(tables, choice, counts.shape[1])
     layout["gathered_outputs"] = _gathered_outputs(tables, choice)
     return layout
 
@@ -338,15 +337,14 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
     fwd = np.array([tables.value_bytes(k) / divisor(chosen(problem, choice, k[0]).outputs[k[1]], tp)
                     for k in keys])
     bwd = np.where([tables.requires_grad(k) for k in keys], fwd, 0.0)
-    n = n_units
 
     def crossing(per_key: np.ndarray) -> list[float]:
         """A value crosses every cut from its unit up to (not including) its last reader's:
         +bytes at the start, -bytes at the reader, summed along the cuts."""
-        steps = np.zeros(n + 1)
+        steps = np.zeros(n_units + 1)
         np.add.at(steps, starts, per_key[which])
         np.add.at(steps, readers, -per_key[which])
-        return np.cumsum(steps)[:n].tolist()
+        return np.cumsum(steps)[:n_units].tolist()
 
     return crossing(fwd), crossing(bwd)
 

@@ -17,9 +17,13 @@ The recomputation forward of a checkpointed block re-uses the weights its backwa
 backward), so full recomputation adds no gathers under FSDP2; DeepSpeed ZeRO-3 is different
 (it fetches again) and is not modelled here.
 
-DDP (ZeRO 0) and ZeRO 1/2 reduce the gradients in buckets of ``bucket_cap_mb`` as backward
-produces them; each bucket is one collective with its own latency, and the last bucket (the
-first layers' gradients) is ready only when backward ends, so it is never hidden.
+DDP (ZeRO 0) reduces the gradients in buckets of ``bucket_cap_mb`` as backward produces
+them; each bucket is one collective with its own latency, and the last bucket (the first
+layers' gradients) is ready only when backward ends, so it is never hidden. ZeRO 1/2 run
+on FSDP2 too (``reshard_after_forward=False``, :mod:`autopar.runtime.data_parallel`), so
+they are priced as FSDP2 units, gathered once per step and never regathered: a call per
+unit, not per bucket (the demo GPT's five units make ten calls a step where two 25 MiB
+buckets would make three, and on gloo each call costs ~1.5 ms whatever its size).
 
 Overlap is not free: a collective kernel running beside compute takes SMs and memory
 bandwidth from it. Lee et al., "Characterizing Compute-Communication Overlap in

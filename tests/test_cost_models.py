@@ -443,3 +443,26 @@ def test_fsdp_copies_are_priced_as_the_bytes_they_stream() -> None:
     assert out == pytest.approx(4e9 / rate + kernel_floor(dev))
     assert into == pytest.approx(6e9 / rate + kernel_floor(dev))
     assert fsdp_copies_s(0.0, 0.0, dev) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("zero, microbatches, calls", [
+    (1, 1, 5 + 5), (1, 2, 5 + 5),        # gathered once, reduced once per step
+    (2, 1, 5 + 5), (2, 2, 5 + 2 * 5),    # reduced every microbatch
+    (3, 1, 9 + 5), (3, 2, 2 * (9 + 5)),  # blocks gathered again in backward
+])
+def test_zero_stages_are_priced_as_the_fsdp2_calls_the_runtime_makes(
+        zero: int, microbatches: int, calls: int) -> None:
+    """ZeRO 1-3 run on FSDP2, one all-gather and one reduce-scatter per unit (the demo GPT:
+    its 4 blocks and the root, as a recorded run shows), so a step pays one collective latency
+    per unit and call, not one per 25 MiB gradient bucket. On links where only the latency
+    costs (10 ms, 1 TB/s), the predicted data-parallel time counts the calls."""
+    import autopar
+    from autopar.cli.demo_data import demo_batches, demo_model
+
+    link = {"bandwidth_gb_per_s": 1000.0, "latency_us": 10_000}
+    cluster = {"name": "latency-only", "nodes": 1, "devices_per_node": 2,
+               "device": {"preset": "A100-80GB"}, "intra_node_link": link,
+               "inter_node_link": link}
+    plan = autopar.plan(demo_model(), cluster, demo_batches(1)[0], dp=2, tp=1, pp=1,
+                        zero=zero, microbatches=microbatches, recompute="none")
+    assert plan.predicted["dp_comm_s"] / 10e-3 == pytest.approx(calls, abs=0.1)

@@ -218,7 +218,7 @@ def solve(
                 g = tables.grad_bytes(d, s) * d.count
                 if g:
                     grad_terms.append((g, xs[i]))
-                if setting.zero == 3 and d.kind == "param" and d.facts.param is not None:
+                if setting.zero >= 1 and d.kind == "param" and d.facts.param is not None:
                     weight_terms.append((d, s, xs[i]))
 
     for key, info in problem.values.items():
@@ -257,34 +257,32 @@ def solve(
                 for g, lit in grad_terms]
 
         gloo = tables.cluster.backend == "gloo"
-        if setting.zero in (0, 1, 2):
+        if setting.zero == 0:
             total_grads = sum(g for g, _ in grad_terms)
             buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True)
                            * state_scale)
-            if setting.zero == 0:
-                pieces = [(fixed("all_reduce"), None)] + [
-                    (slope("all_reduce", g), lit) for g, lit in grad_terms]
-            else:
-                pieces = [(fixed("reduce_scatter") + fixed("all_gather"), None)] + [
-                    (slope("reduce_scatter", g) + slope("all_gather", g), lit)
-                    for g, lit in grad_terms]
-            if setting.zero == 2 and m > 1 and gloo:  # see evaluate: hidden where it overlaps
-                pieces += [((m - 1) * fixed("reduce_scatter"), None)] + [
-                    ((m - 1) * slope("reduce_scatter", g), lit) for g, lit in grad_terms]
-            pieces += replicas
+            pieces = [(fixed("all_reduce"), None)] + [
+                (slope("all_reduce", g), lit) for g, lit in grad_terms] + replicas
             overlap = 0 if gloo else bwd  # see evaluate
             model.Add(exposed >= linear(pieces) - overlap)
         else:
-            pieces = [(slope("reduce_scatter", g), lit) for g, lit in grad_terms]
+            # FSDP2 unit by unit (see evaluate.data_parallel_costs): ZeRO-3 gathers every
+            # microbatch, forward and backward; ZeRO-1/2 once per step. ZeRO-3 and 2
+            # reduce-scatter every microbatch, ZeRO-1 once.
+            gathers = 2 * m if setting.zero == 3 else 1
+            reduces = 1 if setting.zero == 1 else m
+            pieces = [(reduces * slope("reduce_scatter", g), lit) for g, lit in grad_terms]
             peak_terms = []
             for d, s, lit in weight_terms:
                 one = tables.weight_bytes(d, s)
-                pieces.append((2 * slope("all_gather", one * d.count), lit))
-                # Gathered weights at peak: the root's, and two layers' (prefetch).
-                peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
-                                              else 2)) * lit)
-            pieces.append((2 * fixed("all_gather") + fixed("reduce_scatter"), None))
-            pieces = [(m * sec, lit) for sec, lit in pieces] + replicas
+                pieces.append((gathers * slope("all_gather", one * d.count), lit))
+                if setting.zero == 3:
+                    # Gathered weights at peak: the root's, and two layers' (prefetch).
+                    peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
+                                                  else 2)) * lit)
+            pieces.append((gathers * fixed("all_gather") + reduces * fixed("reduce_scatter"),
+                           None))
+            pieces += replicas
             hidden = 0 if gloo else m * (fwd + bwd)
             model.Add(exposed >= linear(pieces) - hidden)
             memory_terms.extend(peak_terms)

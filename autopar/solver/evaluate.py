@@ -574,12 +574,13 @@ def data_parallel_costs(
     running ``units``, for the setting's ZeRO stage (see :mod:`autopar.cost_models.data_parallel`).
 
     Stage 0 (DDP): the gradients all-reduced in buckets during the last microbatch's
-    backward. Stages 1 and 2: the buckets reduce-scattered the same way, then the updated
-    weights all-gathered after the optimizer step (exposed); stage 2 reduce-scatters every
-    microbatch's gradients (it keeps only their shards), stage 1 only the last one's (it
-    accumulates whole gradients: :mod:`autopar.runtime.data_parallel`). Stage 3 (FSDP2): every
-    microbatch gathers each unit's weights for forward and again for backward and
-    reduce-scatters its gradients, overlapped unit by unit (prefetch one unit ahead).
+    backward. Stages 1-3 run FSDP2 (:mod:`autopar.runtime.data_parallel`), unit by unit,
+    overlapped with the unit's compute (prefetch one unit ahead): stage 3 gathers each unit's
+    weights in every microbatch's forward and again in its backward and reduce-scatters its
+    gradients; stages 1 and 2 (``reshard_after_forward=False``) gather each unit once per
+    step, in the first forward, and keep the weights whole to the end of the step; stage 2
+    reduce-scatters every microbatch's gradients (it keeps only their shards), stage 1 only
+    the last one's (it accumulates whole gradients).
     HSDP (``dp_replicate`` > 1): gathers and reduce-scatters run within one replica group,
     and each gradient shard is then all-reduced across the groups, once per step.
     gloo on CPU moves data with the same cores that compute (one thread per process): its
@@ -607,23 +608,14 @@ def data_parallel_costs(
             tables, "all_reduce", grad_bytes / setting.shard_group, mesh, "dp_replicate",
             "auto")
 
-    grad_bytes = sum(u.grad_bytes[i] for i in units)
-    if setting.zero in (0, 1, 2):
-        buckets = ddp_buffer_bytes(grad_bytes, gradient_as_bucket_view=True)
-        kind = "all_reduce" if setting.zero == 0 else "reduce_scatter"
+    if setting.zero == 0:
+        grad_bytes = sum(u.grad_bytes[i] for i in units)
         backward = sum(u.bwd[i] + u.tp_comm[i] / 2 for i in units)
-        step = bucketed_step([dp_time(kind, b) + replica_time(b)
+        step = bucketed_step([dp_time("all_reduce", b) + replica_time(b)
                               for b in bucket_sizes(grad_bytes)], backward, overlap=overlap)
-        if setting.zero == 0:
-            return step.comm_s, step.exposed_s, buckets
-        gather = dp_time("all_gather", sum(u.weights[i] for i in units))
-        comm, exposed = step.comm_s + gather, step.exposed_s + gather
-        if setting.zero == 2 and m > 1:  # the earlier microbatches' reduce-scatters too
-            earlier = (m - 1) * sum(dp_time("reduce_scatter", b)
-                                    for b in bucket_sizes(grad_bytes))
-            comm += earlier
-            exposed += 0.0 if overlap else earlier  # under the next microbatch's work
-        return comm, exposed, buckets
+        return step.comm_s, step.exposed_s, ddp_buffer_bytes(grad_bytes,
+                                                             gradient_as_bucket_view=True)
+
     def edp_time(kind: str, nbytes: float) -> float:  # expert weights: over edp (x cp)
         if nbytes <= 0 or setting.ep <= 1:
             return 0.0
@@ -639,23 +631,39 @@ def data_parallel_costs(
     device = tables.cluster.device
     copies = {i: fsdp_copies_s(u.weights[i], u.grad_bytes[i], device) for i in units}
 
-    def microbatch(last: bool) -> CommTime:
-        """One microbatch's collectives; under HSDP only the last all-reduces the shards
-        across replica groups (``ParallelModule`` sets FSDP2's ``set_requires_all_reduce``)."""
+    zero3 = setting.zero == 3
+
+    def microbatch(gather: bool, reduce: bool, last: bool) -> CommTime:
+        """One microbatch's collectives: its gathers (ZeRO-3: again in backward), its
+        reduce-scatters; under HSDP only the last all-reduces the shards across replica
+        groups (``ParallelModule`` sets FSDP2's ``set_requires_all_reduce``)."""
         return fsdp_step([
             Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
-                 + edp_time("all_gather", u.expert_weights[i]) + host_s(i),
+                 + edp_time("all_gather", u.expert_weights[i]) + host_s(i) if gather else 0.0,
                  reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
                  + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i)
-                 + (replica_time(u.grad_bytes[i]) if last else 0.0) + copies[i][1],
+                 + (replica_time(u.grad_bytes[i]) if last else 0.0) + copies[i][1]
+                 if reduce else 0.0,
                  forward_s=u.fwd[i] + u.tp_comm[i] / 2,
-                 backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=0 < i <= n_layers)
+                 backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=zero3 and 0 < i <= n_layers)
             for i in sorted(units)
         ], overlap=overlap)
 
-    last = microbatch(True)
-    early = microbatch(False) if setting.dp_replicate > 1 else last
+    # (gathers, reduce-scatters) of each microbatch, in order (see the docstring)
+    passes = [(True, zero3 or setting.zero == 2 or m == 1)]
+    passes += [(zero3, zero3 or setting.zero == 2 or k == m - 1) for k in range(1, m)]
+    priced: dict[tuple[bool, bool, bool], CommTime] = {}
+    comm = exposed = 0.0
+    for k, (gather, reduce) in enumerate(passes):
+        key = (gather, reduce, k == m - 1 and setting.dp_replicate > 1)
+        if not (gather or reduce):
+            continue
+        if key not in priced:
+            priced[key] = microbatch(*key)
+        comm += priced[key].comm_s
+        exposed += priced[key].exposed_s
     # the gathers' copy-outs run on the compute stream: every gather's is on the step's path
-    copy_out = m * sum(copies[i][0] * (2 if 0 < i <= n_layers else 1) for i in units)
-    return ((m - 1) * early.comm_s + last.comm_s,
-            (m - 1) * early.exposed_s + last.exposed_s + copy_out, gathered_peak)
+    gathers = sum(1 for gather, _ in passes if gather)
+    copy_out = gathers * sum(copies[i][0] * (2 if zero3 and 0 < i <= n_layers else 1)
+                             for i in units)
+    return comm, exposed + copy_out, gathered_peak if zero3 else 0.0

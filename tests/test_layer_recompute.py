@@ -14,10 +14,11 @@ from autopar.cluster import load_cluster
 from autopar.errors import AutoparError, PlanError
 from autopar.plan import Plan
 from autopar.solver.costs import CostTables
-from autopar.solver.evaluate import assemble, unit_costs
+from autopar.solver.evaluate import assemble
 from autopar.solver.layer_recompute import compose_units
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import search
+from autopar.solver.unit_costs import unit_costs
 
 GPT16 = "gpt:layers=16,hidden=1024,heads=16,vocab=50304,seq=2048"
 A100 = "1xA100-40GB"

@@ -26,12 +26,12 @@ from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve_stats
 from autopar.solver.evaluate import (
     Prediction,
-    UnitCosts,
     assemble,
     data_parallel_costs,
     rank_units,
     recompute_transient,
 )
+from autopar.solver.unit_costs import UnitCosts
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(UnitCosts)
                      if f.type in ("list[float]", list))

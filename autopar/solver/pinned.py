@@ -26,7 +26,7 @@ from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
-from autopar.solver.evaluate import Prediction, assemble, evaluate, unit_costs
+from autopar.solver.evaluate import Prediction, assemble, evaluate
 from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate
@@ -40,6 +40,7 @@ from autopar.solver.problem import (
     shard_weight_matrices,
 )
 from autopar.solver.search import check_microbatch
+from autopar.solver.unit_costs import unit_costs
 
 _FLAGS = {"virtual": "virtual-stages"}
 """PinnedConfig fields whose command-line flag is spelled otherwise."""

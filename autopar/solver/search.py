@@ -40,14 +40,7 @@ from autopar.solver.context import (
 )
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult, solve
-from autopar.solver.evaluate import (
-    Prediction,
-    UnitCosts,
-    assemble,
-    evaluate,
-    stage_load,
-    unit_costs,
-)
+from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
@@ -62,6 +55,7 @@ from autopar.solver.problem import (
     problem_skeleton,
 )
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
+from autopar.solver.unit_costs import UnitCosts, unit_costs
 from autopar.units import format_bytes
 
 

@@ -10,6 +10,7 @@ pipeline stage, for the setting's partition of layers into chunks (see
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from autopar.cost_models.comm import (
@@ -364,21 +365,18 @@ def data_parallel_costs(
             for i in sorted(units)
         ], overlap=overlap)
 
-    # (gathers, reduce-scatters) of each microbatch, in order (see the docstring)
-    passes = [(True, zero3 or setting.zero == 2 or m == 1)]
-    passes += [(zero3, zero3 or setting.zero == 2 or k == m - 1) for k in range(1, m)]
-    priced: dict[tuple[bool, bool, bool], CommTime] = {}
+    # (gathers, reduce-scatters, all-reduces across HSDP groups) of each microbatch, counted
+    # (see the docstring): one fsdp_step per kind of microbatch
+    passes = Counter((k == 0 or zero3, setting.zero >= 2 or k == m - 1,
+                      k == m - 1 and setting.dp_replicate > 1) for k in range(m))
     comm = exposed = 0.0
-    for k, (gather, reduce) in enumerate(passes):
-        key = (gather, reduce, k == m - 1 and setting.dp_replicate > 1)
-        if not (gather or reduce):
-            continue
-        if key not in priced:
-            priced[key] = microbatch(*key)
-        comm += priced[key].comm_s
-        exposed += priced[key].exposed_s
+    for (gather, reduce, last), times in passes.items():
+        if gather or reduce:
+            priced = microbatch(gather, reduce, last)
+            comm += times * priced.comm_s
+            exposed += times * priced.exposed_s
     # the gathers' copy-outs run on the compute stream: every gather's is on the step's path
-    gathers = sum(1 for gather, _ in passes if gather)
+    gathers = sum(times for (gather, _, _), times in passes.items() if gather)
     copy_out = gathers * sum(copies[i][0] * (2 if zero3 and 0 < i <= n_layers else 1)
                              for i in units)
     return comm, exposed + copy_out, gathered_peak if zero3 else 0.0

@@ -185,7 +185,10 @@ def _loop_regions(gm: fx.GraphModule) -> list[ExpertRegion]:
 
 
 def _try_loop_region(prefix: str, matmuls: list[fx.Node]) -> ExpertRegion | None:
-    members, entries, exits = _bounds(matmuls, [mm.args[0] for mm in matmuls])
+    rows = [mm.args[0] for mm in matmuls]
+    if not any(_picked_rows(r) for r in rows):
+        return None  # its one entry must be such rows; and _bounds walks the whole graph
+    members, entries, exits = _bounds(matmuls, rows)
     if len(entries) != 1 or len(exits) != 1 or not _picked_rows(next(iter(entries))):
         return None
     weights = tuple(dict.fromkeys(_through_casts(mm.args[1]) for mm in matmuls))

@@ -60,11 +60,19 @@ def schedule_name(schedule: str) -> str:
     >>> schedule_name("zb1p"), schedule_name("Interleaved-1F1B")
     ('zb_h1', 'interleaved')
     """
+    known = _CANONICAL.get(schedule)
+    if known is not None:  # the search asks this hundreds of thousands of times a plan
+        return known
     key = schedule.strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
     if key not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; expected one of {SCHEDULES}")
+    _CANONICAL[schedule] = key
     return key
+
+
+_CANONICAL: dict[str, str] = {}
+"""Names :func:`schedule_name` has canonicalised, by the text it was given."""
 
 
 def _check(schedule: str, p: int, m: int, v: int) -> str:

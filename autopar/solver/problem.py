@@ -24,6 +24,10 @@ R = Replicate()
 ValueKey = tuple[int, int]  # (decision index, output index)
 
 
+_KINDS = {"get_attr": "param", "placeholder": "input"}
+"""A decision's kind by its first node's fx op; every other op is an "op"."""
+
+
 @dataclass
 class Decision:
     index: int
@@ -46,7 +50,7 @@ class Decision:
 
     @property
     def kind(self) -> str:
-        return {"get_attr": "param", "placeholder": "input"}.get(self.nodes[0].op, "op")
+        return _KINDS.get(self.nodes[0].op, "op")
 
 
 @dataclass

@@ -109,31 +109,46 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     one_per_rank = virtual == 1 and schedule_name(schedule) != "zb_v"
     flights = [in_flight(schedule, pp, microbatches, k) if one_per_rank else 0.0
                for k in range(pp)]
+    # Per chunk: what joins it besides its layers (0.0 adds nothing exactly), so that
+    # fits(), called about a million times per plan, is arithmetic on lists alone.
+    pre_time = [load.pre_time] + [0.0] * (chunks - 1)
+    post_time = [0.0] * (chunks - 1) + [load.post_time]
+    pre_state = [load.pre_state] + [0.0] * (chunks - 1)
+    post_state = [0.0] * (chunks - 1) + [load.post_state]
+    pre_act = [load.pre_act] + [0.0] * (chunks - 1)
+    post_act = [0.0] * (chunks - 1) + [load.post_act]
+    send_forward, send_backward = load.send_forward, load.send_backward
+
+    def chunk_time(k: int, start: int, end: int) -> float:
+        """As StageLoad.p2p adds the sends: the next chunk's activations, this one's
+        gradients back."""
+        t = 0.0
+        if k < chunks - 1 and send_forward:
+            t += send_forward[end - 1]
+        if k > 0 and send_backward:
+            t += send_backward[start - 1]
+        return times[end] - times[start] + pre_time[k] + post_time[k] + t
 
     def fits(k: int, start: int, end: int, bound: float) -> bool:
-        first, last = k == 0, k == chunks - 1
-        t = times[end] - times[start] + (load.pre_time if first else 0.0) + (
-            load.post_time if last else 0.0) + load.p2p(start, end, first, last)
-        if t > bound:
+        if chunk_time(k, start, end) > bound:
             return False
         if not one_per_rank:
             return True
-        state = states[end] - states[start] + (load.pre_state if first else 0.0) + (
-            load.post_state if last else 0.0)
-        act = acts[end] - acts[start] + (load.pre_act if first else 0.0) + (
-            load.post_act if last else 0.0)
+        state = states[end] - states[start] + pre_state[k] + post_state[k]
+        act = acts[end] - acts[start] + pre_act[k] + post_act[k]
         return state + act * flights[k] <= capacity
 
     def greedy(bound: float) -> tuple[int, ...] | None:
         counts, start = [], 0
         for k in range(chunks):
             if k == chunks - 1:
-                if next_cut(start) < n or not fits(k, start, n, bound):
+                if (boundaries and next_cut(start) < n) or not fits(k, start, n, bound):
                     return None
                 counts.append(n - start)
                 break
             lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
-            hi = min(hi, next_cut(start))
+            if boundaries:
+                hi = min(hi, next_cut(start))
             if lo > hi or not fits(k, start, lo, bound):
                 return None
             while lo < hi:  # the furthest end that fits
@@ -163,14 +178,12 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
 
     # With several chunks per rank, a rank's time is the sum of its chunks': move single
     # layers across chunk boundaries while that lowers the slowest rank (then the spread).
+    owner = [rank_of_chunk(k, pp, schedule) for k in range(chunks)]
+
     def rank_times(counts: tuple[int, ...]) -> list[float]:
         out, start = [0.0] * pp, 0
         for k, count in enumerate(counts):
-            first, last = k == 0, k == chunks - 1
-            out[rank_of_chunk(k, pp, schedule)] += (
-                times[start + count] - times[start] + (load.pre_time if first else 0.0)
-                + (load.post_time if last else 0.0)
-                + load.p2p(start, start + count, first, last))
+            out[owner[k]] += chunk_time(k, start, start + count)
             start += count
         return out
 

@@ -70,7 +70,7 @@ def canonicalize(gm: fx.GraphModule) -> None:
       view is impossible, which the dropped ``contiguous`` did.
     """
     aten = torch.ops.aten
-    inline_no_grad_blocks(gm)
+    inline_no_grad_blocks(gm, recompile=False)  # recompiled below
     for key, hook in list(gm._forward_pre_hooks.items()):
         if "check_input_constraints" in getattr(hook, "__name__", ""):
             del gm._forward_pre_hooks[key]

@@ -51,8 +51,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autopar.cluster import Cluster, LinkSpec
+from autopar.cluster.spec import COLLECTIVE_KINDS
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+KINDS = COLLECTIVE_KINDS
 ALGORITHMS = ("ring", "tree", "auto")
 
 TREE_BANDWIDTH_DERATE = 0.9
@@ -121,12 +122,23 @@ def collective_time(
 
     ``nbytes`` is the size of the whole tensor: the all-reduced tensor, the all-gather's
     output, the reduce-scatter's input, the all-to-all's input on one device, the message of
-    a ``send_recv`` (``n`` >= 2 means there is a peer). ``backend`` "gloo" prices
-    all-gather and reduce-scatter as all-reduces (see :data:`GLOO_AS_ALL_REDUCE`).
+    a ``send_recv`` (``n`` >= 2 means there is a peer). A kind the link has its own fit for
+    (``LinkSpec.per_kind``, from a calibrated profile) is priced on that fit; otherwise
+    ``backend`` "gloo" prices all-gather and reduce-scatter as all-reduces (see
+    :data:`GLOO_AS_ALL_REDUCE`).
+
+    >>> link = LinkSpec(1e9, 1e-4, per_kind={"reduce_scatter": (5e8, 1e-4)})
+    >>> round(collective_time("reduce_scatter", 1e8, 2, link, backend="gloo") * 1e3, 1)
+    100.1
+    >>> round(collective_time("all_gather", 1e8, 2, link, backend="gloo") * 1e3, 1)
+    100.2
     """
     if n <= 1 or nbytes <= 0:
         return 0.0
-    if backend == "gloo" and kind in GLOO_AS_ALL_REDUCE:
+    fit = link.per_kind.get(kind) if link.per_kind else None
+    if fit is not None:
+        link = LinkSpec(*fit)
+    elif backend == "gloo" and kind in GLOO_AS_ALL_REDUCE:
         kind = "all_reduce"
     if _pick(kind, algorithm) == "auto":
         return min(

@@ -97,7 +97,8 @@ def make_profile(
     uncontended: tuple[Sequence[CollectivePoint], dict[str, Any] | None] | None = None,
 ) -> Profile:
     """The profile for these measurements: the device section, and the intra-node link
-    fitted to the all-reduce points (each collective's own fit goes into the measurements),
+    fitted to the all-reduce points, with each other collective's own fit as its
+    ``per_kind`` (which the cost model prices that collective on; ``LinkSpec.per_kind``),
     with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any.
     ``uncontended``: the points and busy latency measured again with as many processes as
     cores, when ``points`` had more (``Cluster.intra_node_uncontended``)."""
@@ -126,7 +127,9 @@ def make_profile(
     }
     if busy:
         measurements["busy_latency"] = busy
-    links = {"intra_node_link": _link_section(link, busy)}
+    links = {"intra_node_link": {**_link_section(link, busy), **({"per_kind": {
+        kind: {k: fit[k] for k in ("bandwidth_bytes_per_s", "latency_s")}
+        for kind, fit in per_kind.items() if kind != LINK_KIND}} if len(per_kind) > 1 else {})}}
     if uncontended is not None:
         few_points, few_busy = uncontended
         few = fit_link(p for p in few_points if p.kind == LINK_KIND)

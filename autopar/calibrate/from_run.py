@@ -18,7 +18,8 @@ The refit fits the cost model's own time terms to those measurements, by least s
   (the rest is other ranks' compute). A DDP bucket launched before the backward pass ended
   ran partly beside it: it is no link point, and only its exposed part counts as a wait.
   It needs two message sizes at least; with fewer, the
-  plan's link is kept, and the report says so.
+  plan's link is kept, and the report says so. Either way the refitted link has no
+  per-kind fits (``LinkSpec.per_kind``): the refit prices every collective on this one link.
 - **device speed** ``a``: every device time term of the compute model (matmuls, elementwise
   traffic, the kernel floor, first-touch allocation, the optimizer) is ``a`` times what the
   plan's device numbers give when peak FLOP/s and memory bandwidth are divided by ``a`` and

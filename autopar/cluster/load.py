@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 from autopar.cluster.spec import (
     _FILE_SUFFIXES,
     _LINKS,
+    COLLECTIVE_KINDS,
     MAX_WORLD_SIZE,
     SHORTHAND_FORMS,
     Cluster,
@@ -312,9 +313,32 @@ def _read(data: Any, origin: _Origin) -> dict[str, Any]:
             convert = _PEAK_UNITS[key]
             out[f"device.peak_flops.{dtype}"] = convert(value) if convert else value
     for key, prefix in _LINKS.items():
-        link = _section(data.get(key, {}), key, tuple(_LINK_UNITS), origin)
+        link = _section(data.get(key, {}), key, (*_LINK_UNITS, "per_kind"), origin)
         fields = _read_units(link, key, _LINK_UNITS, origin)
         out.update({f"{prefix}.{name.split('.', 1)[1]}": v for name, v in fields.items()})
+        if "per_kind" in link:
+            out[f"{prefix}.per_kind"] = _per_kind_fits(link["per_kind"], f"{key}.per_kind",
+                                                       origin)
+    return out
+
+
+def _per_kind_fits(data: Any, path: str, origin: _Origin) -> dict[str, tuple[float, float]]:
+    """A link's ``per_kind`` section: collective kind -> its own (bandwidth, latency) fit,
+    each in the link's units (``bandwidth_gb_per_s`` or ``_bytes_per_s``, ``latency_us`` or
+    ``_s``), both required."""
+    units = {k: v for k, v in _LINK_UNITS.items() if not k.startswith("busy")}
+    out = {}
+    for kind, fit in _section(data, path, COLLECTIVE_KINDS, origin).items():
+        fields = _read_units(_section(fit, f"{path}.{kind}", tuple(units), origin),
+                             f"{path}.{kind}", units, origin)
+        missing = [name for name in ("bandwidth_bytes_per_s", "latency_s")
+                   if f"{path}.{kind}.{name}" not in fields]
+        if missing:
+            raise ClusterError(f"{origin.desc}: {path}.{kind} gives no {missing[0]}",
+                               where=origin.where(f"{path}.{kind}"),
+                               fix="give the kind's bandwidth and its latency")
+        out[kind] = (fields[f"{path}.{kind}.bandwidth_bytes_per_s"],
+                     fields[f"{path}.{kind}.latency_s"])
     return out
 
 
@@ -406,7 +430,8 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
 
     def link(prefix: str) -> LinkSpec:
         return LinkSpec(values[f"{prefix}.bandwidth_bytes_per_s"], values[f"{prefix}.latency_s"],
-                        values.get(f"{prefix}.busy_latency_s", 0.0))
+                        values.get(f"{prefix}.busy_latency_s", 0.0),
+                        values.get(f"{prefix}.per_kind", {}))
 
     def optional_link(prefix: str) -> LinkSpec | None:
         given = [k for k in ("bandwidth_bytes_per_s", "latency_s") if f"{prefix}.{k}" in values]

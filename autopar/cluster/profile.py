@@ -16,7 +16,10 @@ A profile is a JSON document (never a pickle; loading it runs no code)::
         "memory_efficiency": 1.0,
         "kernel_floor_s": 2.0e-06
       },
-      "intra_node_link": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1.2e-4},
+      "intra_node_link": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1.2e-4,
+                          "per_kind": {           # optional: kinds fitted on their own
+                            "reduce_scatter": {"bandwidth_bytes_per_s": 4.6e8,
+                                               "latency_s": 1.5e-4}}},
       "inter_node_link": {...},                 # optional
       "intra_node_link_uncontended": {...},     # optional: measured with as many processes
                                                 # as cores, when --nproc is more than that
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.cluster.presets import DTYPES
-from autopar.cluster.spec import _check, _check_curve, _FrozenMap
+from autopar.cluster.spec import COLLECTIVE_KINDS, _check, _check_curve, _FrozenMap
 from autopar.cluster.text import parse_json, read_text
 from autopar.errors import ClusterError
 
@@ -69,7 +72,8 @@ _DEVICE_KINDS = {
     "allocation_s_per_byte": "nonnegative",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
-               "busy_latency_s": "nonnegative"}
+               "busy_latency_s": "nonnegative", "per_kind": "per_kind"}
+_FIT_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative"}
 _HOST_KEYS = (
     "hostname",
     "platform",
@@ -109,7 +113,10 @@ class Profile:
             link = _keys(getattr(self, section), section, tuple(_LINK_KINDS), self.origin)
             for key, value in link.items():
                 path = f"{section}.{key}"
-                _check(_LINK_KINDS[key], value, path, _where(self.origin, path))
+                if key == "per_kind":  # collective kind -> its own fit
+                    link[key] = _per_kind_section(value, path, self.origin)
+                else:
+                    _check(_LINK_KINDS[key], value, path, _where(self.origin, path))
             object.__setattr__(self, section, _FrozenMap(link))
         host = _keys(self.host, "host", _HOST_KEYS, self.origin)
         for key, value in host.items():
@@ -140,7 +147,7 @@ class Profile:
             out["device"] = _plain(self.device)
         for section in _LINK_SECTIONS:
             if getattr(self, section):
-                out[section] = dict(getattr(self, section))
+                out[section] = _plain(getattr(self, section))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,6 +236,23 @@ def _check_device_value(key: str, value: Any, origin: str) -> Any:
         return _FrozenMap({k: peaks[k] for k in DTYPES if k in peaks})
     _check(kind, value, path, _where(origin, path))
     return value
+
+
+def _per_kind_section(data: Any, path: str, origin: str) -> _FrozenMap:
+    """A link's per-kind fits: each collective kind's bandwidth and latency, checked."""
+    fits = _keys(data, path, COLLECTIVE_KINDS, origin)
+    out = {}
+    for kind, fit in fits.items():
+        fit = _keys(fit, f"{path}.{kind}", tuple(_FIT_KINDS), origin)
+        for key, rule in _FIT_KINDS.items():
+            where = f"{path}.{kind}.{key}"
+            if key not in fit:
+                raise ClusterError(f"{_desc(origin)}: {path}.{kind} has no {key}",
+                                   where=_where(origin, where),
+                                   fix="give both bandwidth_bytes_per_s and latency_s")
+            _check(rule, fit[key], where, _where(origin, where))
+        out[kind] = _FrozenMap(fit)
+    return _FrozenMap(out)
 
 
 def _keys(data: Any, path: str, allowed: tuple[str, ...], origin: str) -> dict[str, Any]:

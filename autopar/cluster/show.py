@@ -85,6 +85,10 @@ def format_cluster(cluster: Cluster) -> str:
         if link.busy_latency_s:
             rows.append(("  busy latency", _num(link.busy_latency_s * 1e6), "µs",
                          src(f"{prefix}.busy_latency_s")))
+        for kind, (bandwidth, latency) in link.per_kind.items():
+            rows.append((f"  {kind.replace('_', '-')} (own fit)",
+                         f"{_num(bandwidth / GB)} GB/s, {_num(latency * 1e6)}", "µs",
+                         src(f"{prefix}.per_kind")))
     return _table(c, rows)
 
 

@@ -309,11 +309,20 @@ class LinkSpec:
     training process's compute thread holds. It is 0 on GPUs (NCCL's progress does not wait
     for the host) and measured by ``autopar calibrate`` on CPUs. Blocking collectives, where
     every rank waits (tensor parallelism), do not pay it: their cores are free.
+
+    ``per_kind``: collective kind -> (bus bandwidth, per-hop latency) fitted to that kind's
+    own measurements (``autopar calibrate`` writes them from a profile's points), which
+    price it instead of the link's all-reduce fit: gloo's reduce-scatter, for one, takes
+    1.7-2.5x an all-reduce of the same tensor.
+
+    >>> LinkSpec(1e9, 1e-4, per_kind={"reduce_scatter": (4e8, 2e-4)}).per_kind["reduce_scatter"]
+    (400000000.0, 0.0002)
     """
 
     bandwidth_bytes_per_s: float
     latency_s: float
     busy_latency_s: float = 0.0
+    per_kind: Mapping[str, tuple[float, float]] = field(default_factory=lambda: _FrozenMap())
 
     def __post_init__(self) -> None:
         _check(
@@ -324,6 +333,8 @@ class LinkSpec:
         )
         _check("nonnegative", self.latency_s, "latency_s", "LinkSpec.latency_s")
         _check("nonnegative", self.busy_latency_s, "busy_latency_s", "LinkSpec.busy_latency_s")
+        object.__setattr__(self, "per_kind", _FrozenMap(_per_kind(self.per_kind,
+                                                                  "LinkSpec.per_kind")))
 
 
 @dataclass(frozen=True)
@@ -438,9 +449,38 @@ class Cluster:
         }
 
 
-def _link_dict(link: LinkSpec) -> dict[str, float]:
+def _link_dict(link: LinkSpec) -> dict[str, Any]:
+    per_kind = {kind: {"bandwidth_bytes_per_s": bw, "latency_s": lat}
+                for kind, (bw, lat) in link.per_kind.items()}
     return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s,
-            "busy_latency_s": link.busy_latency_s}
+            "busy_latency_s": link.busy_latency_s, **({"per_kind": per_kind} if per_kind else {})}
+
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                    "send_recv")
+"""The collectives the communication cost model prices (``cost_models.comm.KINDS``)."""
+
+
+def _per_kind(data: Any, where: str) -> dict[str, tuple[float, float]]:
+    """A link's per-kind fits, checked: kind -> (bus bandwidth > 0, latency >= 0)."""
+    if not isinstance(data, Mapping):
+        raise ClusterError(f"per_kind must map collective kinds to (bandwidth, latency), got "
+                           f"{type(data).__name__}", where=where,
+                           fix='e.g. {"reduce_scatter": (4e8, 2e-4)}')
+    out = {}
+    for kind, fit in data.items():
+        if kind not in COLLECTIVE_KINDS:
+            raise ClusterError(f"unknown collective kind {kind!r} in per_kind",
+                               where=f"{where}.{kind}",
+                               fix=f"use kinds among {', '.join(COLLECTIVE_KINDS)}")
+        if not isinstance(fit, (tuple, list)) or len(fit) != 2:
+            raise ClusterError(f"per_kind.{kind} must be (bandwidth bytes/s, latency s), got "
+                               f"{fit!r}", where=f"{where}.{kind}",
+                               fix="give two numbers: the kind's bus bandwidth and latency")
+        _check("positive", fit[0], f"per_kind.{kind} bandwidth", f"{where}.{kind}")
+        _check("nonnegative", fit[1], f"per_kind.{kind} latency", f"{where}.{kind}")
+        out[kind] = (float(fit[0]), float(fit[1]))
+    return out
 
 
 _LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node",

@@ -46,7 +46,7 @@ def run(mode: str, batch: int, steps: int, tmp: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent),
                                                         os.environ.get("PYTHONPATH")])))
-    subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, timeout=600)
     return json.loads(out.read_text())
 
 

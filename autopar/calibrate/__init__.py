@@ -103,11 +103,12 @@ def make_profile(
     ``uncontended``: the points and busy latency measured again with as many processes as
     cores, when ``points`` had more (``Cluster.intra_node_uncontended``)."""
     link = fit_link(p for p in points if p.kind == LINK_KIND)
-    per_kind = {
-        kind: fit_link(p for p in points if p.kind == kind).as_dict()
+    fits = {
+        kind: fit_link(p for p in points if p.kind == kind)
         for kind in KINDS
         if len({p.nbytes for p in points if p.kind == kind}) >= 2
     }
+    per_kind = {kind: fit.as_dict() for kind, fit in fits.items()}
     measurements = device.measurements()
     measurements["collectives"] = {
         "world_size": points[0].world_size,
@@ -127,9 +128,11 @@ def make_profile(
     }
     if busy:
         measurements["busy_latency"] = busy
-    links = {"intra_node_link": {**_link_section(link, busy), **({"per_kind": {
-        kind: {k: fit[k] for k in ("bandwidth_bytes_per_s", "latency_s")}
-        for kind, fit in per_kind.items() if kind != LINK_KIND}} if len(per_kind) > 1 else {})}}
+    intra = _link_section(link, busy)
+    own = {kind: _link_section(fit, None) for kind, fit in fits.items() if kind != LINK_KIND}
+    if own:
+        intra["per_kind"] = own
+    links = {"intra_node_link": intra}
     if uncontended is not None:
         few_points, few_busy = uncontended
         few = fit_link(p for p in few_points if p.kind == LINK_KIND)

@@ -67,15 +67,6 @@ class StageLoad:
     send_forward: tuple[float, ...] = ()
     send_backward: tuple[float, ...] = ()
 
-    def p2p(self, start: int, end: int, first: bool, last: bool) -> float:
-        """Point-to-point time of a chunk of layers ``start .. end - 1``."""
-        t = 0.0
-        if not last and self.send_forward:
-            t += self.send_forward[end - 1]
-        if not first and self.send_backward:
-            t += self.send_backward[start - 1]
-        return t
-
 
 def _prefix(values: tuple[float, ...]) -> list[float]:
     out = [0.0]
@@ -120,8 +111,8 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     send_forward, send_backward = load.send_forward, load.send_backward
 
     def chunk_time(k: int, start: int, end: int) -> float:
-        """As StageLoad.p2p adds the sends: the next chunk's activations, this one's
-        gradients back."""
+        """The chunk's layers, what joins it, and its sends: activations on to the next
+        chunk, gradients back to the one before."""
         t = 0.0
         if k < chunks - 1 and send_forward:
             t += send_forward[end - 1]

@@ -9,6 +9,8 @@ in alternating rounds of:
 - ``pair``: two processes each training its own replica (sharing the cores, no messages);
 - ``ddp``: two processes under DDP (gloo, ``gradient_as_bucket_view``, autopar's buckets);
 - ``ddp-one-bucket``: DDP with one bucket, all-reduced after backward (nothing overlaps);
+- ``autopar``: ``autopar.parallelize`` pinned to dp=2 (forward and backward as one
+  ``train_step``, shown as the backward): what autopar's runtime costs over DDP;
 
 so that what sharing the cores costs (pair / alone) and what DDP's all-reduce costs during
 a step (ddp - pair) are separated, and the machine's drift falls on every mode alike.
@@ -34,7 +36,7 @@ sys.path.insert(0, str(HERE))
 from fidelity_measured import free_port  # noqa: E402
 
 MODES = {"alone": (1, "none"), "pair": (2, "none"), "ddp": (2, "ddp"),
-         "ddp-one-bucket": (2, "ddp-one-bucket")}
+         "ddp-one-bucket": (2, "ddp-one-bucket"), "autopar": (2, "autopar")}
 
 
 def run(mode: str, batch: int, steps: int, tmp: Path) -> dict:
@@ -79,6 +81,8 @@ def main() -> None:
     print(f"DDP's all-reduce in a step: ddp - pair = "
           f"{(med['ddp']['step_s'] - med['pair']['step_s']) * 1e3:.1f} ms; one bucket after "
           f"backward: {(med['ddp-one-bucket']['step_s'] - med['pair']['step_s']) * 1e3:.1f} ms")
+    print(f"autopar's runtime over DDP: autopar - ddp = "
+          f"{(med['autopar']['step_s'] - med['ddp']['step_s']) * 1e3:.1f} ms a step")
     if args.json:
         Path(args.json).write_text(json.dumps(rounds, indent=1) + "\n")
 

@@ -370,8 +370,10 @@ def test_calibrate_cli_end_to_end(tmp_path, capsys):
     assert f"wrote {out}" in text
     profile = read_profile(out)
     assert profile.host["backend"] == "gloo" and profile.host["threads_per_process"] == 1
-    # measured by both processes at once and merged: the attention figure is written
     assert "attention efficiency" in text and 0 < profile.device["attention_efficiency"] <= 1
+    # the co-run slowdown, measured on training steps with one process per core
+    assert "co-run slowdown (measured" in text and profile.device["corun_slowdown"] >= 0
+    assert profile.measurements["corun"]["processes"] == 2
     kinds = {p["kind"] for p in profile.measurements["collectives"]["points"]}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
     cluster = tmp_path / "cpu.yaml"

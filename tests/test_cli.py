@@ -67,8 +67,9 @@ def test_emit_with_a_saved_plan(tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_demo_runs_and_matches(capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the demo keeps its refitted profile
-    assert main(["demo", "--steps", "3"]) == 0
+    assert main(["demo", "--steps", "3", "--preset"]) == 0  # no measuring first
     text = capsys.readouterr().out
+    assert "measuring it first" not in text and "planned with the cpu preset" in text
     assert "single device vs 2 gloo processes" in text
     assert "predicted" in text and "measured" in text
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]

@@ -283,7 +283,11 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     assert "measured" in lines["measured"] and "ms" in lines["measured"]
     assert "modelled" in lines["refitted"]
     assert "why this plan" in text and "single device vs 2 gloo processes" in text
-    assert list((tmp_path / "cache" / "autopar").glob("demo-profile-*.json"))
+    # a first demo measures this machine and plans with what it measured
+    assert "no profile of this machine yet: measuring it first" in text
+    kept = list((tmp_path / "cache" / "autopar").glob("demo-profile-*.json"))
+    assert len(kept) == 1 and f"planned with profile {kept[0]}" in lines["predicted"]
+    assert read_profile(kept[0]).device["corun_slowdown"] >= 0
     read_run(tmp_path / "run")
 
 

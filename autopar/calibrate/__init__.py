@@ -7,7 +7,8 @@
 measures one device (``matmul``: matmul rates by size, elementwise bandwidth, per-op floor)
 and the collectives between ``--nproc`` local processes (``collectives``: gloo on CPU, NCCL
 on GPUs, fitted to the ring model; on CPU also ``busy``: what an asynchronous message waits
-for a core while every process computes), and writes them as a profile
+for a core while every process computes, and ``corun``: how much slower a training step
+runs while the other cores train too), and writes them as a profile
 (``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
 device and intra-node link take the measured numbers over the preset's.
 
@@ -39,10 +40,10 @@ from autopar.calibrate.collectives import (
     measure_collectives,
     ring_factors,
 )
+from autopar.calibrate.corun import corun_slowdown_from, measure_corun
 from autopar.calibrate.matmul import (
     DeviceCalibration,
     calibrate_device,
-    calibrate_device_concurrently,
     efficiency_curve,
 )
 from autopar.cluster.profile import Profile
@@ -55,9 +56,10 @@ __all__ = [
     "DeviceCalibration",
     "LinkFit",
     "calibrate_device",
-    "calibrate_device_concurrently",
     "collective_sizes",
     "busy_latency_from",
+    "corun_slowdown_from",
+    "measure_corun",
     "efficiency_curve",
     "fit_link",
     "host_info",
@@ -95,13 +97,15 @@ def make_profile(
     host: dict[str, Any],
     busy: dict[str, Any] | None = None,
     uncontended: tuple[Sequence[CollectivePoint], dict[str, Any] | None] | None = None,
+    corun: dict[str, Any] | None = None,
 ) -> Profile:
     """The profile for these measurements: the device section, and the intra-node link
     fitted to the all-reduce points, with each other collective's own fit as its
     ``per_kind`` (which the cost model prices that collective on; ``LinkSpec.per_kind``),
     with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any.
     ``uncontended``: the points and busy latency measured again with as many processes as
-    cores, when ``points`` had more (``Cluster.intra_node_uncontended``)."""
+    cores, when ``points`` had more (``Cluster.intra_node_uncontended``). ``corun``: the
+    co-run slowdown measured on training steps (:func:`measure_corun`), if any."""
     link = fit_link(p for p in points if p.kind == LINK_KIND)
     fits = {
         kind: fit_link(p for p in points if p.kind == kind)
@@ -128,6 +132,10 @@ def make_profile(
     }
     if busy:
         measurements["busy_latency"] = busy
+    profile_device = device.profile_device()
+    if corun:
+        measurements["corun"] = corun
+        profile_device["corun_slowdown"] = corun["corun_slowdown"]
     intra = _link_section(link, busy)
     own = {kind: _link_section(fit, None) for kind, fit in fits.items() if kind != LINK_KIND}
     if own:
@@ -145,7 +153,7 @@ def make_profile(
         }
         links["intra_node_link_uncontended"] = _link_section(few, few_busy)
     return Profile(
-        device=device.profile_device(),
+        device=profile_device,
         **links,
         host=host,
         measurements=measurements,

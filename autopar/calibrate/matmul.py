@@ -47,7 +47,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -285,10 +285,14 @@ def calibrate_device(
     quick: bool = False,
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
+    default_dtype_only: bool = False,
 ) -> DeviceCalibration:
-    """Measure matmuls (every dtype the device trains in), elementwise adds and the floor."""
+    """Measure matmuls (every dtype the device trains in; ``default_dtype_only``: the one
+    training defaults to, as on CPU the 16-bit ones take ~95% of a quick calibration),
+    elementwise adds and the floor."""
     device = torch.device("cuda" if device_type == "cuda" else "cpu")
     dtypes = _DTYPES["cuda" if device_type == "cuda" else "cpu"]
+    dtypes = dtypes[:1] if default_dtype_only else dtypes
     repeats = 7 if quick else 11
     say = progress or (lambda _: None)
     with _threads(threads):
@@ -464,62 +468,3 @@ def _tf32(device: torch.device, enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
-
-
-def _device_worker(args: tuple) -> dict:
-    """One of several processes measuring at once (spawned by calibrate_device_concurrently)."""
-    device_type, quick, threads, barrier = args
-    barrier.wait()  # start together, so every measurement sees the others running
-    d = calibrate_device(device_type, quick=quick, threads=threads)
-    return {
-        "matmuls": [(p.m, p.k, p.n, p.dtype, p.seconds, p.skinny) for p in d.matmuls],
-        "bandwidth": [(p.tensor_bytes, p.seconds) for p in d.bandwidth],
-        "floor": d.kernel_floor_s,
-        "allocation": d.allocation_s_per_byte,
-        "attention": [astuple(p) for p in d.attention],
-    }
-
-
-def calibrate_device_concurrently(
-    device_type: str = "cpu",
-    *,
-    nproc: int,
-    quick: bool = False,
-    threads: int = 1,
-) -> DeviceCalibration:
-    """:func:`calibrate_device` in ``nproc`` processes at once, merged by the median time of
-    each point. Training runs one process per device and they all compute at the same time;
-    on a CPU they share caches and memory bandwidth, so one process measured alone would
-    overstate what each gets. (GPUs are separate devices: measure one.)"""
-    if device_type != "cpu" or nproc <= 1:
-        return calibrate_device(device_type, quick=quick, threads=threads)
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        barrier = manager.Barrier(nproc)
-        with ctx.Pool(nproc) as pool:
-            results = pool.map(_device_worker, [(device_type, quick, threads, barrier)] * nproc)
-
-    def median_of(rows: list[list[tuple]], *indices: int) -> list[tuple]:
-        merged = []
-        for group in zip(*rows):
-            row = list(group[0])
-            for index in indices:
-                row[index] = statistics.median(r[index] for r in group)
-            merged.append(tuple(row))
-        return merged
-
-    matmuls = median_of([r["matmuls"] for r in results], 4)
-    bandwidth = median_of([r["bandwidth"] for r in results], 1)
-    attention = median_of([r["attention"] for r in results], 5, 6)  # forward, fwd+bwd
-    return DeviceCalibration(
-        device_type=device_type,
-        threads=threads,
-        curve_dtype=_DTYPES["cpu"][0],
-        matmuls=tuple(MatmulPoint(*row) for row in matmuls),
-        bandwidth=tuple(BandwidthPoint(*row) for row in bandwidth),
-        kernel_floor_s=statistics.median(r["floor"] for r in results),
-        allocation_s_per_byte=statistics.median(r["allocation"] for r in results),
-        attention=tuple(AttentionPoint(*row) for row in attention),
-    )

@@ -11,9 +11,10 @@ Every number printed here is measured (or fitted to measurements, and labelled s
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,14 +25,15 @@ from autopar.calibrate import (
     CalibrationError,
     CollectivePoint,
     DeviceCalibration,
-    calibrate_device_concurrently,
+    calibrate_device,
     fit_link,
     host_info,
     make_profile,
     measure_busy_latency,
     measure_collectives,
+    measure_corun,
 )
-from autopar.cluster.profile import write_profile
+from autopar.cluster.profile import Profile, write_profile
 from autopar.cluster.spec import usable_cores
 from autopar.units import format_bytes, format_seconds
 
@@ -52,38 +54,69 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"{', quick' if quick else ''}\n",
         flush=True,
     )
-    device = calibrate_device_concurrently(device_type, nproc=args.nproc, quick=quick,
-                                           threads=threads)
-    print(format_device(device), flush=True)
-    _progress(f"collectives ({args.nproc} processes)")
-    points = measure_collectives(args.nproc, device_type=device_type, quick=quick, threads=threads)
-    print(format_collectives(points), flush=True)
-    busy = None
-    if device_type == "cpu":
-        _progress(f"busy latency ({args.nproc} computing processes)")
-        busy = measure_busy_latency(args.nproc, threads=threads, quick=quick)
-        print(f"\nbusy latency (measured: a 16 KiB message while every process computes, "
-              f"less the same on idle processes)\n  {busy['busy_latency_s'] * 1e6:.0f} µs per "
-              "asynchronous message (DDP bucket, FSDP gather, pipeline send)", flush=True)
-    uncontended = None
-    cores = usable_cores()
-    if device_type == "cpu" and 2 <= cores < args.nproc:
-        # gloo is slower while processes outnumber cores; a plan on at most `cores` of them
-        # (autopar may use fewer devices) runs on this link instead
-        _progress(f"collectives and busy latency again with {cores} processes (one per core)")
-        few = measure_collectives(cores, device_type=device_type, quick=quick, threads=threads)
-        few_busy = measure_busy_latency(cores, threads=threads, quick=quick)
-        fit = fit_link(p for p in few if p.kind == LINK_KIND)
-        print(f"\nwith {cores} processes (one per core; fitted to the measured all-reduce): "
-              f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {fit.latency_s * 1e6:.0f} µs, "
-              f"busy latency {few_busy['busy_latency_s'] * 1e6:.0f} µs", flush=True)
-        uncontended = (few, few_busy)
-    path = write_profile(make_profile(device, points, host, busy, uncontended), args.out)
+    profile = measure_profile(device_type, args.nproc, host, threads=threads, quick=quick)
+    path = write_profile(profile, args.out)
     print(
         f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "
         f"'profile: {path}'"
     )
     return 0
+
+
+def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 1,
+                    quick: bool = False, default_dtype_only: bool = False,
+                    say: Callable[[str], None] = lambda text: print(text, flush=True),
+                    progress: Callable[[str], None] | None = None) -> Profile:
+    """Measure this machine as ``autopar calibrate`` does; ``say`` gets each table (all
+    measured), ``progress`` each phase's name. ``autopar demo`` calls it on a machine it has
+    no profile for, with ``default_dtype_only`` (the 16-bit matmuls of a CPU take minutes)."""
+    progress = progress or _progress
+    # one process: the speed of a process computing alone; what the others computing beside
+    # it cost is measured on training steps below (microbenchmarks run together miss most
+    # of it, and processes outnumbering the cores would count the time-slicing twice)
+    device = calibrate_device(device_type, quick=quick, threads=threads,
+                              default_dtype_only=default_dtype_only)
+    say(format_device(device))
+    progress(f"collectives ({nproc} processes)")
+    points = measure_collectives(nproc, device_type=device_type, quick=quick, threads=threads)
+    say(format_collectives(points))
+    busy = corun = None
+    cores = usable_cores()
+    if device_type == "cpu":
+        progress(f"busy latency ({nproc} computing processes)")
+        busy = measure_busy_latency(nproc, threads=threads, quick=quick)
+        say(f"\nbusy latency (measured: a 16 KiB message while every process computes, "
+            f"less the same on idle processes)\n  {busy['busy_latency_s'] * 1e6:.0f} µs per "
+            "asynchronous message (DDP bucket, FSDP gather, pipeline send)")
+        at_once = min(nproc, cores)
+        if at_once >= 2:
+            progress(f"co-run slowdown ({at_once} processes training at once, one per core)")
+            corun = measure_corun(at_once, threads=threads, quick=quick)
+            say(format_corun(corun))
+    uncontended = None
+    if device_type == "cpu" and 2 <= cores < nproc:
+        # gloo is slower while processes outnumber cores; a plan on at most `cores` of them
+        # (autopar may use fewer devices) runs on this link instead
+        progress(f"collectives and busy latency again with {cores} processes (one per core)")
+        few = measure_collectives(cores, device_type=device_type, quick=quick, threads=threads)
+        few_busy = measure_busy_latency(cores, threads=threads, quick=quick)
+        fit = fit_link(p for p in few if p.kind == LINK_KIND)
+        say(f"\nwith {cores} processes (one per core; fitted to the measured all-reduce): "
+            f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {fit.latency_s * 1e6:.0f} µs, "
+            f"busy latency {few_busy['busy_latency_s'] * 1e6:.0f} µs")
+        uncontended = (few, few_busy)
+    return make_profile(device, points, host, busy, uncontended, corun)
+
+
+def format_corun(corun: dict) -> str:
+    """The co-run slowdown, with the step times it came from (measured)."""
+    samples = corun["samples"]
+    ratios = sorted(s["together_s"] / s["alone_s"] for s in samples)
+    return (f"\nco-run slowdown (measured: a small transformer's training step with "
+            f"{corun['processes']} processes training at once vs each alone, {len(samples)} "
+            f"alternating samples)\n  together / alone: median {statistics.median(ratios):.2f}"
+            f" (range {ratios[0]:.2f}-{ratios[-1]:.2f}); {corun['corun_slowdown']:.3f} of a "
+            "step per further process computing")
 
 
 def run_calibrate_from_run(directories: Sequence[str], out: str | Path) -> int:

@@ -2,11 +2,14 @@
 print the single-device and parallel losses side by side, then the predicted step time next
 to the measured one.
 
-The demo records its run (``ParallelModule.record_run``) and refits this machine's profile
-from it (:mod:`autopar.calibrate.from_run`), keeping the result in the user's cache
-(``$XDG_CACHE_HOME/autopar``, per host and process count): the first demo on a machine plans
-with the ``cpu`` preset (another machine's numbers) and says so; later ones plan with the
-numbers measured here. It prints the refitted prediction of the same configuration too.
+The first demo on a machine measures it (``autopar calibrate --quick``'s measurements with
+fp32 matmuls only, about a minute on 2 cores) and plans with that profile: a preset is
+another machine's numbers, and this project's 2-core VMs alone differ 2x in speed from day
+to day. The demo records its run (``ParallelModule.record_run``) and refits this machine's
+profile from it (:mod:`autopar.calibrate.from_run`), keeping the result in the user's cache
+(``$XDG_CACHE_HOME/autopar``, per host and process count), which later demos plan with. It
+prints the refitted prediction of the same configuration too. ``--preset`` plans a first
+demo with the ``cpu`` preset instead, and says so.
 """
 
 from __future__ import annotations
@@ -56,6 +59,22 @@ def demo_profile_cache(nproc: int) -> Path:
     """Where the demo keeps the profile it refitted from its last run on this machine."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "autopar" / f"demo-profile-{socket.gethostname()}-{nproc}.json"
+
+
+def measure_this_machine(nproc: int, cache: Path) -> Path:
+    """Calibrate this machine for ``nproc`` processes (quick, fp32 matmuls) into ``cache``."""
+    from autopar.calibrate import host_info
+    from autopar.cli.calibrate_cmd import measure_profile
+
+    print("no profile of this machine yet: measuring it first (autopar calibrate --quick, "
+          "fp32 matmuls only; about a minute) ...", flush=True)
+    started = time.perf_counter()
+    profile = measure_profile("cpu", nproc, host_info("cpu", nproc, 1, True), quick=True,
+                              default_dtype_only=True, say=lambda _: None,
+                              progress=lambda what: print(f"  measuring {what} ...", flush=True))
+    write_profile(profile, cache)
+    print(f"measured in {time.perf_counter() - started:.0f} s; kept as {cache}\n", flush=True)
+    return cache
 
 
 def demo_cluster(nproc: int, profile: Path | None, tmp: str) -> tuple[str, str]:
@@ -139,6 +158,8 @@ def run_demo(args: argparse.Namespace) -> int:
             profile = None  # a damaged cache: plan from the preset and write it again
     elif profile is not None:
         read_profile(profile)  # a bad --profile fails here, with its own message
+    if profile is None and not getattr(args, "preset", False):
+        profile = measure_this_machine(args.nproc, cache)
     reference, ref_s = single_device_losses(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         cluster, source = demo_cluster(args.nproc, profile, tmp)

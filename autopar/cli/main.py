@@ -166,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the run's recording here (for autopar calibrate --from-run)")
     p.add_argument("--profile", metavar="PROFILE", default=None,
                    help="plan with this profile (default: the one the last demo refitted, "
-                   "else the cpu preset)")
+                   "else one measured now: about a minute)")
+    p.add_argument("--preset", action="store_true",
+                   help="plan with the cpu preset (another machine's numbers) where no profile "
+                   "is kept, instead of measuring this machine first")
     return parser
 
 

@@ -65,6 +65,7 @@ _DEVICE_UNITS = {
     "allocation_s_per_byte": ("allocation_s_per_byte", "nonnegative", None),
     "memory_efficiency": ("memory_efficiency", "fraction", None),
     "attention_efficiency": ("attention_efficiency", "fraction", None),
+    "corun_slowdown": ("corun_slowdown", "nonnegative", None),
 }
 _CURVE = "matmul_efficiency_curve"
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
@@ -89,6 +90,7 @@ _DEFAULTS = {
     "device.memory_efficiency": DEFAULT_MEMORY_EFFICIENCY,
     "device.attention_efficiency": DEFAULT_ATTENTION_EFFICIENCY,
     "device.allocation_s_per_byte": 0.0,
+    "device.corun_slowdown": 0.0,
     f"device.{_CURVE}": (),
     "intra_node.busy_latency_s": 0.0,
     "inter_node.busy_latency_s": 0.0,
@@ -457,6 +459,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         attention_efficiency=values["device.attention_efficiency"],
         matmul_efficiency_curve=values[f"device.{_CURVE}"],
         allocation_s_per_byte=values["device.allocation_s_per_byte"],
+        corun_slowdown=values["device.corun_slowdown"],
     )
     return Cluster(
         nodes=values["nodes"],

@@ -52,7 +52,10 @@ Conventions, so the presets can be compared with each other:
   a training step: mid-sized matmuls run ~20% slower than hot), ~2.3 GB/s bus bandwidth with
   ~440 µs latency through gloo's loopback all-reduce, and ~1 ms more for an asynchronous
   message while every process computes (``busy_latency_s``, :mod:`autopar.calibrate.busy`) —
-  what ``autopar calibrate`` measured on the project's 2-core CI VM. A GPU's tile/wave curve
+  what ``autopar calibrate`` measured on the project's 2-core CI VM. It leaves
+  ``corun_slowdown`` (how much slower a training step runs beside others) at 0: measured on
+  training steps it was 1.03-1.07x with two processes on one of the project's 2-core VMs and
+  1.45x on another, so a preset cannot stand for it; calibrate. A GPU's tile/wave curve
   would be wrong for a CPU core. bf16/fp16 keep fp32's rate: eager CPU kernels for them are
   as likely to be slower (fp16 without AVX512-FP16 runs ~8 GFLOP/s) as faster (AVX512-BF16).
 """
@@ -104,6 +107,7 @@ def _preset(
     curve: tuple[tuple[float, float], ...] = (),
     allocation_ns_per_byte: float = 0.0,
     busy_latency_us: float = 0.0,
+    corun_slowdown: float = 0.0,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -119,6 +123,7 @@ def _preset(
             "attention_efficiency": attention_efficiency,
             "matmul_efficiency_curve": [list(point) for point in curve],
             "allocation_s_per_byte": allocation_ns_per_byte / 1e9,
+            "corun_slowdown": corun_slowdown,
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6,
                             "busy_latency_s": busy_latency_us / 1e6},

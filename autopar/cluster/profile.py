@@ -14,7 +14,8 @@ A profile is a JSON document (never a pickle; loading it runs no code)::
         "matmul_efficiency_curve": [[8192.0, 0.04], ..., [1.7e10, 0.98]],
         "memory_bandwidth_bytes_per_s": 2.8e10,
         "memory_efficiency": 1.0,
-        "kernel_floor_s": 2.0e-06
+        "kernel_floor_s": 2.0e-06,
+        "corun_slowdown": 0.05                  # per further process training at once
       },
       "intra_node_link": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1.2e-4,
                           "per_kind": {           # optional: kinds fitted on their own
@@ -70,6 +71,7 @@ _DEVICE_KINDS = {
     "memory_efficiency": "fraction",
     "attention_efficiency": "fraction",
     "allocation_s_per_byte": "nonnegative",
+    "corun_slowdown": "nonnegative",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
                "busy_latency_s": "nonnegative", "per_kind": "per_kind"}

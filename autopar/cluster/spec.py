@@ -242,9 +242,14 @@ class DeviceSpec:
     # 0 on GPUs, whose caching allocator reuses memory; measured on CPUs, where glibc maps
     # tensors above its mmap threshold fresh from the OS each time.
     allocation_s_per_byte: float = 0.0
+    # How much slower each further process computing at once makes a process's training
+    # step, as a fraction of its step alone (linear in the processes): CPU processes share
+    # caches, memory bandwidth and the hypervisor's vCPUs. 0 for GPUs; measured on CPUs by
+    # ``autopar calibrate`` (:mod:`autopar.calibrate.corun`).
+    corun_slowdown: float = 0.0
     # The share of its own speed a device gets while every device of its node computes: 1 for
-    # GPUs; less for CPU processes that outnumber the cores (``Cluster.cores_per_node``,
-    # which sets it). Every device time term is divided by it.
+    # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
+    # and ``corun_slowdown``). Every device time term is divided by it.
     compute_share: float = 1.0
 
     def __post_init__(self) -> None:
@@ -276,6 +281,8 @@ class DeviceSpec:
         _check(
             "fraction", self.memory_efficiency, "memory_efficiency", "DeviceSpec.memory_efficiency"
         )
+        _check("nonnegative", self.corun_slowdown, "corun_slowdown",
+               "DeviceSpec.corun_slowdown")
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
         _check("fraction", self.attention_efficiency, "attention_efficiency",
                "DeviceSpec.attention_efficiency")
@@ -343,8 +350,10 @@ class Cluster:
 
     ``cores_per_node``: the node's devices share this many compute units, as local CPU
     processes (one thread each) share the machine's cores. With more devices than cores each
-    gets ``cores / devices`` of its speed (``device.compute_share``); a plan on fewer devices
-    of the node (``sub_cluster``) gets more. None: every device computes on its own (GPUs).
+    gets ``cores / devices`` of its speed, and the ``min(devices, cores)`` processes computing
+    at once slow each other by ``device.corun_slowdown`` per further process: together
+    ``device.compute_share``. A plan on fewer devices of the node (``sub_cluster``) gets
+    more. None: every device computes on its own (GPUs).
 
     ``intra_node_uncontended``: the intra-node link when the node runs no more processes than
     it has cores (``autopar calibrate --nproc N`` measures it too when N is more than the
@@ -398,7 +407,9 @@ class Cluster:
                 fix="pass a LinkSpec, or build the cluster with load_cluster()",
             )
         if self.cores_per_node is not None:
-            share = min(1.0, self.cores_per_node / self.devices_per_node)
+            at_once = min(self.devices_per_node, self.cores_per_node)
+            share = min(1.0, self.cores_per_node / self.devices_per_node) / (
+                1.0 + self.device.corun_slowdown * (at_once - 1))
             if self.device.compute_share != share:
                 object.__setattr__(self, "device", replace(self.device, compute_share=share))
             if uncontended is not None and self.devices_per_node <= self.cores_per_node:
@@ -440,6 +451,7 @@ class Cluster:
                 "memory_efficiency": d.memory_efficiency,
                 "attention_efficiency": d.attention_efficiency,
                 "allocation_s_per_byte": d.allocation_s_per_byte,
+                "corun_slowdown": d.corun_slowdown,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -491,7 +503,7 @@ _ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "dev
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
-           "device.allocation_s_per_byte"]
+           "device.allocation_s_per_byte", "device.corun_slowdown"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

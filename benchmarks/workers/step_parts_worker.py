@@ -4,8 +4,10 @@ Trains the demo GPT (``autopar.cli.demo_data``) on this process's share of a bat
 AdamW and times each step's forward, backward and optimizer step. ``--sync none``: every
 process trains its own replica (what sharing the cores costs, without communication);
 ``ddp``: DistributedDataParallel over gloo with ``gradient_as_bucket_view`` as autopar's
-runtime runs it; ``ddp-one-bucket``: one bucket, all-reduced after backward ends. Rank 0
-writes the slowest rank's medians as JSON.
+runtime runs it; ``ddp-one-bucket``: one bucket, all-reduced after backward ends;
+``autopar``: ``autopar.parallelize`` with dp pinned to the processes (its ``train_step``,
+forward and backward together, is reported as the backward; the forward as 0), so its
+runtime's cost over plain DDP shows. Rank 0 writes the slowest rank's medians as JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from autopar.cli.demo_data import demo_batches, demo_model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sync", choices=("none", "ddp", "ddp-one-bucket"), default="none")
+    parser.add_argument("--sync", choices=("none", "ddp", "ddp-one-bucket", "autopar"),
+                        default="none")
     parser.add_argument("--batch", type=int, default=4, help="sequences per process")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", required=True)
@@ -37,16 +40,28 @@ def main() -> None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, gradient_as_bucket_view=True,
             bucket_cap_mb=1 << 20 if args.sync == "ddp-one-bucket" else 25)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = demo_batches(1)[0]
     x, y = x.repeat(args.batch, 1)[:args.batch], y.repeat(args.batch, 1)[:args.batch]
+    world = dist.get_world_size()
+    if args.sync == "autopar":  # the global batch is every process's batch side by side
+        import autopar
+
+        gx, gy = x.repeat(world, 1), y.repeat(world, 1)
+        model = autopar.parallelize(model, f"{world}xcpu", (gx, gy), dp=world, tp=1, pp=1,
+                                    zero=0, microbatches=1, recompute="none")
+        (x, y), _ = model.shard_batch(gx, gy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     parts = []
     for _ in range(args.steps):
         dist.barrier()
         start = time.perf_counter()
-        _, loss = model(x, y)
-        forward = time.perf_counter()
-        loss.backward()
+        if args.sync == "autopar":
+            model.train_step(x, y)
+        else:
+            _, loss = model(x, y)
+        forward = start if args.sync == "autopar" else time.perf_counter()
+        if args.sync != "autopar":
+            loss.backward()
         backward = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()

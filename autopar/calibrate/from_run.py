@@ -28,8 +28,7 @@ The refit fits the cost model's own time terms to those measurements, by least s
   (Huber-weighted, :func:`huber_scale`) least squares solution of ``step_s[i] - p2p_wait_s[i] - sum(link(c) for c in collectives[i])
   ~ a * D`` (the slowest rank's) over the recorded steps, with each collective at the
   fitted link's time: the step is the model's device and link terms, and what the link does
-  not explain (ranks waiting for each other), and what the plan does not price (the loss
-  averaged for the caller), is the device's. Several runs fit together
+  not explain (ranks waiting for each other) is the device's. Several runs fit together
   when they were planned with the same device at other speeds (as a refitted profile
   makes): their ``D`` is brought to the first run's device numbers.
 

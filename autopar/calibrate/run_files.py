@@ -139,8 +139,6 @@ class Run:
         serial = self.plan.get("cluster", {}).get("backend") == "gloo"
 
         def comm(c: Mapping[str, Any]) -> float:
-            if c.get("source") == "loss":  # the plan does not price it: the device's time
-                return 0.0
             if link is None or (_overlapped(c) and not serial):
                 return float(c.get("exposed_s", c["seconds"]))
             wait = busy_s if c.get("source") in ("ddp", "fsdp") else 0.0

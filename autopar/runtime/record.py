@@ -17,7 +17,8 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
   - ``autopar``: the tensor-parallel collectives the rewritten graph calls
     (``autopar.comm_ops``), timed around the blocking call;
   - ``loss``: the loss averaged over data-parallel ranks (or sent from the last pipeline
-    stage) for the caller, which the plan does not price;
+    stage) for the caller, which the plan prices as one blocking scalar collective each
+    (``solver.evaluate.loss_for_caller_s``);
   - ``ddp``: DDP's gradient buckets, from the bucket's launch to its completion (a comm hook
     that runs DDP's own all-reduce: same result), and ``exposed_s``, the part after the
     backward pass ended (the last bucket's launch): the rest ran beside backward;

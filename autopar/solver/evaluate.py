@@ -100,6 +100,18 @@ def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) ->
                      forward, backward)
 
 
+def loss_for_caller_s(tables: CostTables, setting: Setting) -> float:
+    """``train_step`` returns the loss averaged over the data-parallel ranks, on every rank:
+    a blocking all-reduce of one scalar per step (after the last stage sends it to the
+    others, where the model is pipelined). Latency only: a few µs on NCCL, but two of gloo's
+    ~0.5-1.3 ms hops, 3-5% of a small CPU step (measured with ``benchmarks/cpu_step_parts.py``:
+    autopar's dp=2 step ran 8.6 ms over plain DDP's on the demo GPT)."""
+    mesh, cluster = setting.mesh, tables.cluster
+    return sum(group_collective_time(kind, 4, mesh, axis, cluster)
+               for kind, axis in (("all_reduce", "dp"), ("broadcast", "pp"))
+               if mesh.get(axis, 1) > 1)
+
+
 def evaluate(tables: CostTables, choice: list[int], setting: Setting | None = None) -> Prediction:
     """The prediction of ``choice`` at ``setting`` (by default the tables' own); pipeline
     chunks follow ``setting.partition``, or equal layer counts."""
@@ -210,7 +222,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
     tail = max(range(pp), key=lambda r: dp[r][0])
     _, dp_comm, dp_exposed, _, optimizer_s = dp[tail]
-    step = m * per_micro[slowest] + bubble + dp[tail][0]
+    step = m * per_micro[slowest] + bubble + dp[tail][0] + loss_for_caller_s(tables, setting)
     peak_stage = max(range(pp), key=lambda r: stage_preds[r].memory.total + dp[r][3])
     mem = stage_preds[peak_stage].memory
     memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,

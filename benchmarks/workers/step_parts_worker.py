@@ -32,24 +32,27 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     model: torch.nn.Module = demo_model()
-    if args.sync != "none" and dist.get_world_size() > 1:
+    x, y = demo_batches(1)[0]
+    x, y = x.repeat(args.batch, 1)[:args.batch], y.repeat(args.batch, 1)[:args.batch]
+    if args.sync == "autopar":  # the global batch is every process's batch side by side;
+        import os  # parallelize starts the process group (it traces before it may)
+
+        import autopar
+
+        world = int(os.environ["WORLD_SIZE"])
+        gx, gy = x.repeat(world, 1), y.repeat(world, 1)
+        model = autopar.parallelize(model, f"{world}xcpu", (gx, gy), dp=world, tp=1, pp=1,
+                                    zero=0, microbatches=1, recompute="none")
+        (x, y), _ = model.shard_batch(gx, gy)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    if args.sync in ("ddp", "ddp-one-bucket") and dist.get_world_size() > 1:
         if args.sync == "ddp-one-bucket":
             dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 40  # DDP's first bucket is 1 MiB otherwise
         model = torch.nn.parallel.DistributedDataParallel(
             model, gradient_as_bucket_view=True,
             bucket_cap_mb=1 << 20 if args.sync == "ddp-one-bucket" else 25)
-    x, y = demo_batches(1)[0]
-    x, y = x.repeat(args.batch, 1)[:args.batch], y.repeat(args.batch, 1)[:args.batch]
-    world = dist.get_world_size()
-    if args.sync == "autopar":  # the global batch is every process's batch side by side
-        import autopar
-
-        gx, gy = x.repeat(world, 1), y.repeat(world, 1)
-        model = autopar.parallelize(model, f"{world}xcpu", (gx, gy), dp=world, tp=1, pp=1,
-                                    zero=0, microbatches=1, recompute="none")
-        (x, y), _ = model.shard_batch(gx, gy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     parts = []
     for _ in range(args.steps):

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from autopar.cluster import usable_cores
@@ -118,7 +119,16 @@ def main() -> None:
     ap.add_argument("--profile", help="a profile from `autopar calibrate` (default: make one)")
     ap.add_argument("--state-only", action="store_true",
                     help="only the training-state rows (ZeRO-1/2, LoRA, QLoRA)")
+    ap.add_argument("--write-ground", action="store_true",
+                    help="record the multi-process rows as the gloo evidence of "
+                    "cost_models/ground.json (validated ground; the nccl evidence is kept), "
+                    "fp32 rows only: the others check the profile's 16-bit matmul rates, not a "
+                    "parallel scheme")
+    ap.add_argument("--fp32-only", action="store_true",
+                    help="skip the 16-bit rows (a profile measured with fp32 matmuls only, "
+                    "as `autopar demo` makes, has the preset's 16-bit rates)")
     args = ap.parse_args()
+    compared: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         profile = Path(args.profile).resolve() if args.profile else tmp / "profile.json"
@@ -140,6 +150,8 @@ def main() -> None:
             zero, microbatches, lora, offload = (*more, *(0, 1, "none", "none")[len(more):])
             if args.state_only and not (zero or lora != "none"):
                 continue
+            if args.fp32_only and precision != "fp32":
+                continue
             cluster = cluster_file(profile, links[nproc], nproc, tmp)
             ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp, zero,
                              microbatches, lora, offload)
@@ -155,6 +167,10 @@ def main() -> None:
             time_err = (predicted_step - measured_step) / measured_step
             memory_errors.append(abs(mem_err))
             time_errors.append(abs(time_err))
+            if nproc > 1 and lora == "none" and precision == "fp32":
+                compared.append({"source": f"fidelity_measured-{time.strftime('%Y-%m-%d')}",
+                                 "mesh": {"dp": dp, "tp": tp}, "zero": zero,
+                                 "devices_per_node": nproc, "error": time_err})
             mesh = (f"dp{dp}xtp{tp}" + (f" z{zero} m{microbatches}" if zero else "")
                     + (f" {lora}" if lora != "none" else "")
                     + (" offload" if offload != "none" else ""))
@@ -165,6 +181,10 @@ def main() -> None:
                   flush=True)
         print(f"\npeak memory: worst error {max(memory_errors):.1%} (target <= 10% in every case)")
         print(f"step time: median error {statistics.median(time_errors):.1%} (target <= 25%)")
+    if args.write_ground and compared:
+        from autopar.cost_models.ground import evidence_from_rows, write_ground
+
+        print(f"\nwrote {write_ground(evidence_from_rows(compared, 'gloo'))}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ kind of interconnect (``nccl`` GPUs or ``gloo`` processes). The evidence lives i
 by hand: a plan says, for every scheme it uses, whether the model was validated there.
 
 A scheme at degree ``d`` is *validated* when some measured run used the same scheme on the
-same kind of interconnect at a degree of at least ``d``; otherwise it is *extrapolated*, and
+same kind of interconnect at a degree of at least ``d`` and the model's median error there
+is within :data:`DEFAULT_MARGIN` (a scheme measured and found further off, as tensor
+parallelism on gloo processes is, is not validated ground); otherwise it is *extrapolated*, and
 the planner demands that an extrapolated plan beat the best validated plan by more than the
 model's error (see :func:`margin`).
 
@@ -113,9 +115,14 @@ class Ground:
         for scheme, degree in schemes(mesh, zero=zero, schedule=schedule,
                                       devices_per_node=devices_per_node):
             e = self.best(scheme, backend)
-            if e is not None and degree <= e.max_degree:
+            if e is not None and degree <= e.max_degree and e.median_error <= DEFAULT_MARGIN:
                 out.append(Label(scheme, degree, True, f"{scheme}={degree}: {e.describe()}", e,
                                  backend))
+            elif e is not None and degree <= e.max_degree:  # checked, and found wrong
+                out.append(Label(scheme, degree, False,
+                                 f"{scheme}={degree}: measured, but the model is off by more "
+                                 f"than {DEFAULT_MARGIN:.0%} there ({e.describe()}): not "
+                                 "validated", e, backend))
             elif e is not None:
                 out.append(Label(scheme, degree, False,
                                  f"{scheme}={degree}: not validated, extrapolated ({e.describe()})",

@@ -47,6 +47,21 @@ def test_unknown_scheme_or_backend_is_extrapolated_with_the_default_margin() -> 
     assert GROUND.margin([]) == 0.0
 
 
+def test_a_scheme_measured_and_found_off_is_not_validated() -> None:
+    """Evidence says where the model was checked *and how well*: measured 30% off (median)
+    is not validated ground, and an extrapolated plan's margin there is its worst error."""
+    ground = Ground((Evidence("tp", "gloo", 2, ("cpu",), 4, 0.31, 0.39),
+                     Evidence("dp", "gloo", 2, ("cpu",), 6, 0.16, 0.31)))
+    labels = ground.labels({"dp": 1, "tp": 2}, zero=0, schedule=None, backend="gloo",
+                           devices_per_node=2)
+    assert [(label.scheme, label.validated) for label in labels] == [("tp", False)]
+    assert "off by more than 25%" in labels[0].text and "median error 31%" in labels[0].text
+    assert ground.margin(labels) == pytest.approx(0.39)
+    dp = ground.labels({"dp": 2, "tp": 1}, zero=0, schedule=None, backend="gloo",
+                       devices_per_node=2)
+    assert dp[0].validated and ground.margin(dp) == 0.0
+
+
 def test_tp_across_nodes_is_its_own_scheme() -> None:
     labels = GROUND.labels({"dp": 1, "tp": 16}, zero=0, schedule=None, backend="nccl",
                            devices_per_node=8)

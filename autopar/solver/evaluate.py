@@ -104,8 +104,8 @@ def loss_for_caller_s(tables: CostTables, setting: Setting) -> float:
     """``train_step`` returns the loss averaged over the data-parallel ranks, on every rank:
     a blocking all-reduce of one scalar per step (after the last stage sends it to the
     others, where the model is pipelined). Latency only: a few µs on NCCL, but two of gloo's
-    ~0.5-1.3 ms hops, 3-5% of a small CPU step (measured with ``benchmarks/cpu_step_parts.py``:
-    autopar's dp=2 step ran 8.6 ms over plain DDP's on the demo GPT)."""
+    ~0.5-1.3 ms hops, 3-5% of a small CPU step (part of the 8.6 ms autopar's dp=2 step ran
+    over plain DDP's on the demo GPT, measured with ``benchmarks/cpu_step_parts.py``)."""
     mesh, cluster = setting.mesh, tables.cluster
     return sum(group_collective_time(kind, 4, mesh, axis, cluster)
                for kind, axis in (("all_reduce", "dp"), ("broadcast", "pp"))

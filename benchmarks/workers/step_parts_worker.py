@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -36,9 +37,7 @@ def main() -> None:
     x, y = demo_batches(1)[0]
     x, y = x.repeat(args.batch, 1)[:args.batch], y.repeat(args.batch, 1)[:args.batch]
     if args.sync == "autopar":  # the global batch is every process's batch side by side;
-        import os  # parallelize starts the process group (it traces before it may)
-
-        import autopar
+        import autopar  # parallelize starts the process group (it traces before it may)
 
         world = int(os.environ["WORLD_SIZE"])
         gx, gy = x.repeat(world, 1), y.repeat(world, 1)
@@ -58,12 +57,12 @@ def main() -> None:
     for _ in range(args.steps):
         dist.barrier()
         start = time.perf_counter()
-        if args.sync == "autopar":
+        if args.sync == "autopar":  # forward and backward in one call
             model.train_step(x, y)
+            forward = start
         else:
             _, loss = model(x, y)
-        forward = start if args.sync == "autopar" else time.perf_counter()
-        if args.sync != "autopar":
+            forward = time.perf_counter()
             loss.backward()
         backward = time.perf_counter()
         optimizer.step()

@@ -109,46 +109,52 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
     back: dict = {}  # p -> bool var: the replicated copy's gradient must be all-reduced
     saved: dict = {}
     grad = tables.requires_grad(key)
+    # the snake_case API: the CamelCase names wrap each call in a deprecation check, a
+    # third of this function's time
+    new_bool, add, total = model.new_bool_var, model.add, cp_model.LinearExpr.sum
     for use in info.uses:
         if use.consumer < 0:  # the graph output must be whole
-            need = {(R, False): [model.NewConstant(1)]}
+            need = {(R, False): [model.new_constant(1)]}
         else:
             need = {}
+            keeps = tables.keeps(use, key)
+            xs = x[use.consumer]
             for i, s in enumerate(problem.decisions[use.consumer].candidates):
                 q = s.inputs[use.slot]
                 partial = grad and q == R and s.splits_work
-                need.setdefault((q, partial), []).append(x[use.consumer][i])
-                if tables.keeps(use, key):
-                    sv = saved.setdefault(q, model.NewBoolVar(""))
-                    model.Add(sv >= x[use.consumer][i])
+                need.setdefault((q, partial), []).append(xs[i])
+                if keeps:
+                    sv = saved.get(q)
+                    if sv is None:
+                        sv = saved[q] = new_bool("")
+                    add(sv >= xs[i])
         if len(has) == 1 and len(need) == 1:
             ((p, _),) = ((k, v) for k, v in has.items())
             ((q, partial),) = need.keys()
-            joint = {(p, q, partial): model.NewConstant(1)}
+            joint = {(p, q, partial): model.new_constant(1)}
         else:
-            joint = {}
-            for p in has:
-                for q, partial in need:
-                    joint[(p, q, partial)] = model.NewBoolVar("")
+            joint = {(p, q, partial): new_bool("") for p in has for q, partial in need}
             for p, lits in has.items():
-                model.Add(sum(joint[(p, q, f)] for q, f in need) == sum(lits))
+                add(total([joint[(p, q, f)] for q, f in need]) == total(lits))
             for (q, f), lits in need.items():
-                model.Add(sum(joint[(p, q, f)] for p in has) == sum(lits))
+                add(total([joint[(p, q, f)] for p in has]) == total(lits))
         # an in-place write shares this storage, or the value stays inside one expert
         # region (see CostTables.inside_experts): no redistributed copy
         if use.tied or tables.inside_experts(key, use.consumer):
             for (p, q, _), y in joint.items():
                 if p != q:
-                    model.Add(y == 0)
+                    add(y == 0)
         for (p, q, partial), y in joint.items():
             if q != p and tables.redistribution(key, p, q) > 0:
-                if (p, q) not in move:
-                    move[(p, q)] = model.NewBoolVar("")
-                model.Add(move[(p, q)] >= y)
+                mv = move.get((p, q))
+                if mv is None:
+                    mv = move[(p, q)] = new_bool("")
+                add(mv >= y)
             if partial and tables.partial_grad(key, p) > 0:
-                if p not in back:
-                    back[p] = model.NewBoolVar("")
-                model.Add(back[p] >= y)
+                bk = back.get(p)
+                if bk is None:
+                    bk = back[p] = new_bool("")
+                add(bk >= y)
     count = tables.value_count(key)
     for (p, q), var in move.items():
         per_micro.append(_t(tables.redistribution(key, p, q) * count) * var)
@@ -176,6 +182,23 @@ def restrict(model: cp_model.CpModel, tables: CostTables, x: list[list]) -> None
         constraint.restrict(view)
 
 
+@dataclass
+class LayoutModel:
+    """A built layout model, ready for :func:`run`. Running it touches no autopar object
+    (only OR-Tools'), so it may run on another thread while this one goes on
+    (:mod:`autopar.solver.solve_ahead`); ``stop`` ends a run early from any thread."""
+
+    model: cp_model.CpModel
+    x: list[list]
+    time_limit_s: float
+    build_s: float
+    solver: cp_model.CpSolver | None = None
+
+    def stop(self) -> None:
+        if self.solver is not None:
+            self.solver.StopSearch()
+
+
 def solve(
     tables: CostTables,
     time_limit_s: float,
@@ -192,6 +215,20 @@ def solve(
     microbatches the first stage keeps in flight, over ``pp``) the saved activations. The
     exact per-stage memory is checked afterwards by :func:`evaluate`.
     """
+    return run(build(tables, time_limit_s, hint, enforce_memory=enforce_memory,
+                     state_scale=state_scale, activation_scale=activation_scale))
+
+
+def build(
+    tables: CostTables,
+    time_limit_s: float,
+    hint: list[int] | None = None,
+    *,
+    enforce_memory: bool = True,
+    state_scale: float = 1.0,
+    activation_scale: float = 1.0,
+) -> LayoutModel:
+    """:func:`solve`'s model, not yet solved."""
     started = time.perf_counter()
     problem, setting = tables.problem, tables.setting
     model = cp_model.CpModel()
@@ -204,8 +241,8 @@ def solve(
     grad_terms = []
     weight_terms = []
     for d in problem.decisions:
-        xs = [model.NewBoolVar(f"x{d.index}_{i}") for i in range(len(d.candidates))]
-        model.AddExactlyOne(xs)
+        xs = [model.new_bool_var(f"x{d.index}_{i}") for i in range(len(d.candidates))]
+        model.add_exactly_one(xs)
         x.append(xs)
         for i, s in enumerate(d.candidates):
             f, b = tables.compute(d, s)
@@ -305,7 +342,17 @@ def solve(
             for j, lit in enumerate(x[d]):
                 model.AddHint(lit, j == i)
 
-    solver = cp_model.CpSolver()
+    problem_text = model.Validate()
+    if problem_text:
+        raise RuntimeError(f"internal error: invalid CP-SAT model: {problem_text}")
+    return LayoutModel(model, x, time_limit_s, time.perf_counter() - started)
+
+
+def run(built: LayoutModel) -> SolveResult:
+    """Solve a :func:`build` model; its wall time counts the build's."""
+    started = time.perf_counter()
+    model, x, time_limit_s = built.model, built.x, built.time_limit_s
+    solver = built.solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1  # one worker: the same inputs always give the same plan
     solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
@@ -320,12 +367,9 @@ def solve(
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.symmetry_level = 0
-    problem_text = model.Validate()
-    if problem_text:
-        raise RuntimeError(f"internal error: invalid CP-SAT model: {problem_text}")
     status = solver.Solve(model)
     name = solver.StatusName(status)
-    wall = time.perf_counter() - started
+    wall = built.build_s + time.perf_counter() - started
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(name, None, None, wall, time_limit_s=time_limit_s)
     choice = [next(i for i, lit in enumerate(xs) if solver.Value(lit)) for xs in x]

@@ -39,7 +39,9 @@ from autopar.solver.context import (
     cp_refusal,
 )
 from autopar.solver.costs import CostTables, Setting
-from autopar.solver.cpsat import SolveResult, solve
+from autopar.solver.cpsat import SolveResult
+from autopar.solver.cpsat import build as build_layout
+from autopar.solver.cpsat import run as run_layout
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
@@ -54,6 +56,7 @@ from autopar.solver.problem import (
     forbid_splitting_batch,
     problem_skeleton,
 )
+from autopar.solver.solve_ahead import SolveAhead
 from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
 from autopar.solver.unit_costs import UnitCosts, unit_costs
 from autopar.units import format_bytes
@@ -225,6 +228,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     problems: dict[tuple[int, bool], tuple] = {}
     layouts: dict[tuple, SolveResult] = {}  # see _search_microbatches
     budget = SolveBudget(options.max_solves)
+    ahead = SolveAhead()  # layout solves ahead on a second core (solve_ahead)
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     found = batch_couplings(gm, batch)
@@ -279,42 +283,54 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
                 return problems[key]
 
             problem = problem_for(local)[0]
-            # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
-            offload = options.offload[0] if len(options.offload) == 1 else "none"
-            for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
-                if dp * cp == 1 and zero > 0:
-                    continue  # ZeRO shards over data parallelism; nothing to shard
-                if offload != "none" and (zero != 3 or dp * cp == 1):
-                    continue  # FSDP2 offloads ZeRO-3's shards
-                for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
-                    for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp,
-                                         cluster.devices_per_node):
-                        # HSDP after full sharding: it reuses that layout (_reusable)
-                        replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
-                                                     cluster.devices_per_node)
-                        if not replicas:
-                            candidates.append(Candidate(
-                                Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp, ep=ep),
-                                f"SKIPPED(dp_replicate={options.dp_replicate} does not run with "
-                                f"dp={dp}, ZeRO-{zero}{', ep' if ep > 1 else ''})"))
-                        for replicate in replicas:
-                            base = Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
-                                           cp_algorithm="auto" if cp > 1 else "none",
-                                           cp_layout=options.cp_layout, ep=ep, offload=offload,
-                                           dp_replicate=replicate)
-                            best = _search_microbatches(
-                                problem_for, cluster, options, candidates, best, facts, traced,
-                                local, base, n_layers, layouts, couplings, budget,
-                            )
+            bases = list(_mesh_bases(gm, options, cluster, problem, facts, n_layers,
+                                     (pp, dp, cp, tp), candidates))
+            for i, base in enumerate(bases):
+                best = _search_microbatches(
+                    problem_for, cluster, options, candidates, best, facts, traced,
+                    local, base, n_layers, layouts, couplings, budget, ahead, bases[i + 1:],
+                )
     except KeyboardInterrupt as stop:
         best = getattr(stop, "best", None) or best
         if best is None:
             raise KeyboardInterrupt from None
         interrupted = True
+    finally:
+        ahead.close()
     if best is None:
         raise no_plan_error(gm, cluster, options, candidates)
     return SearchResult(best[5], best[6], best[7], best[8], candidates,
                         time.perf_counter() - started, tuple(found), budget, interrupted)
+
+
+def _mesh_bases(gm: fx.GraphModule, options: PlanOptions, cluster: Cluster, problem: Problem,
+                facts, n_layers: int, mesh: tuple[int, int, int, int], candidates: list):
+    """The settings one mesh is searched under, in order (ZeRO stage, recomputation, expert
+    degree, HSDP replicas), without microbatching; what cannot run is added to
+    ``candidates`` as skipped."""
+    pp, dp, cp, tp = mesh
+    # stages 0 and 3 first: ZeRO-1/2 may then reuse their layouts (_reusable)
+    offload = options.offload[0] if len(options.offload) == 1 else "none"
+    for zero in sorted(options.zero, key=(0, 3, 2, 1).index):
+        if dp * cp == 1 and zero > 0:
+            continue  # ZeRO shards over data parallelism; nothing to shard
+        if offload != "none" and (zero != 3 or dp * cp == 1):
+            continue  # FSDP2 offloads ZeRO-3's shards
+        for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
+            for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp, cluster.devices_per_node):
+                # HSDP after full sharding: it reuses that layout (_reusable)
+                replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
+                                             cluster.devices_per_node)
+                if not replicas:
+                    candidates.append(Candidate(
+                        Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp, ep=ep),
+                        f"SKIPPED(dp_replicate={options.dp_replicate} does not run with "
+                        f"dp={dp}, ZeRO-{zero}{', ep' if ep > 1 else ''})"))
+                for replicate in replicas:
+                    yield Setting(dp, tp, zero, 0, 0, recompute, pp=pp, cp=cp,
+                                  cp_algorithm="auto" if cp > 1 else "none",
+                                  cp_layout=options.cp_layout, ep=ep, offload=offload,
+                                  dp_replicate=replicate)
 
 
 def check_cp(gm: fx.GraphModule, options: PlanOptions, seq_len: int | None) -> None:
@@ -406,15 +422,16 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
                          base: Setting, n_layers, layouts: dict, couplings=(),
-                         budget: SolveBudget | None = None):
+                         budget: SolveBudget | None = None, ahead: SolveAhead | None = None,
+                         upcoming: list[Setting] = ()):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, cp, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
     previous = None  # step time at the next larger microbatch that fitted
-    hint = None
     pp = base.pp
+    sizes = _microbatch_sizes(options, local, traced)
     try:
-        for mb in _microbatch_sizes(options, local, traced):
+        for mb in sizes:
             setting = replace(base, microbatch=mb, microbatches=local // mb)
             progress.current().update(f"{cluster.world_size} devices: solving "
                                       f"{setting_text(Candidate(setting, '').summary())}",
@@ -453,18 +470,12 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                     continue
                 variants = [v for v, ok in zip(variants, allowed) if ok]
             problem, batch = problem_for(mb)
-            if hint is not None and hint[0] is not problem:
-                hint = None  # candidate indices of another problem
-            tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-            if setting.cp_algorithm == "auto":
-                costs = algorithm_costs(tables, _cp_algorithms(options))
-                algorithm = cheapest(costs)
-                if algorithm is None:
-                    candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
-                                                + "; ".join(map(str, costs.values())) + ")"))
-                    continue
-                setting = replace(setting, cp_algorithm=algorithm)
-                tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+            tables, costs = _layout_tables(problem, cluster, options, setting, traced, facts)
+            if tables is None:
+                candidates.append(Candidate(setting, "SKIPPED(no cp attention algorithm fits: "
+                                            + "; ".join(map(str, costs.values())) + ")"))
+                continue
+            setting = tables.setting
             flight = min(m, pp)  # 1F1B's first stage
             memory_floor, time_floor = lower_bounds(tables, 1 / pp, flight / pp)
             if memory_floor > tables.capacity:
@@ -482,8 +493,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             # stage on another (pp, dp) mesh is tried first: it rarely changes with them (they
             # scale memory and data-parallel traffic), and evaluating it is far cheaper than a
             # solve. Only when it does not fit is the layout solved for this mesh.
-            reuse_key = (id(problem), setting.recompute, mb, setting.zero, setting.grad_group > 1,
-                         setting.cp, setting.cp_algorithm)
+            reuse_key = _reuse_key(problem, setting)
             uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
             fastest = None
             if uniform:
@@ -499,13 +509,19 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                     candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
                                                 "CP-SAT solves spent; no solved layout fits)"))
                     continue
-                result = solve(tables, options.time_limit_s, hint and hint[1], state_scale=1 / pp,
-                               activation_scale=flight / pp)
+                if ahead is not None:  # the solves likely next, on the other core
+                    later = [(base, sizes[sizes.index(mb) + 1:])] + [(b, sizes) for b in upcoming]
+                    _solve_next(ahead, problem_for, cluster, options, traced, facts, local,
+                                later, layouts)
+                scales = (1 / pp, flight / pp)
+                key = _solve_key(tables, *scales)
+                build = functools.partial(build_layout, tables, options.time_limit_s,
+                                          state_scale=scales[0], activation_scale=scales[1])
+                result = ahead.solve(key, build) if ahead is not None else run_layout(build())
                 if result.choice is None:
                     candidates.append(Candidate(setting, result.status, wall_s=result.wall_s,
                                                 solves=(result.stats(),)))
                     continue
-                hint = (problem, result.choice)
                 layouts[reuse_key] = result
                 if uniform:
                     fastest, best = _try_layout(result, tables, setting, variants, cluster,
@@ -526,6 +542,71 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
     except KeyboardInterrupt:  # Ctrl-C: the search keeps the best plan found so far
         raise SearchInterrupted(best) from None
     return best
+
+
+def _layout_tables(problem: Problem, cluster: Cluster, options: PlanOptions, setting: Setting,
+                   traced: int, facts) -> tuple[CostTables | None, dict]:
+    """``setting``'s cost tables, its context-parallel attention algorithm chosen when
+    "auto"; (None, the algorithms' costs) when none fits."""
+    tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+    if setting.cp_algorithm != "auto":
+        return tables, {}
+    costs = algorithm_costs(tables, _cp_algorithms(options))
+    algorithm = cheapest(costs)
+    if algorithm is None:
+        return None, costs
+    return CostTables(problem, cluster, options, replace(setting, cp_algorithm=algorithm),
+                      traced, facts.seq_len), costs
+
+
+def _solve_key(tables: CostTables, state_scale: float, activation_scale: float) -> tuple:
+    """What a layout solve is a function of (:mod:`autopar.solver.solve_ahead`)."""
+    return (id(tables.problem), tables.setting, state_scale, activation_scale)
+
+
+def _reuse_key(problem: Problem, setting: Setting) -> tuple:
+    """What a solved layout is kept under for reuse (see ``_search_microbatches``)."""
+    return (id(problem), setting.recompute, setting.microbatch, setting.zero,
+            setting.grad_group > 1, setting.cp, setting.cp_algorithm)
+
+
+SOLVES_AHEAD = 2
+"""Layout solves queued on the worker at a time (:mod:`autopar.solver.solve_ahead`)."""
+
+
+def _solve_next(ahead: SolveAhead, problem_for, cluster: Cluster, options: PlanOptions,
+                traced: int, facts, local: int, later: list[tuple[Setting, list[int]]],
+                layouts: dict) -> None:
+    """Start the layout solves ``_search_microbatches`` will likely ask for next, so that
+    they run beside the current one: the next smaller microbatch of this setting, then
+    each later setting's first, each the first size whose memory floor fits and whose
+    layout no solve before can stand in for (``_reusable``)."""
+    queued = 0
+    for base, sizes in later:
+        for mb in sizes:
+            if local % mb:
+                continue
+            setting = replace(base, microbatch=mb, microbatches=local // mb)
+            problem = problem_for(mb)[0]
+            tables = _layout_tables(problem, cluster, options, setting, traced, facts)[0]
+            if tables is None:
+                break
+            flight = min(setting.microbatches, base.pp)
+            scales = (1 / base.pp, flight / base.pp)
+            if lower_bounds(tables, *scales)[0] > tables.capacity:
+                continue  # pruned there; the next size may fit
+            if any(k in layouts for k in _reusable(_reuse_key(problem, tables.setting),
+                                                   setting.zero)):
+                break  # likely priced with that layout, unsolved
+            key = _solve_key(tables, *scales)
+            if ahead.wants(key):
+                ahead.submit(key, build_layout(tables, options.time_limit_s,
+                                               state_scale=scales[0],
+                                               activation_scale=scales[1]))
+            queued += 1
+            break
+        if queued >= SOLVES_AHEAD:
+            return
 
 
 def setting_text(c: dict) -> str:

@@ -67,9 +67,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def calibrate(out: Path, nproc: int, quick: bool) -> Path:
+def calibrate(out: Path, nproc: int, quick: bool, default_dtype_only: bool = False) -> Path:
+    """``autopar calibrate``; ``default_dtype_only`` for runs that train in fp32 only (this
+    CPU's 16-bit matmuls alone take over ten minutes of a full calibration)."""
     cmd = [sys.executable, "-m", "autopar.cli.main", "calibrate", "--out", str(out),
-           "--nproc", str(nproc)] + (["--quick"] if quick else [])
+           "--nproc", str(nproc)] + (["--quick"] if quick else []) + (
+               ["--default-dtype-only"] if default_dtype_only else [])
     subprocess.run(cmd, check=True, capture_output=True)
     return out
 
@@ -87,6 +90,8 @@ def cluster_file(profile: Path, links: Path, nproc: int, tmp: Path) -> Path:
              "  peak_flops: {" + ", ".join(f"{k}: {v}" for k, v in
                                              device["peak_flops"].items()) + "}",
              f"  memory_bandwidth_bytes_per_s: {device['memory_bandwidth_bytes_per_s']}"]
+    if device.get("corun_slowdown"):  # measured with the processes training at once
+        lines.append(f"  corun_slowdown: {device['corun_slowdown']}")
     path = tmp / f"cluster-{nproc}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -134,10 +139,11 @@ def main() -> None:
         profile = Path(args.profile).resolve() if args.profile else tmp / "profile.json"
         if not args.profile:
             print("calibrating this machine (autopar calibrate) ...", flush=True)
-            calibrate(profile, 2, quick=False)
+            calibrate(profile, 2, quick=False, default_dtype_only=args.fp32_only)
         links = {1: profile, 2: profile}
         print("calibrating the link with 4 processes (autopar calibrate --quick) ...", flush=True)
-        links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
+        links[4] = calibrate(tmp / "profile-4.json", 4, quick=True,
+                             default_dtype_only=args.fp32_only)
         print("\nGPT 4 layers x 256 hidden, batch 8 x 256 tokens, AdamW, gloo (recompute per "
               "layer: one mode per layer)\n")
         print(f"{'ranks':>5} {'mesh':<15} {'recompute':<19} {'prec':<5} {'tp-sharded':>10} | "

@@ -227,14 +227,14 @@ def main() -> None:
         profile = Path(args.profile).resolve() if args.profile else tmp / "profile.json"
         if not args.profile:
             print("calibrating this machine (autopar calibrate) ...", flush=True)
-            calibrate(profile, 2, quick=args.quick)
+            calibrate(profile, 2, quick=args.quick, default_dtype_only=True)  # fp32 plans
         links = {1: profile, 2: profile}
         if 4 in ranks and args.profile_4:
             links[4] = Path(args.profile_4).resolve()
         elif 4 in ranks:
             print("calibrating the link with 4 processes (autopar calibrate --quick) ...",
                   flush=True)
-            links[4] = calibrate(tmp / "profile-4.json", 4, quick=True)
+            links[4] = calibrate(tmp / "profile-4.json", 4, quick=True, default_dtype_only=True)
         # the calibrated profiles the clusters name, kept with the results (they are temporary)
         profiles = {str(n): json.loads(Path(p).read_text()) for n, p in links.items()}
         results = []

@@ -54,7 +54,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"{', quick' if quick else ''}\n",
         flush=True,
     )
-    profile = measure_profile(device_type, args.nproc, host, threads=threads, quick=quick)
+    profile = measure_profile(device_type, args.nproc, host, threads=threads, quick=quick,
+                              default_dtype_only=bool(getattr(args, "default_dtype_only",
+                                                              False)))
     path = write_profile(profile, args.out)
     print(
         f"\nwrote {path} in {time.perf_counter() - start:.0f} s; a cluster file uses it with "

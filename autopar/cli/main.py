@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=flags.positive_int, default=2,
                    help="processes for the collective tests")
     p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    p.add_argument("--default-dtype-only", action="store_true",
+                   help="time matmuls in the device's default dtype only (fp32 on a CPU, "
+                   "whose 16-bit matmuls take minutes); the other dtypes keep the preset's "
+                   "figures")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=flags.positive_int, default=1,
                    help="CPU threads per process (torchrun gives each process 1)")

@@ -16,18 +16,11 @@ With one core there is no worker and every solve runs in turn.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from autopar.cluster.spec import usable_cores
 from autopar.solver.cpsat import LayoutModel, SolveResult, run
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 class SolveAhead:

@@ -509,7 +509,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                     candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
                                                 "CP-SAT solves spent; no solved layout fits)"))
                     continue
-                if ahead is not None:  # the solves likely next, on the other core
+                if ahead is not None and ahead.enabled:  # the solves likely next, beside
                     later = [(base, sizes[sizes.index(mb) + 1:])] + [(b, sizes) for b in upcoming]
                     _solve_next(ahead, problem_for, cluster, options, traced, facts, local,
                                 later, layouts)

@@ -199,24 +199,10 @@ class LayoutModel:
             self.solver.StopSearch()
 
 
-def solve(
-    tables: CostTables,
-    time_limit_s: float,
-    hint: list[int] | None = None,
-    *,
-    enforce_memory: bool = True,
-    state_scale: float = 1.0,
-    activation_scale: float = 1.0,
-) -> SolveResult:
-    """The fastest choice of strategies under the device's memory.
-
-    With pipeline stages one device holds part of the model: ``state_scale`` (about
-    ``1/pp``) scales weights, gradients and optimizer states, ``activation_scale`` (the
-    microbatches the first stage keeps in flight, over ``pp``) the saved activations. The
-    exact per-stage memory is checked afterwards by :func:`evaluate`.
-    """
-    return run(build(tables, time_limit_s, hint, enforce_memory=enforce_memory,
-                     state_scale=state_scale, activation_scale=activation_scale))
+def solve(tables: CostTables, time_limit_s: float, hint: list[int] | None = None,
+          **model_options) -> SolveResult:
+    """:func:`build` the layout model (``model_options``: its keywords) and :func:`run` it."""
+    return run(build(tables, time_limit_s, hint, **model_options))
 
 
 def build(
@@ -228,7 +214,13 @@ def build(
     state_scale: float = 1.0,
     activation_scale: float = 1.0,
 ) -> LayoutModel:
-    """:func:`solve`'s model, not yet solved."""
+    """The model of the fastest choice of strategies under the device's memory.
+
+    With pipeline stages one device holds part of the model: ``state_scale`` (about
+    ``1/pp``) scales weights, gradients and optimizer states, ``activation_scale`` (the
+    microbatches the first stage keeps in flight, over ``pp``) the saved activations. The
+    exact per-stage memory is checked afterwards by :func:`evaluate`.
+    """
     started = time.perf_counter()
     problem, setting = tables.problem, tables.setting
     model = cp_model.CpModel()

@@ -41,7 +41,6 @@ from autopar.solver.context import (
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.cpsat import build as build_layout
-from autopar.solver.cpsat import run as run_layout
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
@@ -421,9 +420,9 @@ def pipeline_variants(options: PlanOptions, pp: int, m: int, n_layers: int
 
 
 def _search_microbatches(problem_for, cluster, options, candidates, best, facts, traced, local,
-                         base: Setting, n_layers, layouts: dict, couplings=(),
-                         budget: SolveBudget | None = None, ahead: SolveAhead | None = None,
-                         upcoming: list[Setting] = ()):
+                         base: Setting, n_layers, layouts: dict, couplings,
+                         budget: SolveBudget | None, ahead: SolveAhead,
+                         upcoming: list[Setting]):
     """Solve microbatch sizes from the largest down for one (mesh, ZeRO, recompute); return
     the best (step, pp, tp, zero, cp, candidate, problem, tables, batch) so far. With pipeline
     stages, each solved layout is tried under every schedule, with its balanced cut."""
@@ -509,7 +508,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                     candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
                                                 "CP-SAT solves spent; no solved layout fits)"))
                     continue
-                if ahead is not None and ahead.enabled:  # the solves likely next, beside
+                if ahead.enabled:  # the solves likely next, on the other core
                     later = [(base, sizes[sizes.index(mb) + 1:])] + [(b, sizes) for b in upcoming]
                     _solve_next(ahead, problem_for, cluster, options, traced, facts, local,
                                 later, layouts)
@@ -517,7 +516,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                 key = _solve_key(tables, *scales)
                 build = functools.partial(build_layout, tables, options.time_limit_s,
                                           state_scale=scales[0], activation_scale=scales[1])
-                result = ahead.solve(key, build) if ahead is not None else run_layout(build())
+                result = ahead.solve(key, build)
                 if result.choice is None:
                     candidates.append(Candidate(setting, result.status, wall_s=result.wall_s,
                                                 solves=(result.stats(),)))

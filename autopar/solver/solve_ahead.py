@@ -55,7 +55,7 @@ class SolveAhead:
 
     def solve(self, key: tuple, build: Callable[[], LayoutModel]) -> SolveResult:
         """The result for ``key``: the worker's when it has it in hand, else solved here."""
-        built, future = self._pending.pop(key, (None, None))
+        _, future = self._pending.pop(key, (None, None))
         if future is not None and not future.cancel():  # started or done: wait for it
             self.taken += 1
             return future.result()

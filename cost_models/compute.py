@@ -2,11 +2,16 @@
 per-kernel floor.
 
 An op takes the longer of its FLOPs at the rate a matmul of its shape reaches and its bytes
-at the bandwidth streaming kernels reach, plus a fixed floor per kernel launched:
+at the bandwidth streaming kernels reach, plus what of the shorter the device does not
+overlap, plus a fixed floor per kernel launched:
 
-    time = max(flops / (peak(dtype) * efficiency(shape)),
-               bytes / (memory_bandwidth * memory_efficiency))
+    compute = flops / (peak(dtype) * efficiency(shape))
+    memory = bytes / (memory_bandwidth * memory_efficiency)
+    time = max(compute, memory) + (1 - memory_overlap) * min(compute, memory)
            + kernels * kernel_floor
+
+``memory_overlap`` is 1 on GPUs (the roofline) and fitted on CPUs, where one core packs a
+GEMM's operands and then runs its micro-kernel on them (``DeviceSpec.memory_overlap``).
 
 Ops without FLOPs (elementwise, norms, softmax) are memory-bound; an op that neither computes
 nor moves bytes (a view, a reshape) launches no kernel and costs nothing.
@@ -97,6 +102,12 @@ def compute_share(device: DeviceSpec) -> float:
     """The share of its speed the device gets beside its node's other devices (CPU processes
     outnumbering cores: ``Cluster.cores_per_node``); every device time divides by it."""
     return float(getattr(device, "compute_share", 1.0))
+
+
+def memory_overlap(device: DeviceSpec) -> float:
+    """How much of an op's memory time its arithmetic hides (``DeviceSpec.memory_overlap``):
+    1 on GPUs (the roofline's max), 0 where a core moves operands and then computes."""
+    return float(getattr(device, "memory_overlap", 1.0))
 
 
 def memory_efficiency(device: DeviceSpec) -> float:
@@ -348,7 +359,8 @@ def op_time(
     memory = 0.0
     if bytes_moved > 0:
         memory = bytes_moved / (device.memory_bandwidth_bytes_per_s * memory_efficiency(device))
-    return (max(compute, memory) + kernels * kernel_floor(device)) / compute_share(device)
+    busy = max(compute, memory) + (1.0 - memory_overlap(device)) * min(compute, memory)
+    return (busy + kernels * kernel_floor(device)) / compute_share(device)
 
 
 def attention_time(

@@ -137,7 +137,10 @@ class Ground:
         """How much faster (a fraction) a plan with these labels must be predicted than the
         best validated plan to be preferred: 0 on validated ground; otherwise ``fixed`` when
         given (0: no preference), else the worst error the model has on the extrapolated
-        schemes' evidence at lower degrees, or :data:`DEFAULT_MARGIN` without any. Where
+        schemes' evidence at lower degrees. A scheme never measured on the interconnect gets
+        the worst error any scheme measured there has, and at least :data:`DEFAULT_MARGIN`:
+        nothing says the model is better where it was not checked than where it was, so an
+        unmeasured scheme never wins over a measured one only by being unmeasured. Where
         nothing at all was validated on the plan's interconnect there is no validated plan
         to prefer, and the margin is 0."""
         extrapolated = [label for label in labels if not label.validated]
@@ -145,9 +148,12 @@ class Ground:
             return 0.0
         if fixed is not None:
             return fixed
-        if not any(e.backend == self._backend_of(labels) for e in self.evidence):
+        backend = self._backend_of(labels)
+        measured = [e.worst_error for e in self.evidence if e.backend == backend]
+        if not measured:
             return 0.0
-        return max(label.evidence.worst_error if label.evidence is not None else DEFAULT_MARGIN
+        unmeasured = max(DEFAULT_MARGIN, *measured)
+        return max(label.evidence.worst_error if label.evidence is not None else unmeasured
                    for label in extrapolated)
 
     @staticmethod

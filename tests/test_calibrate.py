@@ -19,7 +19,7 @@ from autopar.calibrate import (
 from autopar.calibrate.attention import AttentionPoint
 from autopar.calibrate.matmul import BandwidthPoint, MatmulPoint
 from autopar.cli.main import main
-from autopar.cluster import format_cluster, load_cluster
+from autopar.cluster import DeviceSpec, format_cluster, load_cluster
 from autopar.cluster.profile import Profile, read_profile, write_profile
 from autopar.cost_models.compute import attention_efficiency, causal_fraction, op_time
 from autopar.errors import ClusterError
@@ -195,24 +195,30 @@ def test_fit_clamps_negative_latency_and_rejects_flat_data():
         fit_link(flat)
 
 
-def recorded_device(floor: float = 2e-6, attention: float | None = None) -> DeviceCalibration:
+def recorded_device(floor: float = 2e-6, attention: float | None = None,
+                    overlap: float = 1.0) -> DeviceCalibration:
     """A calibration from recorded times that a known device would produce: peak 1e11 FLOP/s,
-    efficiency rising with size, 20 GB/s elementwise; one size timed twice, one call shorter
-    than twice the floor, skinny shapes and a bf16 sweep beside the fp32 curve. With
-    ``attention``, causal SDPA at two lengths running at that share of the matmul rate."""
-    peak = 1e11
+    efficiency rising with size, 20 GB/s elementwise, ``overlap`` of a matmul's traffic
+    hidden under its arithmetic; one size timed twice, one call shorter than twice the floor,
+    a skinny shape and a bf16 sweep beside the fp32 curve. With ``attention``, causal SDPA at
+    two lengths running at that share of the matmul rate."""
+    peak, bandwidth = 1e11, 2e10
     eff = {2 * 32**3: 0.2, 2 * 64**3: 0.5, 2 * 128**3: 0.8, 2 * 256**3: 1.0,
            2 * 4 * 64**3: 0.7}
 
     def matmul(m, k, n, dtype="fp32", skinny=False, e=None, scale=1.0):
         flops = 2 * m * k * n
         e = e if e is not None else eff[flops]
-        return MatmulPoint(m, k, n, dtype, scale * flops / (peak * e) + floor, skinny)
+        compute = scale * flops / (peak * e)
+        memory = (4 if dtype == "fp32" else 2) * (m * k + k * n + m * n) / bandwidth
+        busy = max(compute, memory) + (1 - overlap) * min(compute, memory)
+        return MatmulPoint(m, k, n, dtype, busy + floor, skinny)
 
     points = [matmul(n, n, n) for n in (32, 64, 128, 256)]
     points += [matmul(256, 64, 64, e=0.6), matmul(256, 64, 64, e=0.8)]  # same FLOPs twice
     points += [MatmulPoint(4, 4, 4, "fp32", 1.5 * floor)]  # dominated by the floor
-    points += [matmul(8, 1024, 1024, skinny=True, e=0.05)]
+    # as many FLOPs as the 256-cube, but its traffic outlasts its arithmetic
+    points += [matmul(8, 1024, 2048, skinny=True, e=1.0)]
     points += [matmul(n, n, n, "bf16", scale=0.25) for n in (128, 256)]
     adds = [BandwidthPoint(b, 3 * b / 2e10 + floor) for b in (2**16, 2**20, 2**24)]
     adds.append(BandwidthPoint(2**26, 3 * 2**26 / 1e10 + floor))  # one slow size
@@ -256,7 +262,11 @@ def test_calibration_arithmetic_on_recorded_times():
     for p in device.matmuls:
         if p.in_curve(floor) and p.dtype == "fp32" and p.m != 256:
             assert p.flops / (1e11 * curve[float(p.flops)]) + floor == pytest.approx(p.seconds)
-    assert device.efficiency(device.matmuls[-3]) == pytest.approx(0.05)  # the skinny point
+    # the skinny point: its 2.1 M elements at 20 GB/s outlast its arithmetic, all of which
+    # they hide (overlap 1: the roofline)
+    # (335.5 µs of arithmetic, 424.3 µs of traffic)
+    assert device.efficiency(device.matmuls[-3]) == pytest.approx(335.54432 / 424.3456)
+    assert device.memory_overlap == 1.0 and device.profile_device()["memory_overlap"] == 1.0
     # bandwidth is the median over sizes, net of the floor: neither outlier moves it
     assert device.memory_bandwidth_bytes_per_s == pytest.approx(2e10, rel=1e-9)
     with pytest.raises(ValueError, match="twice the kernel floor"):
@@ -265,6 +275,25 @@ def test_calibration_arithmetic_on_recorded_times():
     # without attention points the profile says nothing of it: the preset's figure stays
     assert device.attention_efficiency is None
     assert "attention_efficiency" not in device.profile_device()
+
+
+def test_memory_overlap_is_fitted_from_skinny_matmuls():
+    """A core that moves a matmul's operands and then computes (overlap 0.3 here): the fit
+    finds it, and the curve, net of the traffic left apart, gives back every measured time
+    through the cost model itself."""
+    device = recorded_device(overlap=0.3)
+    assert device.memory_overlap == pytest.approx(0.3, abs=1e-9)
+    spec = DeviceSpec("cpu", 2**30, dict(device.peak_flops), device.memory_bandwidth_bytes_per_s,
+                      1.0, kernel_floor_s=device.kernel_floor_s, memory_efficiency=1.0,
+                      matmul_efficiency_curve=device.matmul_efficiency_curve,
+                      memory_overlap=device.memory_overlap)
+    for p in device.matmuls:
+        if p.dtype == "fp32" and (p.in_curve(device.kernel_floor_s) or p.skinny) and p.m != 256:
+            assert op_time(p.flops, p.bytes_moved, spec, "fp32") == pytest.approx(p.seconds)
+    # on a GPU the roofline stands (its launch latency would pass for traffic left apart)
+    gpu = DeviceCalibration("cuda", 1, "fp32", device.matmuls, device.bandwidth,
+                            device.kernel_floor_s)
+    assert gpu.memory_overlap == 1.0
 
 
 def test_attention_efficiency_inverts_the_cost_model_on_recorded_times(tmp_path):

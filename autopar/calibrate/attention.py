@@ -69,6 +69,13 @@ class AttentionPoint:
         return causal_fraction(self.seq)
 
     @property
+    def bytes_moved(self) -> int:
+        """Bytes of a forward as the cost model counts a fused kernel's: ``q``, ``k``, ``v``
+        read and the output written (its backward moves twice as many)."""
+        itemsize = 4 if self.dtype == "fp32" else 2
+        return 4 * self.batch * self.heads * self.seq * self.head_dim * itemsize
+
+    @property
     def shape(self) -> tuple[int, int, int]:
         """``(m, n, k)`` of the score matmul, as the cost model reads an SDPA node
         (``solver.costs.matmul_shape``): its matmul efficiency is looked up at this shape."""
@@ -100,18 +107,21 @@ def attention_efficiency_from(
     peak_flops: Mapping[str, float],
     curve: Sequence[tuple[float, float]],
     floor: float,
+    traffic_apart_s_per_byte: float = 0.0,
 ) -> float | None:
     """``attention_efficiency`` the points imply (module docstring), in (0, 1]; None without
     points in a dtype that has a peak. Forward and backward are one kernel each, so each
-    pays one ``floor``; a time within the floors means the kernel ran at (at least) the
-    matmul rate: 1."""
+    pays one ``floor``, and the traffic a device does not overlap with the arithmetic
+    (``traffic_apart_s_per_byte``: ``(1 - memory_overlap) / bandwidth``) is set apart too; a
+    time within those means the kernel ran at (at least) the matmul rate: 1."""
     at_rate = busy = 0.0
     for point in points:
         if point.dtype not in peak_flops:
             continue
         forward, backward = point.matmul_seconds(peak_flops[point.dtype], curve)
         at_rate += forward + backward
-        busy += point.forward_backward_s - 2 * floor
+        busy += (point.forward_backward_s - 2 * floor
+                 - 3 * point.bytes_moved * traffic_apart_s_per_byte)
     if at_rate <= 0:
         return None
     if busy <= 0:

@@ -66,6 +66,7 @@ _DEVICE_UNITS = {
     "memory_efficiency": ("memory_efficiency", "fraction", None),
     "attention_efficiency": ("attention_efficiency", "fraction", None),
     "corun_slowdown": ("corun_slowdown", "nonnegative", None),
+    "memory_overlap": ("memory_overlap", "share", None),
 }
 _CURVE = "matmul_efficiency_curve"
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
@@ -91,6 +92,7 @@ _DEFAULTS = {
     "device.attention_efficiency": DEFAULT_ATTENTION_EFFICIENCY,
     "device.allocation_s_per_byte": 0.0,
     "device.corun_slowdown": 0.0,
+    "device.memory_overlap": 1.0,
     f"device.{_CURVE}": (),
     "intra_node.busy_latency_s": 0.0,
     "inter_node.busy_latency_s": 0.0,
@@ -460,6 +462,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         matmul_efficiency_curve=values[f"device.{_CURVE}"],
         allocation_s_per_byte=values["device.allocation_s_per_byte"],
         corun_slowdown=values["device.corun_slowdown"],
+        memory_overlap=values["device.memory_overlap"],
     )
     return Cluster(
         nodes=values["nodes"],

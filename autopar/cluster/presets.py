@@ -53,6 +53,10 @@ Conventions, so the presets can be compared with each other:
   ~440 µs latency through gloo's loopback all-reduce, and ~1 ms more for an asynchronous
   message while every process computes (``busy_latency_s``, :mod:`autopar.calibrate.busy`) —
   what ``autopar calibrate`` measured on the project's 2-core CI VM. It leaves
+  ``memory_overlap`` 0: a core packs a matmul's operands and then computes, so their
+  traffic adds to the arithmetic rather than hiding under it (fitted by ``autopar calibrate``
+  from its skinny matmuls on the project's 2-core EPYC VM, 2026-11-28: a 32 x 1024 x 1024
+  matmul took 1.67 ms where the roofline gives 0.88). It leaves
   ``corun_slowdown`` (how much slower a training step runs beside others) at 0: measured on
   training steps it was 1.03-1.07x with two processes on one of the project's 2-core VMs and
   1.45x on another, so a preset cannot stand for it; calibrate. A GPU's tile/wave curve
@@ -108,6 +112,7 @@ def _preset(
     allocation_ns_per_byte: float = 0.0,
     busy_latency_us: float = 0.0,
     corun_slowdown: float = 0.0,
+    memory_overlap: float = 1.0,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -124,6 +129,7 @@ def _preset(
             "matmul_efficiency_curve": [list(point) for point in curve],
             "allocation_s_per_byte": allocation_ns_per_byte / 1e9,
             "corun_slowdown": corun_slowdown,
+            "memory_overlap": memory_overlap,
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6,
                             "busy_latency_s": busy_latency_us / 1e6},
@@ -176,7 +182,7 @@ _TABLE = [
             backend="gloo", kernel_floor_s=3e-6, memory_efficiency=0.5, attention_efficiency=0.9,
             curve=((2.5e5, 0.59), (4e6, 0.74), (1.7e7, 0.81), (3.4e7, 0.89), (2.7e8, 0.97),
                    (2e9, 1.0)),
-            allocation_ns_per_byte=0.3, busy_latency_us=1000),
+            allocation_ns_per_byte=0.3, busy_latency_us=1000, memory_overlap=0.0),
 ]
 # fmt: on
 

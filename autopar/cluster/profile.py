@@ -72,6 +72,7 @@ _DEVICE_KINDS = {
     "attention_efficiency": "fraction",
     "allocation_s_per_byte": "nonnegative",
     "corun_slowdown": "nonnegative",
+    "memory_overlap": "share",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
                "busy_latency_s": "nonnegative", "per_kind": "per_kind"}

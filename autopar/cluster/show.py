@@ -62,6 +62,7 @@ def format_cluster(cluster: Cluster) -> str:
         ("  allocation", _num(d.allocation_s_per_byte * 1e9), "ns/B",
          src("device.allocation_s_per_byte")),
         ("  co-run slowdown/proc", _num(d.corun_slowdown), "", src("device.corun_slowdown")),
+        ("  memory overlap", _num(d.memory_overlap), "", src("device.memory_overlap")),
         ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
         ("  attention efficiency", _num(d.attention_efficiency), "",
          src("device.attention_efficiency")),

@@ -86,6 +86,7 @@ _RULES = {
     "positive": "a number > 0",
     "nonnegative": "a number >= 0",
     "fraction": "a number in (0, 1]",
+    "share": "a number in [0, 1]",
 }
 
 
@@ -112,6 +113,7 @@ def _check(kind: str, value: Any, key: str, where: str) -> None:
             "positive": value > 0,
             "nonnegative": value >= 0,
             "fraction": 0 < value <= 1,
+            "share": 0 <= value <= 1,
         }[kind]
     if not ok:
         hint = ""
@@ -247,6 +249,13 @@ class DeviceSpec:
     # caches, memory bandwidth and the hypervisor's vCPUs. 0 for GPUs; measured on CPUs by
     # ``autopar calibrate`` (:mod:`autopar.calibrate.corun`).
     corun_slowdown: float = 0.0
+    # How much of an op's memory traffic runs under its arithmetic: 1 on GPUs, whose warps
+    # hide memory latency behind other warps' math (the roofline, Williams et al. 2009:
+    # time = max(compute, memory)); less on a CPU core, where a GEMM packs its operands
+    # (memory-bound) before its micro-kernel computes on them, one after the other (Goto &
+    # van de Geijn 2008): time = max + (1 - overlap) * min. Fitted by ``autopar calibrate``
+    # from matmuls too skinny for their arithmetic to hide their traffic.
+    memory_overlap: float = 1.0
     # The share of its own speed a device gets while every device of its node computes: 1 for
     # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
     # and ``corun_slowdown``). Every device time term is divided by it.
@@ -283,6 +292,7 @@ class DeviceSpec:
         )
         _check("nonnegative", self.corun_slowdown, "corun_slowdown",
                "DeviceSpec.corun_slowdown")
+        _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
         _check("fraction", self.attention_efficiency, "attention_efficiency",
                "DeviceSpec.attention_efficiency")
@@ -452,6 +462,7 @@ class Cluster:
                 "attention_efficiency": d.attention_efficiency,
                 "allocation_s_per_byte": d.allocation_s_per_byte,
                 "corun_slowdown": d.corun_slowdown,
+                "memory_overlap": d.memory_overlap,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -503,7 +514,7 @@ _ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "dev
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
-           "device.allocation_s_per_byte", "device.corun_slowdown"]
+           "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

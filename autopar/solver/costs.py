@@ -349,6 +349,25 @@ class CostTables:
                     out.add(self.problem.decision_of[arg.name])
         return frozenset(out)
 
+    def _weight_read_bytes(self) -> dict[int, float]:
+        """Traced bytes of the parameters each op reads directly, by decision: unlike its
+        activations they do not shrink with the microbatch (once per problem)."""
+        key = "weight_read_bytes"
+        if key not in self.problem.cache:
+            out: dict[int, float] = {}
+            for d in self.problem.decisions:
+                if d.kind != "op":
+                    continue
+                total = 0.0
+                for arg in d.nodes[0].all_input_nodes:
+                    facts = arg.meta.get(META_KEY)
+                    if arg.op == "get_attr" and facts is not None and facts.param is not None:
+                        total += facts.param.numel * _itemsize(str(facts.dtypes[0]))
+                if total:
+                    out[d.index] = total
+            self.problem.cache[key] = out
+        return self.problem.cache[key]
+
     def _weight_cast_bytes(self, d: Decision) -> float:
         """Bytes one forward of ``d`` moves casting fp32 weights to its low precision
         (read 4, write the copy), whole over tp."""
@@ -491,9 +510,11 @@ class CostTables:
         floats, fixed = self.kept_extras(d)
         kept = floats * 4 + fixed
         written = facts.bytes_written + kept
-        read = max(facts.bytes_read - self._dropped_mask_bytes(d), 0)
+        weights = self._weight_read_bytes().get(d.index, 0.0)
+        read = max(facts.bytes_read - self._dropped_mask_bytes(d) - weights, 0)
         stored = self._stored_fraction(d)
-        moved = (read + written) * scale * stored
+        # a weight is read whole however small the microbatch (its tp shard, when split)
+        moved = ((read + written) * scale + weights / div) * stored
         device = self.cluster.device
         shape = self._local_matmul(d, scale)
         work = 1.0  # the share of the traced FLOPs this rank's kernel computes
@@ -532,7 +553,8 @@ class CostTables:
                                 weight_grad=both) if facts.fwd_flops else backward_time(
                 0.0, moved, device, dtype)
         if facts.requires_grad:  # the gradients it writes, one per input it reads
-            bwd += allocation_time(facts.bytes_read * scale * stored, device)
+            bwd += allocation_time(((facts.bytes_read - weights) * scale + weights / div)
+                                   * stored, device)
             if cast:
                 bwd += forward_time(0.0, cast, device, dtype)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0

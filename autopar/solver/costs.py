@@ -350,13 +350,15 @@ class CostTables:
         return frozenset(out)
 
     def _weight_read_bytes(self) -> dict[int, float]:
-        """Traced bytes of the parameters each op reads directly, by decision: unlike its
-        activations they do not shrink with the microbatch (once per problem)."""
+        """Traced bytes of the parameters each op that computes (a matmul, a convolution)
+        reads directly, by decision: it reads them whole, so unlike its activations they do
+        not shrink with the microbatch. An embedding's lookup reads only the rows it gathers,
+        which do (once per problem)."""
         key = "weight_read_bytes"
         if key not in self.problem.cache:
             out: dict[int, float] = {}
             for d in self.problem.decisions:
-                if d.kind != "op":
+                if d.kind != "op" or not d.facts.fwd_flops:
                     continue
                 total = 0.0
                 for arg in d.nodes[0].all_input_nodes:

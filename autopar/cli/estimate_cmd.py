@@ -162,7 +162,8 @@ def format_report(r: dict) -> str:
         f"  total        {format_seconds(p['step_time_s'])}",
         f"  compute      {format_seconds(t['compute_s'])}   tp comm {format_seconds(t['tp_comm_s'])}"
         f"   bubble {format_seconds(t['bubble_s'])}   p2p {format_seconds(t['p2p_s'])}"
-        f"   dp comm exposed {format_seconds(t['dp_exposed_s'])} of {format_seconds(t['dp_comm_s'])}",
+        f"   dp comm {format_seconds(t['dp_comm_s'])}, adds {format_seconds(t['dp_exposed_s'])}"
+        " to the step",
         f"  throughput   {p['tokens_per_s']:,.0f} tokens/s; {p['tflops_per_device']:.1f} TFLOP/s per "
         f"device (model), {p['hardware_tflops_per_device']:.1f} (hardware, with recompute); "
         f"MFU {p['mfu']:.1%}",

@@ -157,7 +157,8 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         "step (modelled)",
         f"  step time    {format_seconds(p['step_time_s'])}",
         f"  compute      {format_seconds(p['compute_s'])}   tp comm {format_seconds(p['tp_comm_s'])}"
-        f"   dp comm {format_seconds(p['dp_comm_s'])} ({format_seconds(p['dp_exposed_s'])} exposed)",
+        f"   dp comm {format_seconds(p['dp_comm_s'])} (adds {format_seconds(p['dp_exposed_s'])}"
+        " to the step)",
         f"  throughput   {p['tokens_per_s']:,.0f} tokens/s, {p['tflops_per_device']:.1f} TFLOP/s "
         f"per device (model FLOPs), MFU {p['mfu']:.1%}",
     ]

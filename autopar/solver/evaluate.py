@@ -62,7 +62,10 @@ class Prediction:
     compute_s: float  # forward + backward (+ recomputation) of all microbatches, slowest stage
     tp_comm_s: float  # tensor-parallel collectives, all microbatches (not overlapped)
     dp_comm_s: float  # data-parallel / ZeRO collectives
-    dp_exposed_s: float  # the part of dp_comm_s not hidden behind backward
+    # what data parallelism adds to the step: dp_comm_s not hidden behind backward, plus the
+    # gathers' copy-outs and the compute that concurrent collectives slow (so it may exceed
+    # dp_comm_s)
+    dp_exposed_s: float
     memory: MemoryBreakdown  # of the stage with the highest peak
     bubble_s: float = 0.0
     p2p_s: float = 0.0

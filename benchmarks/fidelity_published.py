@@ -130,7 +130,7 @@ def table1(limit: int | None) -> list[dict]:
 def sources(names: list[str] | None) -> list[dict]:
     """Every source in benchmarks/data: each row predicted or skipped with its reason, then
     per source the median and worst error, memory error and ranking agreement."""
-    from fidelity_sources import predict_row, summarize
+    from fidelity_sources import RANKING_TIE, predict_row, summarize
     from published_data import load
     from published_data import sources as source_names
 
@@ -162,8 +162,12 @@ def sources(names: list[str] | None) -> list[dict]:
         print(f"  {name}: {s['predicted']}/{s['rows']} rows predicted; throughput error median "
               f"{s['median']:.1%}, worst {s['worst']:.1%}; memory error median "
               f"{s['memory_median']:.1%}, worst {s['memory_worst']:.1%}; rankings agree "
-              f"{s['agree']}/{s['pairs']}; runs predicted not to fit: {s['not_fit']}")
-    print("\nper source (targets: median <= 10%, worst <= 25%, rankings agree, no run that "
+              f"{s['agree']}/{s['pairs']}"
+              + (f" ({s['ties']} pair(s) within {RANKING_TIE:.0%}: a tie, no order)"
+                 if s['ties'] else "")
+              + f"; runs predicted not to fit: {s['not_fit']}")
+    print("\nper source (targets: median <= 10%, worst <= 25%, rankings agree (published "
+          f"figures within {RANKING_TIE:.0%} are ties, not counted), no run that "
           "ran predicted not to fit; memory in GiB includes a 10% allocator allowance, "
           "REPORT_FRAGMENTATION, against the sources' reserved memory)")
     print(f"  {'source':<40} {'rows':>5} {'median':>7} {'worst':>7} {'mem med':>8} "

@@ -306,9 +306,27 @@ def predict_row(row: dict) -> Outcome:
     return out
 
 
+RANKING_TIE = 0.02
+"""Published figures closer than this (relative) order nothing: run-to-run variation of a
+training job's throughput is of this size, and a source reports one run per row (torchtitan's
+Llama 2 7B: 1,914 vs 1,904 words/s for two recomputation policies, 0.5% apart)."""
+
+
 def ranking_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]]:
     """Rows of one source that compare layouts or GPU counts for the same model on the same
-    hardware, in a per-GPU unit: (a, b, the model orders them as the measurements do)."""
+    hardware, in a per-GPU unit, and whose published figures differ by more than
+    :data:`RANKING_TIE`: (a, b, the model orders them as the measurements do)."""
+    return [pair for pair in _comparable(outcomes)
+            if abs(pair[0].published - pair[1].published)
+            > RANKING_TIE * max(pair[0].published, pair[1].published)]
+
+
+def ranking_ties(outcomes: list[Outcome]) -> int:
+    """Comparable pairs of rows whose published figures are within :data:`RANKING_TIE`."""
+    return len(_comparable(outcomes)) - len(ranking_pairs(outcomes))
+
+
+def _comparable(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]]:
     done = [o for o in outcomes if not o.skipped]
     pairs = []
     for i, a in enumerate(done):
@@ -333,5 +351,6 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "memory_median": statistics.median(mem) if mem else math.nan,
         "memory_worst": max(mem) if mem else math.nan,
         "pairs": len(pairs), "agree": sum(ok for _, _, ok in pairs),
+        "ties": ranking_ties(outcomes),
         "not_fit": sum(not o.fits for o in done),
     }

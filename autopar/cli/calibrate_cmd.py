@@ -201,7 +201,7 @@ def format_device(device: DeviceCalibration) -> str:
             rate, eff = (f"{p.rate(device.net_floor_s) / 1e9:>8.1f}",
                          f"{device.efficiency(p):>10.2f}")
             if p.skinny:
-                mark = "  skinny: not in the curve"
+                mark = "  skinny: fits the memory overlap, not the curve"
             elif not p.in_curve(floor):  # its time net of the floor is noise: no rate
                 mark = "  under 2x the floor: not in the curve"
                 rate, eff = f"{'-':>8}", f"{'-':>10}"
@@ -235,7 +235,8 @@ def format_device(device: DeviceCalibration) -> str:
         "",
         "device (measured; written to the profile)",
         *(
-            f"  {'peak ' + dtype:<20} {flops / 1e9:>9.1f} GFLOP/s  best busy matmul rate"
+            f"  {'peak ' + dtype:<20} {flops / 1e9:>9.1f} GFLOP/s  best busy matmul rate, net "
+            "of the traffic left apart"
             for dtype, flops in device.peak_flops.items()
         ),
         f"  {'matmul efficiency':<20} {curve[-1][1]:>9.2f}          at the largest size",
@@ -244,6 +245,8 @@ def format_device(device: DeviceCalibration) -> str:
         f"  {'memory bandwidth':<20} {device.memory_bandwidth_bytes_per_s / 1e9:>9.1f} GB/s     "
         "median over sizes; memory efficiency 1.0",
         f"  {'kernel floor':<20} {floor * 1e6:>9.2f} µs",
+        f"  {'memory overlap':<20} {device.memory_overlap:>9.2f}          of a matmul's traffic "
+        "hidden under its arithmetic (skinny matmuls; 1 on GPUs: the roofline)",
     ]
     if device.attention_efficiency is not None:
         lines.append(f"  {'attention efficiency':<20} {device.attention_efficiency:>9.2f}          "

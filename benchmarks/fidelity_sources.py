@@ -316,17 +316,16 @@ def ranking_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]
     """Rows of one source that compare layouts or GPU counts for the same model on the same
     hardware, in a per-GPU unit, and whose published figures differ by more than
     :data:`RANKING_TIE`: (a, b, the model orders them as the measurements do)."""
-    return [pair for pair in _comparable(outcomes)
-            if abs(pair[0].published - pair[1].published)
-            > RANKING_TIE * max(pair[0].published, pair[1].published)]
+    return [pair for pair in comparable_pairs(outcomes) if _ordered(pair[0], pair[1])]
 
 
-def ranking_ties(outcomes: list[Outcome]) -> int:
-    """Comparable pairs of rows whose published figures are within :data:`RANKING_TIE`."""
-    return len(_comparable(outcomes)) - len(ranking_pairs(outcomes))
+def _ordered(a: Outcome, b: Outcome) -> bool:
+    """Whether two published figures are further apart than :data:`RANKING_TIE`."""
+    return abs(a.published - b.published) > RANKING_TIE * max(a.published, b.published)
 
 
-def _comparable(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]]:
+def comparable_pairs(outcomes: list[Outcome]) -> list[tuple[Outcome, Outcome, bool]]:
+    """:func:`ranking_pairs` before ties are left out."""
     done = [o for o in outcomes if not o.skipped]
     pairs = []
     for i, a in enumerate(done):
@@ -343,7 +342,8 @@ def summarize(outcomes: list[Outcome]) -> dict:
     done = [o for o in outcomes if not o.skipped]
     errors = [abs(o.error) for o in done]
     mem = [abs(o.memory_error) for o in done if not math.isnan(o.published_gib)]
-    pairs = ranking_pairs(outcomes)
+    comparable = comparable_pairs(outcomes)
+    pairs = [pair for pair in comparable if _ordered(pair[0], pair[1])]
     return {
         "rows": len(outcomes), "predicted": len(done),
         "median": statistics.median(errors) if errors else math.nan,
@@ -351,6 +351,6 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "memory_median": statistics.median(mem) if mem else math.nan,
         "memory_worst": max(mem) if mem else math.nan,
         "pairs": len(pairs), "agree": sum(ok for _, _, ok in pairs),
-        "ties": ranking_ties(outcomes),
+        "ties": len(comparable) - len(pairs),
         "not_fit": sum(not o.fits for o in done),
     }

@@ -39,8 +39,14 @@ from dataclasses import dataclass
 import torch
 
 from autopar.cost_models.compute import causal_fraction, matmul_efficiency
+from autopar.precision import BYTES
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def stored_bytes(dtype: str) -> int:
+    """Bytes per element of a timed dtype (tf32 is fp32 in memory)."""
+    return BYTES["fp32" if dtype == "tf32" else dtype]
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,7 @@ class AttentionPoint:
     def bytes_moved(self) -> int:
         """Bytes of a forward as the cost model counts a fused kernel's: ``q``, ``k``, ``v``
         read and the output written (its backward moves twice as many)."""
-        itemsize = 4 if self.dtype == "fp32" else 2
-        return 4 * self.batch * self.heads * self.seq * self.head_dim * itemsize
+        return 4 * self.batch * self.heads * self.seq * self.head_dim * stored_bytes(self.dtype)
 
     @property
     def shape(self) -> tuple[int, int, int]:

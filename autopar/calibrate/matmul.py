@@ -56,6 +56,7 @@ from autopar.calibrate.attention import (
     AttentionPoint,
     attention_efficiency_from,
     measure_attention,
+    stored_bytes,
 )
 from autopar.cluster.spec import _FrozenMap
 from autopar.cost_models.compute import curve_efficiency
@@ -68,7 +69,6 @@ _TORCH_DTYPES = {
 }
 _DTYPES = {"cpu": ["fp32", "bf16", "fp16"], "cuda": ["bf16", "fp16", "tf32", "fp32"]}
 """Dtypes timed per device; the first is the one training defaults to there, and the curve's."""
-_ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 MIB = 2**20
 
 
@@ -90,7 +90,7 @@ class MatmulPoint:
     @property
     def bytes_moved(self) -> int:
         """Both operands read and the product written, as the cost model counts a matmul."""
-        return _ITEMSIZE[self.dtype] * (self.m * self.k + self.k * self.n + self.m * self.n)
+        return stored_bytes(self.dtype) * (self.m * self.k + self.k * self.n + self.m * self.n)
 
     def rate(self, floor: float, memory_s: float = 0.0) -> float:
         """FLOP/s while busy: FLOPs over the measured time net of the kernel floor (and of

@@ -342,11 +342,8 @@ class CostTables:
             if word == "fp32" or name not in self.problem.decision_of:
                 continue
             node = self.problem.decisions[self.problem.decision_of[name]].nodes[0]
-            for arg in node.all_input_nodes:
-                facts = arg.meta.get(META_KEY)
-                if arg.op == "get_attr" and facts is not None and facts.param is not None \
-                        and arg.name in self.problem.decision_of:
-                    out.add(self.problem.decision_of[arg.name])
+            out.update(self.problem.decision_of[arg.name] for arg, _ in _param_args(node)
+                       if arg.name in self.problem.decision_of)
         return frozenset(out)
 
     def _weight_read_bytes(self) -> dict[int, float]:
@@ -360,11 +357,8 @@ class CostTables:
             for d in self.problem.decisions:
                 if d.kind != "op" or not d.facts.fwd_flops:
                     continue
-                total = 0.0
-                for arg in d.nodes[0].all_input_nodes:
-                    facts = arg.meta.get(META_KEY)
-                    if arg.op == "get_attr" and facts is not None and facts.param is not None:
-                        total += facts.param.numel * _itemsize(str(facts.dtypes[0]))
+                total = sum(facts.param.numel * _itemsize(str(facts.dtypes[0]))
+                            for _, facts in _param_args(d.nodes[0]))
                 if total:
                     out[d.index] = total
             self.problem.cache[key] = out
@@ -376,12 +370,8 @@ class CostTables:
         word = self.precision.enforced.get(d.nodes[0].name)
         if word in (None, "fp32") or self.precision.params != "fp32":
             return 0.0
-        total = 0.0
-        for arg in d.nodes[0].all_input_nodes:
-            facts = arg.meta.get(META_KEY)
-            if arg.op == "get_attr" and facts is not None and facts.param is not None:
-                total += facts.param.numel * (4 + BYTES[word])
-        return total
+        return sum(facts.param.numel * (4 + BYTES[word])
+                   for _, facts in _param_args(d.nodes[0]))
 
     def value_bytes(self, key: ValueKey) -> float:
         """Bytes of one instance of a value per microbatch (whole over tp, local over dp);
@@ -943,6 +933,16 @@ def precision_key(options: PlanOptions, zero: int) -> tuple:
     """What a problem's precision assignment depends on (its cache key)."""
     return ("precision", options.precision, options.precision_overrides,
             params_word(options.precision, zero, options.master_weights))
+
+
+def _param_args(node: fx.Node) -> list[tuple[fx.Node, NodeFacts]]:
+    """The parameters ``node`` reads directly (``get_attr`` inputs with parameter facts)."""
+    out = []
+    for arg in node.all_input_nodes:
+        facts = arg.meta.get(META_KEY)
+        if arg.op == "get_attr" and facts is not None and facts.param is not None:
+            out.append((arg, facts))
+    return out
 
 
 def _itemsize(dtype: str) -> int:

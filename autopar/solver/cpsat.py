@@ -89,16 +89,59 @@ def _kib(nbytes: float) -> int:
     return int(-(-nbytes // KIB))  # round up: never under-count memory
 
 
-def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_terms,
-                 activation_scale: float) -> None:
-    """Redistribution, partial-gradient and saved-memory terms of one value.
+@dataclass(frozen=True)
+class _Skeleton:
+    """What a layout model is made of, without its costs: the variables (by proto index)
+    and the constraints that tie them. It depends on the problem, the recomputation (which
+    values are kept) and the expert degree (which values stay inside an expert region),
+    not on dp, pp, ZeRO or the microbatch, which the search varies most: each
+    :func:`build` copies it (in C++) and adds the setting's objective and memory."""
+
+    model: cp_model.CpModel
+    x: tuple[tuple[int, ...], ...]  # x[d][i]: decision d takes its i-th strategy
+    moves: tuple[tuple[tuple, object, object, int], ...]  # (value, p, q, var): redistribute
+    backs: tuple[tuple[tuple, object, int], ...]  # (value, p, var): partial-grad all-reduce
+    saved: tuple[tuple[tuple, object, int], ...]  # (value, q, var): kept for backward in q
+
+
+def _skeleton(tables: CostTables) -> _Skeleton:
+    """The layout model's skeleton for ``tables`` (built once per problem, recomputation
+    and expert degree)."""
+    key = ("cpsat skeleton", tables.setting.recompute, tables.setting.ep)
+    cache = tables.problem.cache
+    if key not in cache:
+        cache[key] = _build_skeleton(tables)
+    return cache[key]
+
+
+def _build_skeleton(tables: CostTables) -> _Skeleton:
+    problem = tables.problem
+    model = cp_model.CpModel()
+    x = []
+    for d in problem.decisions:
+        xs = [model.new_bool_var(f"x{d.index}_{i}") for i in range(len(d.candidates))]
+        model.add_exactly_one(xs)
+        x.append(xs)
+    moves, backs, saved = [], [], []
+    for key, info in problem.values.items():
+        _value_vars(model, tables, x, key, info, moves, backs, saved)
+    return _Skeleton(model, tuple(tuple(v.index for v in xs) for xs in x),
+                     tuple((k, p, q, v.index) for k, p, q, v in moves),
+                     tuple((k, p, v.index) for k, p, v in backs),
+                     tuple((k, q, v.index) for k, q, v in saved))
+
+
+def _value_vars(model, tables: CostTables, x, key, info, moves: list, backs: list,
+                saved_out: list) -> None:
+    """Redistribution, partial-gradient and saved-memory variables of one value.
 
     For each use (edge) ``y[p, q]`` is the joint indicator "the producer gives ``p`` and
     this consumer needs ``q``", pinned by its two marginals (each side takes exactly one
     strategy), which keeps the LP relaxation tight. ``q`` is refined to "R read by sharded
     computation" so the partial-gradient all-reduce has its own joint indicator. A
     redistribution is paid once per (value, p, q) however many consumers share the copy:
-    ``move[p, q] >= y_e[p, q]`` for every edge ``e``.
+    ``move[p, q] >= y_e[p, q]`` for every edge ``e``. Their costs are the setting's
+    (:func:`build`); a move that costs nothing there is simply free.
     """
     problem = tables.problem
     producer = problem.decisions[key[0]]
@@ -145,23 +188,19 @@ def _value_terms(model, tables: CostTables, x, key, info, per_micro, memory_term
                 if p != q:
                     add(y == 0)
         for (p, q, partial), y in joint.items():
-            if q != p and tables.redistribution(key, p, q) > 0:
+            if q != p:
                 mv = move.get((p, q))
                 if mv is None:
                     mv = move[(p, q)] = new_bool("")
                 add(mv >= y)
-            if partial and tables.partial_grad(key, p) > 0:
+            if partial:
                 bk = back.get(p)
                 if bk is None:
                     bk = back[p] = new_bool("")
                 add(bk >= y)
-    count = tables.value_count(key)
-    for (p, q), var in move.items():
-        per_micro.append(_t(tables.redistribution(key, p, q) * count) * var)
-    for p, var in back.items():
-        per_micro.append(_t(tables.partial_grad(key, p) * count) * var)
-    for q, sv in saved.items():
-        memory_terms.append(_kib(tables.saved_bytes(key, q) * count * activation_scale) * sv)
+    moves += [(key, p, q, var) for (p, q), var in move.items()]
+    backs += [(key, p, var) for p, var in back.items()]
+    saved_out += [(key, q, var) for q, var in saved.items()]
 
 
 def restrict(model: cp_model.CpModel, tables: CostTables, x: list[list]) -> None:
@@ -223,26 +262,25 @@ def build(
     """
     started = time.perf_counter()
     problem, setting = tables.problem, tables.setting
-    model = cp_model.CpModel()
+    skeleton = _skeleton(tables)
+    model = skeleton.model.clone()
+    var = model.get_bool_var_from_proto_index
     m = setting.microbatches
 
-    x = []
-    per_micro = []  # per-microbatch time terms
-    fwd_terms, bwd_terms = [], []
-    memory_terms = []
+    x = [[var(i) for i in row] for row in skeleton.x]
+    flat: list = []  # every x literal, with its forward, backward and memory coefficients
+    fwd_coefs, bwd_coefs, mem_coefs = [], [], []
     grad_terms = []
     weight_terms = []
-    for d in problem.decisions:
-        xs = [model.new_bool_var(f"x{d.index}_{i}") for i in range(len(d.candidates))]
-        model.add_exactly_one(xs)
-        x.append(xs)
+    for d, xs in zip(problem.decisions, x):
         for i, s in enumerate(d.candidates):
             f, b = tables.compute(d, s)
-            fwd_terms.append(_t(f) * xs[i])
-            bwd_terms.append(_t(b) * xs[i])
             st = tables.states(d, s)
-            memory_terms.append(_kib(tables.activation_memory(d, s) * activation_scale
-                                     + st.total * d.count * state_scale) * xs[i])
+            flat.append(xs[i])
+            fwd_coefs.append(_t(f))
+            bwd_coefs.append(_t(b))
+            mem_coefs.append(_kib(tables.activation_memory(d, s) * activation_scale
+                                  + st.total * d.count * state_scale))
             if setting.grad_group > 1:
                 g = tables.grad_bytes(d, s) * d.count
                 if g:
@@ -250,13 +288,30 @@ def build(
                 if setting.zero >= 1 and d.kind == "param" and d.facts.param is not None:
                     weight_terms.append((d, s, xs[i]))
 
-    for key, info in problem.values.items():
-        _value_terms(model, tables, x, key, info, per_micro, memory_terms, activation_scale)
+    # the values' terms: redistributions and partial-gradient all-reduces per microbatch,
+    # copies kept for backward in memory (costs of one instance, times the instances)
+    micro_vars, micro_coefs = [], []
+    for key, p, q, index in skeleton.moves:
+        cost = _t(tables.redistribution(key, p, q) * tables.value_count(key))
+        if cost:
+            micro_vars.append(var(index))
+            micro_coefs.append(cost)
+    for key, p, index in skeleton.backs:
+        cost = _t(tables.partial_grad(key, p) * tables.value_count(key))
+        if cost:
+            micro_vars.append(var(index))
+            micro_coefs.append(cost)
+    saved_vars = [var(index) for _, _, index in skeleton.saved]
+    saved_coefs = [_kib(tables.saved_bytes(key, q) * tables.value_count(key) * activation_scale)
+                   for key, q, _ in skeleton.saved]
     restrict(model, tables, x)
 
-    fwd = sum(fwd_terms)
-    bwd = sum(bwd_terms)
-    objective = m * (fwd + bwd + sum(per_micro))
+    weighted = cp_model.LinearExpr.weighted_sum
+    fwd = weighted(flat, fwd_coefs)
+    bwd = weighted(flat, bwd_coefs)
+    per_micro = weighted(micro_vars, micro_coefs)
+    memory_terms = [weighted(flat + saved_vars, mem_coefs + saved_coefs)]
+    objective = m * (fwd + bwd + per_micro)
     buffers = 0
     if setting.grad_group > 1:
         exposed = model.NewIntVar(0, 2**60, "dp_exposed")
@@ -359,6 +414,12 @@ def run(built: LayoutModel) -> SolveResult:
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.symmetry_level = 0
+    # Every linear constraint in the LP from the start, not added once violated: the joint
+    # marginals are what makes the bound tight, and adding them lazily costs rounds of
+    # re-solving. Measured on the layout models of the four benchmarks/plan_time.py rows
+    # (235 models, one at a time on 2-core EPYC): 61.4 s in all against 22.3 s, the
+    # same status and optimum on every one; Llama-3-70B on 1,024 H100s 13.5 s -> 4.9 s.
+    solver.parameters.add_lp_constraints_lazily = False
     status = solver.Solve(model)
     name = solver.StatusName(status)
     wall = built.build_s + time.perf_counter() - started

@@ -864,8 +864,15 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                                 * tables.value_count(value))
         problem.cache[key] = (activations, compute)
     activations, compute = problem.cache[key]
-    states = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
-                 for d in problem.decisions if d.kind == "param")
+    # States depend on what CostTables.states reads of the setting (ZeRO's shards, experts,
+    # offload), not on the microbatch or the pipeline: once per such tuple.
+    options = tables.options
+    key = ("state floor", setting.zero, setting.shard_group, setting.ep, setting.offload,
+           options.precision, options.optimizer, options.master_weights)
+    if key not in problem.cache:
+        problem.cache[key] = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
+                                 for d in problem.decisions if d.kind == "param")
+    states = problem.cache[key]
     return (states * state_scale + activations * activation_scale,
             compute * setting.microbatches)
 

@@ -21,6 +21,7 @@ hand).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from autopar.cost_models.pipeline import in_flight, schedule_name
@@ -129,6 +130,39 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
         act = acts[end] - acts[start] + pre_act[k] + post_act[k]
         return state + act * flights[k] <= capacity
 
+    # A chunk's time and memory grow with its end (layers cost >= 0; the sends, when they
+    # differ by layer, are checked): the furthest end that fits is then a bisection of
+    # these sorted sums, in C, rather than a Python search calling fits().
+    reach_time = [times[end] + (send_forward[end - 1] if send_forward and end else 0.0)
+                  for end in range(n + 1)]
+    reach_memory = [[states[end] + acts[end] * flights[k % pp] for end in range(n + 1)]
+                    for k in range(pp if one_per_rank else 0)]
+    sorted_sums = all(a <= b for a, b in zip(reach_time[1:], reach_time[2:])) and all(
+        a <= b for row in reach_memory for a, b in zip(row, row[1:]))
+
+    def furthest(k: int, start: int, lo: int, hi: int, bound: float) -> int:
+        """The furthest end in [lo, hi] of chunk ``k`` (not the last) that fits ``bound``;
+        ``lo - 1`` when none does."""
+        if not sorted_sums:
+            if not fits(k, start, lo, bound):
+                return lo - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(k, start, mid, bound):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+        limit = bound + times[start] - pre_time[k] - post_time[k] - (
+            send_backward[start - 1] if k > 0 and send_backward else 0.0)
+        end = bisect_right(reach_time, limit, lo, hi + 1) - 1
+        if one_per_rank and end >= lo:
+            room = (capacity - pre_state[k] - post_state[k]
+                    - (pre_act[k] + post_act[k]) * flights[k]
+                    + states[start] + acts[start] * flights[k])
+            end = min(end, bisect_right(reach_memory[k], room, lo, hi + 1) - 1)
+        return end
+
     def greedy(bound: float) -> tuple[int, ...] | None:
         counts, start = [], 0
         for k in range(chunks):
@@ -140,65 +174,78 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
             lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
             if boundaries:
                 hi = min(hi, next_cut(start))
-            if lo > hi or not fits(k, start, lo, bound):
+            if lo > hi:
                 return None
-            while lo < hi:  # the furthest end that fits
-                mid = (lo + hi + 1) // 2
-                if fits(k, start, mid, bound):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            counts.append(lo - start)
-            start = lo
+            end = furthest(k, start, lo, hi, bound)
+            if end < lo:
+                return None
+            counts.append(end - start)
+            start = end
         return tuple(counts)
+
+    def slowest(counts: tuple[int, ...]) -> float:
+        start, worst = 0, 0.0
+        for k, count in enumerate(counts):
+            worst = max(worst, chunk_time(k, start, start + count))
+            start += count
+        return worst
 
     total = times[-1] + load.pre_time + load.post_time + sum(load.send_forward) + sum(
         load.send_backward)
-    if greedy(total * (1 + 1e-9)) is None:
+    counts = greedy(total * (1 + 1e-9))
+    if counts is None:
         return None  # memory alone rules out every cut
-    lo, hi = 0.0, total * (1 + 1e-9)
+    # Bisection on the bound; a bound that fits drops at once to the slowest chunk of the
+    # cut it gave (the optimum is some chunk's time), which ends it in a few rounds.
+    lo, hi = 0.0, slowest(counts)
     while hi - lo > total * 1e-7:  # finer than any time difference the model means
         mid = (lo + hi) / 2
-        if greedy(mid) is None:
+        found = greedy(mid)
+        if found is None:
             lo = mid
         else:
-            hi = mid
-    counts = greedy(hi)
-    if one_per_rank or counts is None:
+            counts, hi = found, slowest(found)
+    if one_per_rank:
         return counts
+    return _spread(counts, pp, schedule, chunk_time, cuts)
 
-    # With several chunks per rank, a rank's time is the sum of its chunks': move single
-    # layers across chunk boundaries while that lowers the slowest rank (then the spread).
+
+def _spread(counts: tuple[int, ...], pp: int, schedule: str, chunk_time,
+            cuts: frozenset[int]) -> tuple[int, ...]:
+    """With several chunks per rank, a rank's time is the sum of its chunks': move single
+    layers across chunk boundaries while that lowers the slowest rank (then the spread).
+    A move changes two chunks, so each trial updates two ranks' times, not all."""
+    chunks = len(counts)
     owner = [rank_of_chunk(k, pp, schedule) for k in range(chunks)]
-
-    def rank_times(counts: tuple[int, ...]) -> list[float]:
-        out, start = [0.0] * pp, 0
-        for k, count in enumerate(counts):
-            out[owner[k]] += chunk_time(k, start, start + count)
-            start += count
-        return out
-
-    def score(counts: tuple[int, ...]) -> tuple[float, float]:
-        ranks = rank_times(counts)
-        return max(ranks), sum(t * t for t in ranks)
-
-    best = score(counts)
+    counts = list(counts)
+    starts = [sum(counts[:k]) for k in range(chunks)]
+    own = [chunk_time(k, starts[k], starts[k] + counts[k]) for k in range(chunks)]
+    ranks = [0.0] * pp
+    for k in range(chunks):
+        ranks[owner[k]] += own[k]
+    best = (max(ranks), sum(t * t for t in ranks))
     improved = True
     while improved:
         improved = False
         for k in range(chunks - 1):
-            if sum(counts[:k + 1]) in cuts:
+            if starts[k + 1] in cuts:
                 continue  # a required boundary stays where it is
             for step in (1, -1):  # one layer from chunk k+1 to k, or back
-                moved = list(counts)
-                moved[k] += step
-                moved[k + 1] -= step
-                if min(moved[k], moved[k + 1]) < 1:
+                if min(counts[k] + step, counts[k + 1] - step) < 1:
                     continue
-                trial = score(tuple(moved))
+                boundary = starts[k + 1] + step
+                a = chunk_time(k, starts[k], boundary)
+                b = chunk_time(k + 1, boundary, starts[k + 1] + counts[k + 1])
+                trial_ranks = list(ranks)
+                trial_ranks[owner[k]] += a - own[k]
+                trial_ranks[owner[k + 1]] += b - own[k + 1]
+                trial = (max(trial_ranks), sum(t * t for t in trial_ranks))
                 if trial < best:
-                    counts, best, improved = tuple(moved), trial, True
-    return counts
+                    counts[k] += step
+                    counts[k + 1] -= step
+                    starts[k + 1] = boundary
+                    own[k], own[k + 1], ranks, best, improved = a, b, trial_ranks, trial, True
+    return tuple(counts)
 
 
 def layer_ranges(layers: tuple[int, ...] | list[int]) -> str:

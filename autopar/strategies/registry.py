@@ -16,8 +16,10 @@ sees what the solver could not shard.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch.fx as fx
 
 from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
 
@@ -86,9 +88,21 @@ def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
     the solver's result) is deterministic.
     """
     rule = rule_for(call.target)
-    base = replicate_all(call)
     if rule is None or axis_size == 1:
-        return [base]
+        return [replicate_all(call)]
+    key = _frozen((rule, call.target, call.args, call.kwargs, call.out, call.hints, axis_size))
+    if key is None:  # an argument that cannot be a key: ask the rule
+        return _strategies(rule, call, axis_size)
+    found = _KNOWN.get(key)
+    if found is None:
+        if len(_KNOWN) >= _KNOWN_MAX:
+            _KNOWN.clear()
+        found = _KNOWN[key] = tuple(_strategies(rule, call, axis_size))
+    return list(found)
+
+
+def _strategies(rule: Rule, call: OpCall, axis_size: int) -> list[Strategy]:
+    base = replicate_all(call)
     out = [base]
     seen = {base}
     for strategy in rule(call, axis_size):
@@ -96,3 +110,35 @@ def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
             seen.add(strategy)
             out.append(strategy)
     return out
+
+
+# A rule is a function of the call it is given: the strategies of a call seen before (each
+# repeated layer makes the same calls, 80 times in Llama-3-70B) are the ones it gave then.
+# The rule itself is part of the key, so a replaced rule is asked again.
+_KNOWN: dict[tuple, tuple[Strategy, ...]] = {}
+_KNOWN_MAX = 1 << 16
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as a hashable key (lists and dicts as tagged tuples), or None when some
+    part of it cannot be hashed or is a graph node."""
+    if isinstance(value, (list, tuple)):
+        parts = tuple(_frozen(v) for v in value)
+        if any(p is None and v is not None for p, v in zip(parts, value)):
+            return None
+        return (type(value).__name__, parts)
+    if isinstance(value, Mapping):
+        items = tuple(sorted(((k, _frozen(v)) for k, v in value.items()),
+                             key=lambda kv: repr(kv[0])))
+        if any(f is None and value[k] is not None for k, f in items):
+            return None
+        return ("dict", items)
+    if isinstance(value, fx.Node):
+        return None  # a node's identity: no other call shares it, and a key would keep its graph
+    if isinstance(value, (bool, int, float)):
+        return (type(value), value)  # True, 1 and 1.0 hash alike; a rule may tell them apart
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return value

@@ -920,13 +920,14 @@ _PARAM_VIEWS = {torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
 def precision_assignment(problem: Problem, options: PlanOptions,
                          zero: int) -> PrecisionAssignment:
     """The per-node precision of ``problem``'s graph under ``options`` at ZeRO ``zero``
-    (which decides the dtype parameters are read in), computed once per problem."""
-    key = precision_key(options, zero)
-    if key not in problem.cache:
-        problem.cache[key] = assign_precision(problem.gm, options.precision,
-                                              dict(options.precision_overrides), key[3],
-                                              fused=problem.fused_attention)
-    return problem.cache[key]
+    (which decides the dtype parameters are read in), computed once per graph: the problems
+    of every tp degree share it (``Problem.graph_cache``)."""
+    key = (*precision_key(options, zero), problem.fused_attention)
+    if key not in problem.graph_cache:
+        problem.graph_cache[key] = assign_precision(problem.gm, options.precision,
+                                                    dict(options.precision_overrides), key[3],
+                                                    fused=problem.fused_attention)
+    return problem.graph_cache[key]
 
 
 def precision_key(options: PlanOptions, zero: int) -> tuple:

@@ -327,9 +327,14 @@ def data_parallel_costs(
     mesh = setting.shard_mesh
     busy = busy_latency(tables.cluster, mesh, "dp")  # each call is asynchronous
 
+    known: dict[tuple[str, float], float] = {}  # alike layers move alike messages
+
     def dp_time(kind: str, nbytes: float) -> float:
-        return busy + _collective(tables, kind, nbytes, mesh, "dp",
-                                  "auto" if kind == "all_reduce" else "ring")
+        found = known.get((kind, nbytes))
+        if found is None:
+            found = known[(kind, nbytes)] = busy + _collective(
+                tables, kind, nbytes, mesh, "dp", "auto" if kind == "all_reduce" else "ring")
+        return found
 
     def replica_time(grad_bytes: float) -> float:
         """HSDP: this rank's gradient shard of ``grad_bytes`` all-reduced across groups."""

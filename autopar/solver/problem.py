@@ -88,6 +88,9 @@ class Problem:
     causal_attention: dict[str, int] = field(default_factory=dict)
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # what planning derives from the graph alone, shared by the problems of every tp degree
+    # built from one skeleton (the per-node precision: costs.precision_assignment)
+    graph_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def value_key(self, node: fx.Node) -> ValueKey:
         producer, index = value_of(node)
@@ -118,6 +121,7 @@ class Skeleton:
     groups: tuple[tuple[fx.Node, ...], ...]
     decision_of: dict[str, int]
     values: dict[ValueKey, ValueInfo]
+    cache: dict = field(default_factory=dict, repr=False, compare=False)  # Problem.graph_cache
 
 
 def problem_skeleton(gm: fx.GraphModule) -> Skeleton:
@@ -158,7 +162,8 @@ def problem_skeleton(gm: fx.GraphModule) -> Skeleton:
         for (consumer, slot), (count, saves, same, tie) in sorted(uses[key].items()):
             info.uses.append(Use(consumer, slot, count, saves, same, tie))
         values[key] = info
-    return Skeleton(tuple(tuple(nodes) for nodes in groups.values()), decision_of, values)
+    return Skeleton(tuple(tuple(nodes) for nodes in groups.values()), decision_of, values,
+                    cache={"ties": tied})
 
 
 def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy],
@@ -169,7 +174,8 @@ def build_problem(gm: fx.GraphModule, tp: int, batch: dict[str, Strategy],
     skeleton = skeleton or problem_skeleton(gm)
     decisions = [Decision(index, list(nodes), [], batch[nodes[0].name])
                  for index, nodes in enumerate(skeleton.groups)]
-    problem = Problem(gm, tp, decisions, skeleton.values, skeleton.decision_of)
+    problem = Problem(gm, tp, decisions, skeleton.values, skeleton.decision_of,
+                      graph_cache=skeleton.cache)
     for d in decisions:
         if d.kind == "op":
             _op_candidates(d, tp)

@@ -240,7 +240,8 @@ def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
         s = chosen(consumer)
         return None if s is None else s.inputs[slot]
 
-    check_tied(gm.graph, have, need, "tp")
+    # the ties the search planned with (the graph is the same): found once per graph
+    check_tied(gm.graph, have, need, "tp", problem.graph_cache.get("ties"))
 
 
 def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:

@@ -156,11 +156,12 @@ def check_tied(
     have: Callable[[fx.Node], Placement | None],
     need: Callable[[fx.Node, int], Placement | None],
     axis: str,
+    found: dict[tuple[fx.Node, int], Tie] | None = None,
 ) -> None:
     """Raise if a tied edge would be redistributed on ``axis``: ``have(a)`` is the placement
     of input value ``a``, ``need(consumer, slot)`` what the consumer's strategy reads (None:
-    not planned, nothing to check)."""
-    for (consumer, slot), tie in ties(graph).items():
+    not planned, nothing to check). ``found``: ``ties(graph)``, when the caller has it."""
+    for (consumer, slot), tie in (ties(graph) if found is None else found).items():
         a = tensor_inputs(consumer)[slot]
         wanted, got = need(consumer, slot), have(a)
         if wanted is None or got is None or wanted == got:

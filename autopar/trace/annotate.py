@@ -85,8 +85,9 @@ def _param_facts(gm: fx.GraphModule, node: fx.Node) -> ParamFacts | None:
     )
 
 
-def _output_requires_grad(node: fx.Node, input_grads: list[bool]) -> bool:
-    vals = tensor_vals(node)
+def _output_requires_grad(node: fx.Node, input_grads: list[bool],
+                          vals: list[torch.Tensor] | None = None) -> bool:
+    vals = tensor_vals(node) if vals is None else vals
     if not vals or not any(t.is_floating_point() for t in vals):
         return False
     name = str(node.target)
@@ -108,13 +109,14 @@ def annotate(gm: fx.GraphModule) -> None:
 
 
 def _annotate(gm: fx.GraphModule) -> None:
-    vals = [t for n in gm.graph.nodes for t in tensor_vals(n)]
-    fake_mode = detect_fake_mode(vals)
+    # each node's tensors, flattened once (inputs are read again by every consumer)
+    outs_of = {n: tensor_vals(n) for n in gm.graph.nodes}
+    fake_mode = detect_fake_mode([t for ts in outs_of.values() for t in ts])
     meter = OpCostMeter(fake_mode, gm) if fake_mode is not None else None
     requires_grad: dict[fx.Node, bool] = {}
 
     for node in gm.graph.nodes:
-        outs = tensor_vals(node)
+        outs = outs_of[node]
         module_path, module_type = _module_owner(node)
         facts = NodeFacts(
             name=node.name,
@@ -141,7 +143,7 @@ def _annotate(gm: fx.GraphModule) -> None:
             )
             facts.is_view = True
         elif node.op == "call_function":
-            requires_grad[node] = _output_requires_grad(node, input_grads)
+            requires_grad[node] = _output_requires_grad(node, input_grads, outs)
             facts.params = tuple(
                 a.meta[META_KEY].param.fqn
                 for a in inputs
@@ -149,7 +151,7 @@ def _annotate(gm: fx.GraphModule) -> None:
             )
             facts.is_view = is_view_op(node.target)
             if not facts.is_view:
-                facts.bytes_read = sum(_nbytes(t) for a in inputs for t in tensor_vals(a))
+                facts.bytes_read = sum(_nbytes(t) for a in inputs for t in outs_of[a])
                 facts.bytes_written = sum(_nbytes(t) for t in outs)
             if meter is not None:
                 m = meter.measure(node, input_grads)

@@ -161,6 +161,12 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
                     - (pre_act[k] + post_act[k]) * flights[k]
                     + states[start] + acts[start] * flights[k])
             end = min(end, bisect_right(reach_memory[k], room, lo, hi + 1) - 1)
+        # The sums are rearranged for bisection, which can round the other way at a limit:
+        # the last layer is settled by fits() itself, as every other check judges a stage.
+        while end >= lo and not fits(k, start, end, bound):
+            end -= 1
+        while end < hi and fits(k, start, end + 1, bound):
+            end += 1
         return end
 
     def greedy(bound: float) -> tuple[int, ...] | None:

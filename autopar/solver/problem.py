@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch.fx as fx
 
@@ -36,7 +37,9 @@ class Decision:
     batch: Strategy  # the strategy on the dp axis (fixed by batch propagation)
     unruled: bool = False  # the op has no sharding rule: it can only run replicated
 
-    @property
+    # name, count and kind are asked about a million times in a large plan's search, and
+    # never change once the decision is built (its nodes are fixed): computed once
+    @cached_property
     def name(self) -> str:
         return self.nodes[0].name
 
@@ -44,11 +47,11 @@ class Decision:
     def facts(self) -> NodeFacts:
         return self.nodes[0].meta[META_KEY]
 
-    @property
+    @cached_property
     def count(self) -> int:
         return len(self.nodes)
 
-    @property
+    @cached_property
     def kind(self) -> str:
         return _KINDS.get(self.nodes[0].op, "op")
 

@@ -414,12 +414,12 @@ def run(built: LayoutModel) -> SolveResult:
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.symmetry_level = 0
-    # Every linear constraint in the LP from the start, not added once violated: the joint
-    # marginals are what makes the bound tight, and adding them lazily costs rounds of
-    # re-solving. Measured on the layout models of the four benchmarks/plan_time.py rows
-    # (235 models, one at a time on 2-core EPYC): 61.4 s in all against 22.3 s, the
-    # same status and optimum on every one; Llama-3-70B on 1,024 H100s 13.5 s -> 4.9 s.
-    solver.parameters.add_lp_constraints_lazily = False
+    # Not set: add_lp_constraints_lazily = False (every linear constraint in the LP from the
+    # start). Measured 2.7x faster on the 235 layout models of benchmarks/plan_time.py, same
+    # optima, but it breaks ties differently, and on llama cp=2 x tp=2 the other optimum
+    # shards a sequence-split value over tp too, which trains wrong gradients
+    # (tests/test_equivalence.py cp-4ranks). Fix that layout first, then set it
+    # (benchmarks/results/plan_time_2026-11-28.md).
     status = solver.Solve(model)
     name = solver.StatusName(status)
     wall = built.build_s + time.perf_counter() - started

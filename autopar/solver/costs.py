@@ -687,6 +687,14 @@ class CostTables:
     def activation_memory(self, d: Decision, s: Strategy) -> float:
         return self.own_activation(d, s) * d.count
 
+    @property
+    def states_key(self) -> tuple:
+        """What :meth:`states` reads of the setting and options besides the decision (for
+        caches of state sums: the microbatch and the pipeline do not change them)."""
+        o, st = self.options, self.setting
+        return (st.zero, st.shard_group, st.ep, st.offload, o.precision, o.optimizer,
+                o.master_weights)
+
     def states(self, d: Decision, s: Strategy) -> StateBytes:
         """Parameter, gradient and optimizer bytes of one instance of a parameter."""
         param = d.facts.param

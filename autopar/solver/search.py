@@ -864,11 +864,7 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                                 * tables.value_count(value))
         problem.cache[key] = (activations, compute)
     activations, compute = problem.cache[key]
-    # States depend on what CostTables.states reads of the setting (ZeRO's shards, experts,
-    # offload), not on the microbatch or the pipeline: once per such tuple.
-    options = tables.options
-    key = ("state floor", setting.zero, setting.shard_group, setting.ep, setting.offload,
-           options.precision, options.optimizer, options.master_weights)
+    key = ("state floor", *tables.states_key)  # not the microbatch's or the pipeline's
     if key not in problem.cache:
         problem.cache[key] = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
                                  for d in problem.decisions if d.kind == "param")

@@ -90,8 +90,10 @@ def strategies_for(call: OpCall, axis_size: int) -> list[Strategy]:
     rule = rule_for(call.target)
     if rule is None or axis_size == 1:
         return [replicate_all(call)]
-    key = _frozen((rule, call.target, call.args, call.kwargs, call.out, call.hints, axis_size))
-    if key is None:  # an argument that cannot be a key: ask the rule
+    try:
+        key = _frozen((rule, call.target, call.args, call.kwargs, call.out, call.hints,
+                       axis_size))
+    except _Unkeyable:  # a node or an unhashable argument: ask the rule
         return _strategies(rule, call, axis_size)
     found = _KNOWN.get(key)
     if found is None:
@@ -119,26 +121,25 @@ _KNOWN: dict[tuple, tuple[Strategy, ...]] = {}
 _KNOWN_MAX = 1 << 16
 
 
+class _Unkeyable(Exception):
+    """A call argument that cannot be part of a key (see :func:`_frozen`)."""
+
+
 def _frozen(value: Any) -> Any:
-    """``value`` as a hashable key (lists and dicts as tagged tuples), or None when some
-    part of it cannot be hashed or is a graph node."""
+    """``value`` as a hashable key (lists and dicts as tagged tuples); raises
+    :class:`_Unkeyable` for a graph node (no other call shares it, and a key would keep its
+    graph alive) or an unhashable value."""
     if isinstance(value, (list, tuple)):
-        parts = tuple(_frozen(v) for v in value)
-        if any(p is None and v is not None for p, v in zip(parts, value)):
-            return None
-        return (type(value).__name__, parts)
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
     if isinstance(value, Mapping):
-        items = tuple(sorted(((k, _frozen(v)) for k, v in value.items()),
-                             key=lambda kv: repr(kv[0])))
-        if any(f is None and value[k] is not None for k, f in items):
-            return None
-        return ("dict", items)
+        return ("dict", tuple(sorted(((k, _frozen(v)) for k, v in value.items()),
+                                     key=lambda kv: repr(kv[0]))))
     if isinstance(value, fx.Node):
-        return None  # a node's identity: no other call shares it, and a key would keep its graph
+        raise _Unkeyable
     if isinstance(value, (bool, int, float)):
         return (type(value), value)  # True, 1 and 1.0 hash alike; a rule may tell them apart
     try:
         hash(value)
     except TypeError:
-        return None
+        raise _Unkeyable from None
     return value

@@ -70,6 +70,37 @@ def _weight_reads(gm: fx.GraphModule, requests: dict) -> dict[int, int]:
     return reads
 
 
+def redistribution_steps(axes: list[str], have: tuple, need: tuple) -> list[tuple]:
+    """The per-axis moves ``(axis, src, dst)`` that take a value from ``have`` to ``need``
+    (one placement per axis, outer to inner), in an order that keeps it right.
+
+    A local tensor is cut outer axis first: under ``cp S(2)`` and ``tp S(2)`` a device holds
+    the ``tp`` piece of its ``cp`` piece. A move on an outer axis along a dim an inner axis
+    also splits (a whole rotary table sliced to the sequence over ``cp`` while ``tp`` splits
+    it too) would cut the wrong tokens, so the inner axes are made whole first, innermost
+    first, and are split again after the outer move. (The planner prices each axis's move
+    alone; the detour gathers only tensors that do not follow the sequence split, such as
+    rotary tables and masks, which are small.)
+
+    >>> from autopar.placements import parse_placement as p
+    >>> [(ax, str(s), str(d)) for ax, s, d in redistribution_steps(
+    ...     ["cp", "tp"], (p("R"), p("S(2)")), (p("S(2)"), p("S(2)")))]
+    [('tp', 'S(2)', 'R'), ('cp', 'R', 'S(2)'), ('tp', 'R', 'S(2)')]
+    """
+    now = list(have)
+    opened: list[int] = []
+    for i in range(len(axes)):
+        if now[i] == need[i]:
+            continue
+        dims = {p.dim for p in (now[i], need[i]) if isinstance(p, Shard)}
+        for j in range(i + 1, len(axes)):
+            if isinstance(now[j], Shard) and now[j].dim in dims:
+                opened.append(j)
+                now[j] = R
+    steps = [(axes[j], have[j], R) for j in sorted(opened, reverse=True)]
+    return steps + [(ax, src, dst) for ax, src, dst in zip(axes, now, need) if src != dst]
+
+
 @register_pass
 class InsertCollectives(GraphPass):
     name = "insert-collectives"
@@ -115,9 +146,7 @@ class InsertCollectives(GraphPass):
             needs_grad_sync = TP in axes and requires_grad and bool(sharded_users) and (
                 need[axes.index(TP)] == R
             )
-            for ax, src, dst in zip(axes, have, need):
-                if src == dst:
-                    continue
+            for ax, src, dst in redistribution_steps(axes, have, need):
                 fused = (
                     ax == TP and needs_grad_sync and isinstance(src, Shard)
                     and len(sharded_users) == len(consumers)

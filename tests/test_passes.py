@@ -253,3 +253,27 @@ def test_a_buffer_filled_in_place_is_synced_once_filled() -> None:
     (sync,) = [n for n in program.graph.nodes if n.target is comm_ops.grad_all_reduce
                and n.args[0].name == "new_empty"]
     assert order.index("copy__1") < order.index(sync.name) < order.index("linear_2")
+
+
+def _steps(axes: list[str], have: str, need: str) -> list[str]:
+    from autopar.passes.insert_collectives import redistribution_steps
+    from autopar.placements import parse_placement
+
+    steps = redistribution_steps(axes, tuple(map(parse_placement, have.split())),
+                                 tuple(map(parse_placement, need.split())))
+    return [f"{ax} {src}->{dst}" for ax, src, dst in steps]
+
+
+def test_redistribution_steps_undo_an_inner_split_of_the_dim_an_outer_move_cuts() -> None:
+    """A local tensor is cut outer axis first; moving an outer axis along a dim an inner
+    axis splits must gather the inner axis first (else each rank gets the wrong tokens)."""
+    axes = ["cp", "tp"]
+    assert _steps(axes, "R S(2)", "S(2) S(2)") == ["tp S(2)->R", "cp R->S(2)", "tp R->S(2)"]
+    assert _steps(axes, "S(1) S(1)", "R R") == ["tp S(1)->R", "cp S(1)->R"]
+    assert _steps(axes, "S(1) S(1)", "R S(1)") == ["tp S(1)->R", "cp S(1)->R", "tp R->S(1)"]
+    # other dims, partial sums and inner-only moves keep the plain outer-to-inner order
+    assert _steps(axes, "R S(1)", "S(2) S(1)") == ["cp R->S(2)"]
+    assert _steps(axes, "R P", "S(2) R") == ["cp R->S(2)", "tp P->R"]
+    assert _steps(axes, "S(2) R", "S(2) S(2)") == ["tp R->S(2)"]
+    assert _steps(["dp", "cp", "tp"], "S(0) R S(1)", "S(0) S(1) S(1)") == [
+        "tp S(1)->R", "cp R->S(1)", "tp R->S(1)"]

@@ -414,12 +414,12 @@ def run(built: LayoutModel) -> SolveResult:
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.symmetry_level = 0
-    # Not set: add_lp_constraints_lazily = False (every linear constraint in the LP from the
-    # start). Measured 2.7x faster on the 235 layout models of benchmarks/plan_time.py, same
-    # optima, but it breaks ties differently, and on llama cp=2 x tp=2 the other optimum
-    # shards a sequence-split value over tp too, which trains wrong gradients
-    # (tests/test_equivalence.py cp-4ranks). Fix that layout first, then set it
-    # (benchmarks/results/plan_time_2026-11-28.md).
+    # Every linear constraint in the LP from the start: 2.7x faster on the 235 layout models
+    # of benchmarks/plan_time.py, the same optima (benchmarks/results/plan_time_2026-11-28.md).
+    # It breaks ties differently; the layouts it found first (a rotary table split on tp
+    # along the sequence cp slices) are run right since (tests/test_equivalence.py cp-4ranks,
+    # the nest_cp_tp edit).
+    solver.parameters.add_lp_constraints_lazily = False
     status = solver.Solve(model)
     name = solver.StatusName(status)
     wall = built.build_s + time.perf_counter() - started

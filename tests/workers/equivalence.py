@@ -32,7 +32,7 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
-MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code")
+MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code", "edit")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -125,10 +125,18 @@ def run_case(case: dict) -> dict:
         options["zero"] = tuple(options["zero"])
     if "recompute" in options:
         options["recompute"] = tuple(options["recompute"].split(","))
-    else:
+    elif "plan" not in options:  # a plan fixes recomputation itself
         options["recompute"] = ("none",)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    pm = autopar.parallelize(model, cluster_for(case.get("cluster"), world), (a, k), **options)
+    cluster = cluster_for(case.get("cluster"), world)
+    edited: list[str] = []
+    if "edit" in case:  # a hand edit of the solver's plan (plan_edits.py)
+        import plan_edits
+
+        gm = autopar.trace(model, (a, k))
+        plan, edited = getattr(plan_edits, case["edit"])(autopar.plan(gm, cluster, **options), gm)
+        options = {"plan": plan}
+    pm = autopar.parallelize(model, cluster, (a, k), **options)
     la, lk = pm.shard_batch(*a, **k)
     losses, grads = train_parallel(pm, la, lk, STEPS, optimizer)
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads,
@@ -149,7 +157,8 @@ def run_case(case: dict) -> dict:
             "code_counts": {w: pm.code.count(w) for w in case.get("count_in_code", [])},
             "schedule": plan.pipeline.get("schedule"),
             "virtual_stages": plan.pipeline.get("virtual_stages"),
-            "losses": losses, "reference": ref_losses, "grad_digest": digest.hexdigest(),
+            "edited": edited, "losses": losses, "reference": ref_losses,
+            "grad_digest": digest.hexdigest(),
             "sharded": sorted(f for f, ax in plan.params.items() if ax.get("tp", "R") != "R"),
             # parameters the optimizer steps as shards (FSDP2: ZeRO-1, 2 and 3)
             "dp_sharded": sum(isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)

@@ -1,0 +1,50 @@
+"""Hand edits of solver plans that put the runtime on layouts the solver may pick but rarely
+does (its tie-breaking changes with CP-SAT's settings), so the equivalence tests cover them.
+
+``nest_cp_tp``: a value whole over ``cp`` (a rotary table, a mask: it does not follow the
+sequence split) that a consumer slices to its sequence over ``cp`` is also split on ``tp``
+along that same dim. The slice over ``cp`` then meets a ``tp`` split of the same dim, which
+the runtime must undo first (``passes/insert_collectives.redistribution_steps``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch.fx as fx
+
+from autopar.placements import Shard, parse_placement
+from autopar.plan import Plan, strategy_to_json
+from autopar.strategies import strategies_for
+from autopar.strategies.calls import op_call
+from autopar.values import tensor_inputs
+
+
+def nest_cp_tp(plan: Plan, gm: fx.GraphModule) -> tuple[Plan, list[str]]:
+    """``plan`` with every such value split on ``tp`` too, and the names of the nodes edited
+    (the test asserts there is at least one)."""
+    data = json.loads(plan.to_json())
+    strategies = data["strategies"]
+    tp = plan.mesh["tp"]
+    edited = []
+    for node in gm.graph.nodes:
+        mine = strategies.get(node.name)
+        if node.op != "call_function" or not mine or mine["cp"]["out"] != ["R"]:
+            continue
+        dims = set()
+        for user in node.users:
+            theirs = strategies.get(user.name)
+            if not theirs or user.op != "call_function":
+                continue
+            for slot, value in enumerate(tensor_inputs(user)):
+                need = parse_placement(theirs["cp"]["in"][slot])
+                if value is node and isinstance(need, Shard):
+                    dims.add(need.dim)
+        if len(dims) != 1:
+            continue
+        dim = dims.pop()
+        fitting = [s for s in strategies_for(op_call(node), tp) if s.outputs == (Shard(dim),)]
+        if fitting and mine["tp"]["out"] != [str(Shard(dim))]:
+            strategies[node.name]["tp"] = strategy_to_json(fitting[0])
+            edited.append(node.name)
+    return Plan.from_json(json.dumps(data), source="nest_cp_tp"), edited

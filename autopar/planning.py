@@ -33,6 +33,7 @@ from autopar.solver.constraint_core import conflicting
 from autopar.solver.options import ZERO_STAGES_RUNNABLE, PlanOptions
 from autopar.solver.search import SearchResult, n_layers_of, search
 from autopar.solver.to_plan import make_plan
+from autopar.strategies.calls import remembered_calls
 from autopar.trace import trace
 
 
@@ -229,11 +230,12 @@ def plan(
     budget = [k for k in counts if all(k <= c.devices for c in constraints
                                        if isinstance(c, DeviceBudget))] or counts[-1:]
     try:
-        if budget == [cluster.world_size]:
-            result, used = _search_offloading_last(gm, cluster, options)
-            return make_plan(gm, result, cluster, used, name)
-        return _plan_fewest_fastest(gm, cluster, options, name, budget,
-                                    pinned=devices is not None)
+        with remembered_calls():  # the graph is read, not changed, from here on
+            if budget == [cluster.world_size]:
+                result, used = _search_offloading_last(gm, cluster, options)
+                return make_plan(gm, result, cluster, used, name)
+            return _plan_fewest_fastest(gm, cluster, options, name, budget,
+                                        pinned=devices is not None)
     except NoFeasiblePlanError as e:
         if not constraints:
             raise

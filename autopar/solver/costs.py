@@ -574,7 +574,11 @@ class CostTables:
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:
         """(m, n, k) of this device's part of a matmul: the batch scale shrinks m, sharding
         shrinks the larger of m and n (a close stand-in for which dim the strategy splits)."""
-        shape = matmul_shape(d.nodes[0])
+        shapes = self.problem.graph_cache.setdefault("matmul_shapes", {})  # one per graph
+        node = d.nodes[0]
+        if node not in shapes:
+            shapes[node] = matmul_shape(node)
+        shape = shapes[node]
         if shape is None:
             return None
         m, n, k = shape

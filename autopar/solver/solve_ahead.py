@@ -55,11 +55,11 @@ class SolveAhead:
 
     def solve(self, key: tuple, build: Callable[[], LayoutModel]) -> SolveResult:
         """The result for ``key``: the worker's when it has it in hand, else solved here."""
-        _, future = self._pending.pop(key, (None, None))
+        built, future = self._pending.pop(key, (None, None))
         if future is not None and not future.cancel():  # started or done: wait for it
             self.taken += 1
             return future.result()
-        return run(build())
+        return run(built if built is not None else build())  # still queued: solved here
 
     def close(self) -> None:
         """Cancel what has not started, stop what has, and let the worker go."""

@@ -247,7 +247,8 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
     many later units read it) and backward (their gradients)."""
     problem = tables.problem
     unit_of = _units(problem.gm)[1]
-    if "cut_spans" not in problem.cache:  # per value, the unit spans it crosses (fixed)
+    cache = problem.graph_cache  # per value, the unit spans it crosses (one per graph)
+    if "cut_spans" not in cache:
         last_reader: dict[tuple, int] = {}  # which unit reads each value last
         for node in problem.gm.graph.nodes:
             if node.name not in problem.decision_of:
@@ -263,10 +264,10 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
         spans = [(keys.setdefault((decision, index), len(keys)), unit_of[name], reader)
                  for (decision, index, name), reader in last_reader.items()
                  if reader > unit_of[name]]
-        problem.cache["cut_spans"] = (list(keys), np.array([s[0] for s in spans], dtype=int),
+        cache["cut_spans"] = (list(keys), np.array([s[0] for s in spans], dtype=int),
                                       np.array([s[1] for s in spans], dtype=int),
                                       np.array([s[2] for s in spans], dtype=int))
-    keys, which, starts, readers = problem.cache["cut_spans"]
+    keys, which, starts, readers = cache["cut_spans"]
     if not keys:
         return [0.0] * n_units, [0.0] * n_units
     tp = tables.setting.tp

@@ -32,7 +32,8 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
-MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code", "edit")
+MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code", "edit",
+              "scramble")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -130,6 +131,11 @@ def run_case(case: dict) -> dict:
     world = int(os.environ.get("WORLD_SIZE", 1))
     cluster = cluster_for(case.get("cluster"), world)
     edited: list[str] = []
+    if "scramble" in case:  # the plan the solver makes under scrambled costs (plan_edits.py)
+        import plan_edits
+
+        with plan_edits.scrambled_costs(case["scramble"]):
+            options = {"plan": autopar.plan(autopar.trace(model, (a, k)), cluster, **options)}
     if "edit" in case:  # a hand edit of the solver's plan (plan_edits.py)
         import plan_edits
 

@@ -1,5 +1,6 @@
-"""Hand edits of solver plans that put the runtime on layouts the solver may pick but rarely
-does (its tie-breaking changes with CP-SAT's settings), so the equivalence tests cover them.
+"""Hand edits of solver plans, and plans made under a scrambled cost model: layouts the
+solver may pick but rarely does (its tie-breaking changes with CP-SAT's settings; its
+preferences with the cost model), so the equivalence tests run them.
 
 ``nest_cp_tp``: a value whole over ``cp`` (a rotary table, a mask: it does not follow the
 sequence split) that a consumer slices to its sequence over ``cp`` is also split on ``tp``
@@ -10,6 +11,9 @@ the runtime must undo first (``passes/insert_collectives.redistribution_steps``)
 from __future__ import annotations
 
 import json
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch.fx as fx
 
@@ -48,3 +52,31 @@ def nest_cp_tp(plan: Plan, gm: fx.GraphModule) -> tuple[Plan, list[str]]:
             strategies[node.name]["tp"] = strategy_to_json(fitting[0])
             edited.append(node.name)
     return Plan.from_json(json.dumps(data), source="nest_cp_tp"), edited
+
+
+@contextmanager
+def scrambled_costs(seed: int) -> Iterator[None]:
+    """Within, the planner prices every op and every redistribution at a pseudo-random
+    multiple (0.05-4x, fixed by ``seed``, the same on every rank) of its modelled time, so
+    the solver lands on another valid layout: every constraint it keeps (ties, memory,
+    parameter placements) still holds, only the preferences move. What the runtime must run
+    right is any layout the planner may pick, whatever the cost model says."""
+    from autopar.solver.costs import CostTables
+
+    times, moves = CostTables._compute_times, CostTables._redistribution
+
+    def factor(*parts: object) -> float:
+        return 0.05 + 3.95 * (zlib.crc32("|".join(map(str, (seed, *parts))).encode()) / 2**32)
+
+    def scrambled_times(self, d, s):
+        f = factor("op", d.nodes[0].name, s)
+        return tuple(t * f for t in times(self, d, s))
+
+    def scrambled_moves(self, key, src, dst):
+        return moves(self, key, src, dst) * factor("move", key, src, dst)
+
+    CostTables._compute_times, CostTables._redistribution = scrambled_times, scrambled_moves
+    try:
+        yield
+    finally:
+        CostTables._compute_times, CostTables._redistribution = times, moves

@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -22,30 +23,31 @@ def tensor_meta(node: fx.Node, index: int = 0) -> TensorMeta:
     return TensorMeta(facts.shapes[index], getattr(torch, facts.dtypes[index]))
 
 
-_REMEMBERED: dict[fx.Node, OpCall] | None = None
+_REMEMBERED: ContextVar[dict[fx.Node, OpCall] | None] = ContextVar("remembered_calls",
+                                                                   default=None)
 
 
 @contextmanager
 def remembered_calls() -> Iterator[None]:
     """Within, :func:`op_call` describes each node once. For planning, which reads a graph
     it does not change and asks for the same node's call from the batch marking, the
-    sequence marking and the problem of every tp degree (5,500 nodes for Llama-3-70B)."""
-    global _REMEMBERED
-    outer = _REMEMBERED
-    _REMEMBERED = {} if outer is None else outer
+    sequence marking and the problem of every tp degree (5,500 nodes for Llama-3-70B).
+    Per thread (a context variable): a plan made beside another shares nothing with it."""
+    token = _REMEMBERED.set(_REMEMBERED.get() if _REMEMBERED.get() is not None else {})
     try:
         yield
     finally:
-        _REMEMBERED = outer
+        _REMEMBERED.reset(token)
 
 
 def op_call(node: fx.Node) -> OpCall:
     """The node's call with tensor arguments replaced by their TensorMeta."""
-    if _REMEMBERED is None:
+    remembered = _REMEMBERED.get()
+    if remembered is None:
         return _op_call(node)
-    call = _REMEMBERED.get(node)
+    call = remembered.get(node)
     if call is None:
-        call = _REMEMBERED[node] = _op_call(node)
+        call = remembered[node] = _op_call(node)
     return call
 
 

@@ -265,8 +265,8 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
                  for (decision, index, name), reader in last_reader.items()
                  if reader > unit_of[name]]
         cache["cut_spans"] = (list(keys), np.array([s[0] for s in spans], dtype=int),
-                                      np.array([s[1] for s in spans], dtype=int),
-                                      np.array([s[2] for s in spans], dtype=int))
+                              np.array([s[1] for s in spans], dtype=int),
+                              np.array([s[2] for s in spans], dtype=int))
     keys, which, starts, readers = cache["cut_spans"]
     if not keys:
         return [0.0] * n_units, [0.0] * n_units

@@ -33,7 +33,8 @@ def remembered_calls() -> Iterator[None]:
     it does not change and asks for the same node's call from the batch marking, the
     sequence marking and the problem of every tp degree (5,500 nodes for Llama-3-70B).
     Per thread (a context variable): a plan made beside another shares nothing with it."""
-    token = _REMEMBERED.set(_REMEMBERED.get() if _REMEMBERED.get() is not None else {})
+    outer = _REMEMBERED.get()
+    token = _REMEMBERED.set({} if outer is None else outer)
     try:
         yield
     finally:

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plan_edits  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
@@ -132,13 +133,9 @@ def run_case(case: dict) -> dict:
     cluster = cluster_for(case.get("cluster"), world)
     edited: list[str] = []
     if "scramble" in case:  # the plan the solver makes under scrambled costs (plan_edits.py)
-        import plan_edits
-
         with plan_edits.scrambled_costs(case["scramble"]):
             options = {"plan": autopar.plan(autopar.trace(model, (a, k)), cluster, **options)}
     if "edit" in case:  # a hand edit of the solver's plan (plan_edits.py)
-        import plan_edits
-
         gm = autopar.trace(model, (a, k))
         plan, edited = getattr(plan_edits, case["edit"])(autopar.plan(gm, cluster, **options), gm)
         options = {"plan": plan}

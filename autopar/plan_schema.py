@@ -337,7 +337,8 @@ PLAN = obj(
             "ground": list_of(obj(
                 {"scheme": text(), "degree": COUNT, "validated": flag, "text": text()},
                 {"sources": list_of(text()), "validated_up_to": COUNT,
-                 "median_error": number(), "worst_error": number()})),
+                 "median_error": number(), "worst_error": number(),
+                 "median_signed_error": number(-1.0), "lowest_signed_error": number(-1.0)})),
             "ground_margin": number(),
             # bytes at each peak of the step: forward_end, backward_start, optimizer_step
             "memory_phases": map_of(SIZE),

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from autopar.cluster import Cluster, load_cluster
+from autopar.collector import collector_paused
 from autopar.constraints import (
     Constraint,
     DeviceBudget,
@@ -230,7 +231,7 @@ def plan(
     budget = [k for k in counts if all(k <= c.devices for c in constraints
                                        if isinstance(c, DeviceBudget))] or counts[-1:]
     try:
-        with remembered_calls():  # the graph is read, not changed, from here on
+        with remembered_calls(), collector_paused():  # the graph is read, not changed
             if budget == [cluster.world_size]:
                 result, used = _search_offloading_last(gm, cluster, options)
                 return make_plan(gm, result, cluster, used, name)

@@ -16,10 +16,20 @@ parallelism on gloo processes is, is not validated ground); otherwise it is *ext
 the planner demands that an extrapolated plan beat the best validated plan by more than the
 model's error (see :func:`margin`).
 
->>> ground = Ground((Evidence("zero3", "nccl", 128, ("torchtitan-202412",), 2, 0.08, 0.12),))
->>> [label.validated for label in ground.labels({"dp": 64, "tp": 8}, zero=3, schedule=None,
-...                                             backend="nccl", devices_per_node=8)]
-[True, False]
+That error is a *ranking* error. The planner compares an extrapolated plan with a validated
+one on the same machine, so what can make it choose wrong is how much more optimistic the
+model is on the extrapolated scheme than on validated ground. An error both share (a machine
+slower while training than while calibrated, an overhead every layout pays) moves both
+predictions alike and cannot flip the order. Evidence therefore keeps its signed errors
+(predicted minus measured step time, over measured: negative is optimistic), and the margin
+of a scheme measured at the plan's degree is how much faster the model's typical miss on it
+makes a plan look than validated ground's typical miss: ``(1 + b) / (1 + e) - 1``, with ``e`` the scheme's median
+signed error and ``b`` the median of the validated schemes' on that interconnect (never below
+0: a scheme the model is more pessimistic about than validated ground needs no margin).
+Medians, not the extremes: on a machine whose speed drifts between runs, one slow run
+would otherwise set every margin. Evidence recorded without signed errors falls back to the
+worst absolute error. Beyond the degrees measured the margin stays the worst absolute error
+at the lower ones (see :meth:`Ground.margin`).
 """
 
 from __future__ import annotations
@@ -42,7 +52,8 @@ bar: worst <= 25% per source)."""
 @dataclass(frozen=True)
 class Evidence:
     """Measured runs that used ``scheme`` on ``backend``, at degrees up to ``max_degree``,
-    and the model's absolute relative step-time error on them."""
+    and the model's absolute relative step-time error on them; with ``median_signed`` and
+    ``lowest_signed`` also the signed errors' median and lowest (the most optimistic)."""
 
     scheme: str
     backend: str
@@ -51,11 +62,19 @@ class Evidence:
     rows: int
     median_error: float
     worst_error: float
+    median_signed: float | None = None
+    lowest_signed: float | None = None
+
+    @property
+    def signed(self) -> bool:
+        return self.median_signed is not None and self.lowest_signed is not None
 
     def describe(self) -> str:
         return (f"validated on {', '.join(self.sources)} up to {self.max_degree} "
                 f"({self.rows} run{'s' if self.rows != 1 else ''}, median error "
-                f"{self.median_error:.0%}, worst {self.worst_error:.0%})")
+                f"{self.median_error:.0%}, worst {self.worst_error:.0%}"
+                + (f"; step time predicted {self.lowest_signed:+.0%} at the most optimistic"
+                   if self.signed else "") + ")")
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,9 @@ class Label:
             out["validated_up_to"] = self.evidence.max_degree
             out["median_error"] = round(self.evidence.median_error, 4)
             out["worst_error"] = round(self.evidence.worst_error, 4)
+            if self.evidence.signed:
+                out["median_signed_error"] = round(self.evidence.median_signed, 4)
+                out["lowest_signed_error"] = round(self.evidence.lowest_signed, 4)
         return out
 
 
@@ -136,25 +158,52 @@ class Ground:
     def margin(self, labels: list[Label], fixed: float | None = None) -> float:
         """How much faster (a fraction) a plan with these labels must be predicted than the
         best validated plan to be preferred: 0 on validated ground; otherwise ``fixed`` when
-        given (0: no preference), else the worst error the model has on the extrapolated
-        schemes' evidence at lower degrees. A scheme never measured on the interconnect gets
-        the worst error any scheme measured there has, and at least :data:`DEFAULT_MARGIN`:
-        nothing says the model is better where it was not checked than where it was, so an
-        unmeasured scheme never wins over a measured one only by being unmeasured. Where
-        nothing at all was validated on the plan's interconnect there is no validated plan
-        to prefer, and the margin is 0."""
+        given (0: no preference), else the largest of the extrapolated schemes' margins. A
+        scheme measured at its degree, but found off, carries its ranking error
+        (:meth:`scheme_margin`). A scheme beyond the degrees measured carries the worst error
+        the model has at the lower ones: how it errs further out is not known, and the
+        issue of scale is that errors grow with the degree. A scheme never measured on the
+        interconnect gets the largest margin any measured scheme there has, and at least
+        :data:`DEFAULT_MARGIN`: nothing says the model is better where it was not checked
+        than where it was, so an unmeasured scheme never wins over a measured one only by
+        being unmeasured. Where nothing at all was validated on the plan's interconnect
+        there is no validated plan to prefer, and the margin is 0."""
         extrapolated = [label for label in labels if not label.validated]
         if not extrapolated:
             return 0.0
         if fixed is not None:
             return fixed
         backend = self._backend_of(labels)
-        measured = [e.worst_error for e in self.evidence if e.backend == backend]
+        measured = [self.scheme_margin(e) for e in self.evidence if e.backend == backend]
         if not measured:
             return 0.0
         unmeasured = max(DEFAULT_MARGIN, *measured)
-        return max(label.evidence.worst_error if label.evidence is not None else unmeasured
-                   for label in extrapolated)
+
+        def one(label: Label) -> float:
+            if label.evidence is None:
+                return unmeasured
+            if label.degree > label.evidence.max_degree:
+                return label.evidence.worst_error
+            return self.scheme_margin(label.evidence)
+
+        return max(one(label) for label in extrapolated)
+
+    def scheme_margin(self, evidence: Evidence) -> float:
+        """The ranking error of ``evidence``'s scheme against validated ground on its
+        interconnect (see the module docstring): ``(1 + b) / (1 + e) - 1``, at least 0;
+        the worst absolute error when either side's signed errors were not recorded.
+
+        >>> g = Ground((Evidence("dp", "gloo", 2, ("m",), 4, 0.2, 0.3, -0.2, -0.3),
+        ...             Evidence("tp", "gloo", 2, ("m",), 4, 0.36, 0.4, -0.36, -0.4)))
+        >>> round(g.scheme_margin(g.best("tp", "gloo")), 3)   # 0.8 / 0.64 - 1: a quarter rosier
+        0.25
+        """
+        validated = [e for e in self.evidence if e.backend == evidence.backend
+                     and e.median_error <= DEFAULT_MARGIN]
+        if not evidence.signed or not validated or not all(e.signed for e in validated):
+            return evidence.worst_error
+        typical = statistics.median(e.median_signed for e in validated)
+        return max(0.0, (1 + typical) / (1 + evidence.median_signed) - 1)
 
     @staticmethod
     def _backend_of(labels: list[Label]) -> str | None:
@@ -165,9 +214,13 @@ def ground_from_dict(data: Mapping) -> Ground:
     """Evidence from the JSON written by the fidelity benchmarks (schema version 1)."""
     if data.get("version") != 1:
         raise ValueError(f"{GROUND_FILE.name}: unknown version {data.get('version')!r}")
+    def signed(e: Mapping, key: str) -> float | None:
+        return float(e[key]) if e.get(key) is not None else None
+
     return Ground(tuple(
         Evidence(e["scheme"], e["backend"], int(e["max_degree"]), tuple(e["sources"]),
-                 int(e["rows"]), float(e["median_error"]), float(e["worst_error"]))
+                 int(e["rows"]), float(e["median_error"]), float(e["worst_error"]),
+                 signed(e, "median_signed"), signed(e, "lowest_signed"))
         for e in data["evidence"]))
 
 
@@ -182,19 +235,24 @@ def load_ground(path: str | None = None) -> Ground:
 
 def evidence_from_rows(rows: list[dict], backend: str) -> list[Evidence]:
     """Summarize compared runs into evidence: each row is ``{"source", "mesh", "zero",
-    "schedule", "devices_per_node", "error"}`` (``error`` the signed relative step-time
-    error); every scheme a row uses gets the row's error."""
+    "schedule", "devices_per_node", "error"}`` (``error`` the relative error the source's
+    figure is compared by, signed), with ``step_time_error`` (predicted minus measured step
+    time, over measured) when ``error`` is not one already, as a throughput's is not;
+    every scheme a row uses gets the row's errors."""
     by_scheme: dict[str, list[tuple[int, str, float]]] = {}
     for row in rows:
         for scheme, degree in schemes(row["mesh"], zero=row["zero"], schedule=row.get("schedule"),
                                       devices_per_node=row["devices_per_node"]):
-            by_scheme.setdefault(scheme, []).append((degree, row["source"], abs(row["error"])))
+            by_scheme.setdefault(scheme, []).append(
+                (degree, row["source"], row["error"], row.get("step_time_error", row["error"])))
     out = []
     for scheme, hits in sorted(by_scheme.items()):
-        errors = sorted(e for _, _, e in hits)
-        out.append(Evidence(scheme, backend, max(d for d, _, _ in hits),
-                            tuple(sorted({s for _, s, _ in hits})), len(hits),
-                            round(statistics.median(errors), 4), round(errors[-1], 4)))
+        errors = sorted(abs(e) for _, _, e, _ in hits)
+        signed = sorted(e for _, _, _, e in hits)
+        out.append(Evidence(scheme, backend, max(d for d, *_ in hits),
+                            tuple(sorted({s for _, s, *_ in hits})), len(hits),
+                            round(statistics.median(errors), 4), round(errors[-1], 4),
+                            round(statistics.median(signed), 4), round(signed[0], 4)))
     return out
 
 
@@ -205,7 +263,9 @@ def write_ground(evidence: list[Evidence], path: Path = GROUND_FILE) -> Path:
     data = {"version": 1, "evidence": [
         {"scheme": e.scheme, "backend": e.backend, "max_degree": e.max_degree,
          "sources": list(e.sources), "rows": e.rows, "median_error": round(e.median_error, 4),
-         "worst_error": round(e.worst_error, 4)}
+         "worst_error": round(e.worst_error, 4),
+         **({"median_signed": round(e.median_signed, 4),
+             "lowest_signed": round(e.lowest_signed, 4)} if e.signed else {})}
         for e in sorted([*kept, *evidence], key=lambda e: (e.backend, e.scheme))]}
     path.write_text(json.dumps(data, indent=1) + "\n")
     load_ground.cache_clear()

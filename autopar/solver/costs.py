@@ -246,9 +246,9 @@ class CostTables:
         self._moves: dict[tuple, float] = problem.cache.setdefault(
             ("moves", *self.layout_key), {})
         self._comm: dict[tuple, AttentionComm] = {}
-        # choice -> its unit costs (autopar.solver.search prices a layout uniformly, then
-        # per layer, from the same units)
-        self.units: dict[tuple[int, ...], object] = {}
+        # choice -> its unit costs, and ("cut", choice, schedule, virtual) -> its stage cut
+        # (autopar.solver.search prices a layout uniformly, then per layer, from the same)
+        self.units: dict[tuple, object] = {}
 
     # --- sizes -----------------------------------------------------------------------
     def _scale(self, d: Decision, output: int = 0) -> float:

@@ -365,7 +365,13 @@ def data_parallel_costs(
 
     n_layers = len(u.layers)
     device = tables.cluster.device
-    copies = {i: fsdp_copies_s(u.weights[i], u.grad_bytes[i], device) for i in units}
+    priced: dict[tuple[float, float], tuple[float, float]] = {}  # alike layers, alike copies
+    copies = {}
+    for i in units:
+        sizes = (u.weights[i], u.grad_bytes[i])
+        if sizes not in priced:
+            priced[sizes] = fsdp_copies_s(*sizes, device)
+        copies[i] = priced[sizes]
 
     zero3 = setting.zero == 3
 

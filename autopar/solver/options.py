@@ -58,8 +58,9 @@ class PlanOptions:
       layouts already solved are priced, and the plan says the budget was reached.
     - ``extrapolation_margin``: how much faster (a fraction) a plan using a scheme beyond
       the cost model's validated ground must be predicted than the best validated plan to
-      be chosen (``autopar.cost_models.ground``); ``None``: the model's own worst error
-      there; 0: no preference.
+      be chosen (``autopar.cost_models.ground``); ``None``: the model's own error there
+      (how much more optimistic it is on the scheme than on validated ground); 0: no
+      preference.
     """
 
     global_batch: int | None = None

@@ -652,8 +652,6 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
         return None, best
     pp = setting.pp
     units = _units(tables, result.choice)
-    load = stage_load(units, axis_link(cluster, setting.mesh, "pp") if pp > 1 else None,
-                      busy_latency(cluster, setting.mesh, "pp"))
     status = f"{result.status}(layout reused)" if reused else result.status
     wall = 0.0 if reused else result.wall_s
     fastest = None
@@ -664,7 +662,7 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
-            cut = _cut(load, variant, tables)
+            cut = _layout_cut(tables, result.choice, variant)
             if cut is False:
                 continue
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
@@ -692,6 +690,23 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
 def _layout_stats(result: SolveResult, reused: bool) -> dict:
     """The layout solve's figures, marked when this candidate reuses it."""
     return {**result.stats(), "reused": True} if reused else result.stats()
+
+
+def _stage_load(units, variant: Setting, cluster: Cluster):
+    """What the stage balancer needs of ``units``, sends priced on ``variant``'s pp links."""
+    return stage_load(units, axis_link(cluster, variant.mesh, "pp"),
+                      busy_latency(cluster, variant.mesh, "pp"))
+
+
+def _layout_cut(tables: CostTables, choice: list[int], variant: Setting
+                ) -> tuple[int, ...] | None | bool:
+    """:func:`_cut` of a solved layout's units under ``variant`` (a schedule of ``tables``'
+    setting), made once: the uniform and the per-layer pricing of a layout both ask."""
+    key = ("cut", tuple(choice), variant.schedule, variant.virtual)
+    if key not in tables.units:
+        load = _stage_load(_units(tables, choice), variant, tables.cluster)
+        tables.units[key] = _cut(load, variant, tables)
+    return tables.units[key]
 
 
 def _cut(load, variant: Setting, tables: CostTables) -> tuple[int, ...] | None | bool:
@@ -738,32 +753,33 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
     pp = setting.pp
     fastest = None
     keep_work = 0.0 if pinned else _work(by_mode["none"])
+    keep_all = () if pinned else ("none",) * len(by_mode["none"].layers)
+    # the same for every schedule (keeping every layer's activations: the "none" units)
+    composed = compose_units(by_mode, pinned) if pinned else by_mode.get("none")
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
         if not pinned and _beaten(best, keep_work, variant, cluster, options):
             fastest = math.inf if fastest is None else fastest
             continue  # keeping every activation is the fastest mix
         if pp > 1:
-            units = compose_units(by_mode, pinned) if pinned else by_mode[setting.recompute]
-            load = stage_load(units, axis_link(cluster, setting.mesh, "pp"),
-                              busy_latency(cluster, setting.mesh, "pp"))
-            cut = _cut(load, variant, tables)
+            if pinned:
+                cut = _cut(_stage_load(composed, variant, cluster), variant, tables)
+            else:  # the uniform layout's cut, as _try_layout made it
+                cut = _layout_cut(tables, result.choice, variant)
             if cut is False:
                 continue
             variant = replace(variant, partition=cut)
         solves = [_layout_stats(result, reused=True)]  # solved for the uniform setting
         if pinned:
             mixed = with_modes(variant, pinned)
-            prediction = assemble(tables, compose_units(by_mode, pinned), mixed)
+            prediction = assemble(tables, composed, mixed)
         else:
             # Keeping every activation is the fastest mix (recomputation only adds work):
             # when it fits it is the answer, and when even it loses to the best plan so far
             # no mix can win; only in between is the per-layer knapsack solved.
-            keep_all = ("none",) * len(by_mode["none"].layers)
             if not keep_all or len(by_mode) < 2:
                 continue  # no repeated layers to mix
-            kept = assemble(tables, compose_units(by_mode, keep_all),
-                            with_modes(variant, keep_all))
+            kept = assemble(tables, composed, with_modes(variant, keep_all))
             if kept.peak_memory_bytes <= tables.capacity:
                 found = (keep_all, kept)
             elif best is not None and kept.step_time_s * (

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopar.collector import collector_paused
 from autopar.errors import TraceError
 from autopar.graph_facts import META_KEY, GraphFacts
 from autopar.trace.annotate import annotate, tensor_vals
@@ -38,10 +39,11 @@ def trace(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
                          where="trace(model=...)", fix="pass the model object itself")
     device = next((p.device for p in model.parameters()), torch.device("meta"))
     args, kwargs = split_example_inputs(example_inputs, device)
-    gm, tracer = export_model(model, args, kwargs)
-    annotate(gm)
-    blocks = assign_blocks(gm)
-    gm.meta[META_KEY] = _graph_facts(gm, model, tracer, blocks)
+    with collector_paused():
+        gm, tracer = export_model(model, args, kwargs)
+        annotate(gm)
+        blocks = assign_blocks(gm)
+        gm.meta[META_KEY] = _graph_facts(gm, model, tracer, blocks)
     return gm
 
 

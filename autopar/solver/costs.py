@@ -245,6 +245,10 @@ class CostTables:
             ("times", *self.layout_key), {})
         self._moves: dict[tuple, float] = problem.cache.setdefault(
             ("moves", *self.layout_key), {})
+        # a redistribution depends on the recomputation only by whether its layer reruns:
+        # shared by the settings that differ only in the mode (see _redistribution)
+        self._move_parts: dict[tuple, float] = problem.cache.setdefault(
+            ("move parts", *self.layout_key[:2], *self.layout_key[3:]), {})
         self._comm: dict[tuple, AttentionComm] = {}
         # choice -> its unit costs, and ("cut", choice, schedule, virtual) -> its stage cut
         # (autopar.solver.search prices a layout uniformly, then per layer, from the same)
@@ -844,14 +848,19 @@ class CostTables:
         return self._moves[memo]
 
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
-        n, link = self.setting.tp, self.tp_link
-        nbytes = self.value_bytes(key) * self._wire_fraction(key)
-        backend = self.cluster.backend
-        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
-                                backend=backend)
-        if self.in_recomputed_layer(self.problem.decisions[key[0]]):
-            t += redistribution_time(src, dst, nbytes, n, link, backward=False, backend=backend)
-        return t
+        rerun = self.in_recomputed_layer(self.problem.decisions[key[0]])
+        memo = (key, src, dst, rerun)
+        if memo not in self._move_parts:
+            n, link = self.setting.tp, self.tp_link
+            nbytes = self.value_bytes(key) * self._wire_fraction(key)
+            backend = self.cluster.backend
+            t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
+                                    backend=backend)
+            if rerun:  # the value is made again, and moved again, when its layer reruns
+                t += redistribution_time(src, dst, nbytes, n, link, backward=False,
+                                         backend=backend)
+            self._move_parts[memo] = t
+        return self._move_parts[memo]
 
     def _wire_fraction(self, key: ValueKey) -> float:
         """The share of a value's bytes its collectives move: when every reader computes in

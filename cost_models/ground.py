@@ -23,13 +23,18 @@ slower while training than while calibrated, an overhead every layout pays) move
 predictions alike and cannot flip the order. Evidence therefore keeps its signed errors
 (predicted minus measured step time, over measured: negative is optimistic), and the margin
 of a scheme measured at the plan's degree is how much faster the model's typical miss on it
-makes a plan look than validated ground's typical miss: ``(1 + b) / (1 + e) - 1``, with ``e`` the scheme's median
-signed error and ``b`` the median of the validated schemes' on that interconnect (never below
-0: a scheme the model is more pessimistic about than validated ground needs no margin).
-Medians, not the extremes: on a machine whose speed drifts between runs, one slow run
-would otherwise set every margin. Evidence recorded without signed errors falls back to the
-worst absolute error. Beyond the degrees measured the margin stays the worst absolute error
-at the lower ones (see :meth:`Ground.margin`).
+makes a plan look than validated ground's typical miss: ``(1 + b) / (1 + e) - 1``, with
+``e`` the scheme's median signed error and ``b`` the median of the validated schemes' on
+that interconnect (never below 0: a scheme the model is more pessimistic about than
+validated ground needs no margin). Medians, not the extremes: on a machine whose speed
+drifts between runs, one slow run would otherwise set every margin. Evidence recorded
+without signed errors falls back to the worst absolute error. Beyond the degrees measured
+the margin stays the worst absolute error at the lower ones (see :meth:`Ground.margin`).
+
+>>> ground = Ground((Evidence("zero3", "nccl", 128, ("torchtitan-202412",), 2, 0.08, 0.12),))
+>>> [label.validated for label in ground.labels({"dp": 64, "tp": 8}, zero=3, schedule=None,
+...                                             backend="nccl", devices_per_node=8)]
+[True, False]
 """
 
 from __future__ import annotations
@@ -161,8 +166,8 @@ class Ground:
         given (0: no preference), else the largest of the extrapolated schemes' margins. A
         scheme measured at its degree, but found off, carries its ranking error
         (:meth:`scheme_margin`). A scheme beyond the degrees measured carries the worst error
-        the model has at the lower ones: how it errs further out is not known, and the
-        issue of scale is that errors grow with the degree. A scheme never measured on the
+        the model has at the lower ones: how it errs further out is not known, and published
+        runs show its errors growing with the degree. A scheme never measured on the
         interconnect gets the largest margin any measured scheme there has, and at least
         :data:`DEFAULT_MARGIN`: nothing says the model is better where it was not checked
         than where it was, so an unmeasured scheme never wins over a measured one only by
@@ -214,6 +219,7 @@ def ground_from_dict(data: Mapping) -> Ground:
     """Evidence from the JSON written by the fidelity benchmarks (schema version 1)."""
     if data.get("version") != 1:
         raise ValueError(f"{GROUND_FILE.name}: unknown version {data.get('version')!r}")
+
     def signed(e: Mapping, key: str) -> float | None:
         return float(e[key]) if e.get(key) is not None else None
 

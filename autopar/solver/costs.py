@@ -247,8 +247,9 @@ class CostTables:
             ("moves", *self.layout_key), {})
         # a redistribution depends on the recomputation only by whether its layer reruns:
         # shared by the settings that differ only in the mode (see _redistribution)
-        self._move_parts: dict[tuple, float] = problem.cache.setdefault(
-            ("move parts", *self.layout_key[:2], *self.layout_key[3:]), {})
+        self._moves_by_rerun: dict[tuple, float] = problem.cache.setdefault(
+            ("moves by rerun", setting.tp, setting.microbatch, setting.cp, setting.cp_layout,
+             precision_key(options, setting.zero), cluster, self.tp_link), {})
         self._comm: dict[tuple, AttentionComm] = {}
         # choice -> its unit costs, and ("cut", choice, schedule, virtual) -> its stage cut
         # (autopar.solver.search prices a layout uniformly, then per layer, from the same)
@@ -850,7 +851,7 @@ class CostTables:
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         rerun = self.in_recomputed_layer(self.problem.decisions[key[0]])
         memo = (key, src, dst, rerun)
-        if memo not in self._move_parts:
+        if memo not in self._moves_by_rerun:
             n, link = self.setting.tp, self.tp_link
             nbytes = self.value_bytes(key) * self._wire_fraction(key)
             backend = self.cluster.backend
@@ -859,8 +860,8 @@ class CostTables:
             if rerun:  # the value is made again, and moved again, when its layer reruns
                 t += redistribution_time(src, dst, nbytes, n, link, backward=False,
                                          backend=backend)
-            self._move_parts[memo] = t
-        return self._move_parts[memo]
+            self._moves_by_rerun[memo] = t
+        return self._moves_by_rerun[memo]
 
     def _wire_fraction(self, key: ValueKey) -> float:
         """The share of a value's bytes its collectives move: when every reader computes in

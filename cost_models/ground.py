@@ -245,7 +245,7 @@ def evidence_from_rows(rows: list[dict], backend: str) -> list[Evidence]:
     figure is compared by, signed), with ``step_time_error`` (predicted minus measured step
     time, over measured) when ``error`` is not one already, as a throughput's is not;
     every scheme a row uses gets the row's errors."""
-    by_scheme: dict[str, list[tuple[int, str, float]]] = {}
+    by_scheme: dict[str, list[tuple[int, str, float, float]]] = {}  # degree, source, errors
     for row in rows:
         for scheme, degree in schemes(row["mesh"], zero=row["zero"], schedule=row.get("schedule"),
                                       devices_per_node=row["devices_per_node"]):

@@ -243,12 +243,10 @@ class CostTables:
         """What an op's times, a value's redistributions and saved bytes depend on."""
         self._times: dict[tuple, tuple[float, float, float]] = problem.cache.setdefault(
             ("times", *self.layout_key), {})
+        # A redistribution depends on the recomputation only by whether its layer reruns
+        # (its key says so): shared by the settings that differ only in the mode.
         self._moves: dict[tuple, float] = problem.cache.setdefault(
-            ("moves", *self.layout_key), {})
-        # a redistribution depends on the recomputation only by whether its layer reruns:
-        # shared by the settings that differ only in the mode (see _redistribution)
-        self._moves_by_rerun: dict[tuple, float] = problem.cache.setdefault(
-            ("moves by rerun", setting.tp, setting.microbatch, setting.cp, setting.cp_layout,
+            ("moves", setting.tp, setting.microbatch, setting.cp, setting.cp_layout,
              precision_key(options, setting.zero), cluster, self.tp_link), {})
         self._comm: dict[tuple, AttentionComm] = {}
         # choice -> its unit costs, and ("cut", choice, schedule, virtual) -> its stage cut
@@ -843,25 +841,20 @@ class CostTables:
     def redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         """Forward + backward seconds of one instance's redistribution; a value made inside a
         fully recomputed layer is redistributed again when the layer reruns."""
-        memo = (key, src, dst)
+        memo = (key, src, dst, self.in_recomputed_layer(self.problem.decisions[key[0]]))
         if memo not in self._moves:
             self._moves[memo] = self._redistribution(key, src, dst)
         return self._moves[memo]
 
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
-        rerun = self.in_recomputed_layer(self.problem.decisions[key[0]])
-        memo = (key, src, dst, rerun)
-        if memo not in self._moves_by_rerun:
-            n, link = self.setting.tp, self.tp_link
-            nbytes = self.value_bytes(key) * self._wire_fraction(key)
-            backend = self.cluster.backend
-            t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
-                                    backend=backend)
-            if rerun:  # the value is made again, and moved again, when its layer reruns
-                t += redistribution_time(src, dst, nbytes, n, link, backward=False,
-                                         backend=backend)
-            self._moves_by_rerun[memo] = t
-        return self._moves_by_rerun[memo]
+        n, link = self.setting.tp, self.tp_link
+        nbytes = self.value_bytes(key) * self._wire_fraction(key)
+        backend = self.cluster.backend
+        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
+                                backend=backend)
+        if self.in_recomputed_layer(self.problem.decisions[key[0]]):
+            t += redistribution_time(src, dst, nbytes, n, link, backward=False, backend=backend)
+        return t
 
     def _wire_fraction(self, key: ValueKey) -> float:
         """The share of a value's bytes its collectives move: when every reader computes in

@@ -755,7 +755,7 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
     keep_work = 0.0 if pinned else _work(by_mode["none"])
     keep_all = () if pinned else ("none",) * len(by_mode["none"].layers)
     # the same for every schedule (keeping every layer's activations: the "none" units)
-    composed = compose_units(by_mode, pinned) if pinned else by_mode.get("none")
+    composed = compose_units(by_mode, pinned) if pinned else by_mode["none"]
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
         if not pinned and _beaten(best, keep_work, variant, cluster, options):

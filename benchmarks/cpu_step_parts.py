@@ -36,7 +36,8 @@ sys.path.insert(0, str(HERE))
 from fidelity_measured import free_port  # noqa: E402
 
 MODES = {"alone": (1, "none"), "pair": (2, "none"), "ddp": (2, "ddp"),
-         "ddp-one-bucket": (2, "ddp-one-bucket"), "autopar": (2, "autopar")}
+         "ddp-one-bucket": (2, "ddp-one-bucket"), "autopar": (2, "autopar"), "autopar-zero1": (2, "autopar-zero1"),
+         "autopar-zero2": (2, "autopar-zero2"), "autopar-zero3": (2, "autopar-zero3")}
 
 
 def run(mode: str, batch: int, steps: int, tmp: Path) -> dict:
@@ -58,11 +59,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="sequences per process")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", help="write every round's figures here")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                        help="the modes to time (default: all)")
     args = parser.parse_args()
-    rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    modes = args.modes
+    rounds: dict[str, list[dict]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = list(MODES)[r % len(MODES):] + list(MODES)[:r % len(MODES)]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             for mode in order:  # each round starts one mode later
                 rounds[mode].append(run(mode, args.batch, args.steps, Path(tmp)))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -76,13 +80,28 @@ def main() -> None:
         cells = "".join(f"{med[mode][k] * 1e3:>9.1f} [{min(r[k] for r in rows) * 1e3:5.1f}-"
                         f"{max(r[k] for r in rows) * 1e3:5.1f}]" for k in keys)
         print(f"{mode:<16}{cells}")
-    print(f"\nsharing the cores: pair / alone = {med['pair']['step_s'] / med['alone']['step_s']:.2f}"
-          f" (step), {med['pair']['backward_s'] / med['alone']['backward_s']:.2f} (backward)")
-    print(f"DDP's all-reduce in a step: ddp - pair = "
-          f"{(med['ddp']['step_s'] - med['pair']['step_s']) * 1e3:.1f} ms; one bucket after "
-          f"backward: {(med['ddp-one-bucket']['step_s'] - med['pair']['step_s']) * 1e3:.1f} ms")
-    print(f"autopar's runtime over DDP: autopar - ddp = "
-          f"{(med['autopar']['step_s'] - med['ddp']['step_s']) * 1e3:.1f} ms a step")
+    ms = 1e3
+
+    def shown(*names: str) -> bool:
+        return all(name in med for name in names)
+
+    if shown("pair", "alone"):
+        print(f"\nsharing the cores: pair / alone = "
+              f"{med['pair']['step_s'] / med['alone']['step_s']:.2f} (step), "
+              f"{med['pair']['backward_s'] / med['alone']['backward_s']:.2f} (backward)")
+    if shown("ddp", "ddp-one-bucket", "pair"):
+        print(f"DDP's all-reduce in a step: ddp - pair = "
+              f"{(med['ddp']['step_s'] - med['pair']['step_s']) * ms:.1f} ms; one bucket "
+              f"after backward: "
+              f"{(med['ddp-one-bucket']['step_s'] - med['pair']['step_s']) * ms:.1f} ms")
+    if shown("autopar", "ddp"):
+        print(f"autopar's runtime over DDP: autopar - ddp = "
+              f"{(med['autopar']['step_s'] - med['ddp']['step_s']) * ms:.1f} ms a step")
+    for stage in (1, 2, 3):
+        if shown(f"autopar-zero{stage}", "autopar"):
+            print(f"ZeRO-{stage} over ZeRO-0 in autopar: " + ", ".join(
+                f"{k[:-2]} {(med[f'autopar-zero{stage}'][k] - med['autopar'][k]) * ms:+.1f} ms"
+                for k in keys))
     if args.json:
         Path(args.json).write_text(json.dumps(rounds, indent=1) + "\n")
 

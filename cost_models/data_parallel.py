@@ -73,6 +73,17 @@ def fsdp_copies_s(gathered_bytes: float, grad_bytes: float,
     return copy_out, copy_in
 
 
+def fsdp_host_s(tensors: float, device: DeviceSpec) -> float:
+    """Seconds of host work FSDP2 spends around one gather, and again around one
+    reduce-scatter, of a unit holding ``tensors`` parameter tensors: its hooks, wrapping
+    gradients as DTensors and swapping sharded and unsharded parameters, all per tensor.
+    ``autopar calibrate`` measures a gather and a reduce-scatter together
+    (``DeviceSpec.sharded_host_s_per_tensor``, :mod:`autopar.calibrate.sharded`); half is
+    put on each (assumed, not measured apart). On a CPU this is step time; GPU presets set
+    it 0 (the host runs ahead of the kernels)."""
+    return tensors * device.sharded_host_s_per_tensor / 2
+
+
 def with_contention(comm_s: float, exposed_s: float, contention: float) -> float:
     """The step time communication adds: its exposed part, plus ``contention`` of the part
     hidden behind compute (which that compute runs slower for)."""

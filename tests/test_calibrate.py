@@ -403,6 +403,11 @@ def test_calibrate_cli_end_to_end(tmp_path, capsys):
     # the co-run slowdown, measured on training steps with one process per core
     assert "co-run slowdown (measured" in text and profile.device["corun_slowdown"] >= 0
     assert profile.measurements["corun"]["processes"] == 2
+    # FSDP2's host work per parameter tensor, measured on two gloo processes
+    assert "FSDP2 host work (measured" in text
+    assert profile.device["sharded_host_s_per_tensor"] >= 0
+    assert profile.device["sharded_optimizer_s_per_tensor"] >= 0
+    assert profile.measurements["sharded_host"]["measured"]["tensors"] > 0
     kinds = {p["kind"] for p in profile.measurements["collectives"]["points"]}
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
     cluster = tmp_path / "cpu.yaml"

@@ -7,9 +7,9 @@
 measures one device (``matmul``: matmul rates by size, elementwise bandwidth, per-op floor)
 and the collectives between ``--nproc`` local processes (``collectives``: gloo on CPU, NCCL
 on GPUs, fitted to the ring model; on CPU also ``busy``: what an asynchronous message waits
-for a core while every process computes, and ``corun``: how much slower a training step
-runs while the other cores train too), and writes them as a profile
-(``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
+for a core while every process computes; ``corun``: how much slower a training step runs
+while the other cores train too; ``sharded``: FSDP2's host work per parameter tensor), and
+writes them as a profile (``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
 device and intra-node link take the measured numbers over the preset's.
 
 ``--from-run`` measures nothing itself: it refits the device speed and the link to the step
@@ -46,6 +46,11 @@ from autopar.calibrate.matmul import (
     calibrate_device,
     efficiency_curve,
 )
+from autopar.calibrate.sharded import (
+    format_sharded_host,
+    measure_sharded_host,
+    sharded_host_from,
+)
 from autopar.cluster.profile import Profile
 
 __all__ = [
@@ -59,6 +64,9 @@ __all__ = [
     "collective_sizes",
     "busy_latency_from",
     "corun_slowdown_from",
+    "format_sharded_host",
+    "measure_sharded_host",
+    "sharded_host_from",
     "measure_corun",
     "efficiency_curve",
     "fit_link",
@@ -98,6 +106,7 @@ def make_profile(
     busy: dict[str, Any] | None = None,
     uncontended: tuple[Sequence[CollectivePoint], dict[str, Any] | None] | None = None,
     corun: dict[str, Any] | None = None,
+    sharded: dict[str, Any] | None = None,
 ) -> Profile:
     """The profile for these measurements: the device section, and the intra-node link
     fitted to the all-reduce points, with each other collective's own fit as its
@@ -105,7 +114,8 @@ def make_profile(
     with the busy latency ``busy`` measured (:func:`measure_busy_latency`), if any.
     ``uncontended``: the points and busy latency measured again with as many processes as
     cores, when ``points`` had more (``Cluster.intra_node_uncontended``). ``corun``: the
-    co-run slowdown measured on training steps (:func:`measure_corun`), if any."""
+    co-run slowdown measured on training steps (:func:`measure_corun`), if any. ``sharded``:
+    FSDP2's host work per parameter tensor (:func:`measure_sharded_host`), if any."""
     link = fit_link(p for p in points if p.kind == LINK_KIND)
     fits = {
         kind: fit_link(p for p in points if p.kind == kind)
@@ -136,6 +146,10 @@ def make_profile(
     if corun:
         measurements["corun"] = corun
         profile_device["corun_slowdown"] = corun["corun_slowdown"]
+    if sharded:
+        measurements["sharded_host"] = sharded
+        for key in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor"):
+            profile_device[key] = sharded[key]
     intra = _link_section(link, busy)
     own = {kind: _link_section(fit, None) for kind, fit in fits.items() if kind != LINK_KIND}
     if own:

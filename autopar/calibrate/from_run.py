@@ -53,7 +53,8 @@ from autopar.cluster.spec import LinkSpec
 from autopar.cost_models.comm import collective_time
 
 __all__ = ["RankRecord", "Run", "RunFit", "fit_runs", "format_fit", "read_run", "refit_profile"]
-_DEVICE_TIME_KEYS = ("kernel_floor_s", "allocation_s_per_byte")
+_DEVICE_TIME_KEYS = ("kernel_floor_s", "allocation_s_per_byte", "sharded_host_s_per_tensor",
+                     "sharded_optimizer_s_per_tensor")
 _DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
 _DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency",
                      "corun_slowdown")

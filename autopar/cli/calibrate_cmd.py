@@ -27,11 +27,13 @@ from autopar.calibrate import (
     DeviceCalibration,
     calibrate_device,
     fit_link,
+    format_sharded_host,
     host_info,
     make_profile,
     measure_busy_latency,
     measure_collectives,
     measure_corun,
+    measure_sharded_host,
 )
 from autopar.cluster.profile import Profile, write_profile
 from autopar.cluster.spec import usable_cores
@@ -82,7 +84,7 @@ def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 
     progress(f"collectives ({nproc} processes)")
     points = measure_collectives(nproc, device_type=device_type, quick=quick, threads=threads)
     say(format_collectives(points))
-    busy = corun = None
+    busy = corun = sharded = None
     cores = usable_cores()
     if device_type == "cpu":
         progress(f"busy latency ({nproc} computing processes)")
@@ -95,6 +97,9 @@ def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 
             progress(f"co-run slowdown ({at_once} processes training at once, one per core)")
             corun = measure_corun(at_once, threads=threads, quick=quick)
             say(format_corun(corun))
+            progress(f"FSDP2 host work ({at_once} processes)")
+            sharded = measure_sharded_host(at_once, threads=threads, quick=quick)
+            say(format_sharded_host(sharded))
     uncontended = None
     if device_type == "cpu" and 2 <= cores < nproc:
         # gloo is slower while processes outnumber cores; a plan on at most `cores` of them
@@ -107,7 +112,7 @@ def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 
             f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {fit.latency_s * 1e6:.0f} µs, "
             f"busy latency {few_busy['busy_latency_s'] * 1e6:.0f} µs")
         uncontended = (few, few_busy)
-    return make_profile(device, points, host, busy, uncontended, corun)
+    return make_profile(device, points, host, busy, uncontended, corun, sharded)
 
 
 def format_corun(corun: dict) -> str:

@@ -67,6 +67,12 @@ _DEVICE_UNITS = {
     "attention_efficiency": ("attention_efficiency", "fraction", None),
     "corun_slowdown": ("corun_slowdown", "nonnegative", None),
     "memory_overlap": ("memory_overlap", "share", None),
+    "sharded_host_us_per_tensor": ("sharded_host_s_per_tensor", "nonnegative",
+                                   lambda v: v / 1e6),
+    "sharded_host_s_per_tensor": ("sharded_host_s_per_tensor", "nonnegative", None),
+    "sharded_optimizer_us_per_tensor": ("sharded_optimizer_s_per_tensor", "nonnegative",
+                                        lambda v: v / 1e6),
+    "sharded_optimizer_s_per_tensor": ("sharded_optimizer_s_per_tensor", "nonnegative", None),
 }
 _CURVE = "matmul_efficiency_curve"
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
@@ -93,6 +99,8 @@ _DEFAULTS = {
     "device.allocation_s_per_byte": 0.0,
     "device.corun_slowdown": 0.0,
     "device.memory_overlap": 1.0,
+    "device.sharded_host_s_per_tensor": 0.0,
+    "device.sharded_optimizer_s_per_tensor": 0.0,
     f"device.{_CURVE}": (),
     "intra_node.busy_latency_s": 0.0,
     "inter_node.busy_latency_s": 0.0,
@@ -463,6 +471,8 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         allocation_s_per_byte=values["device.allocation_s_per_byte"],
         corun_slowdown=values["device.corun_slowdown"],
         memory_overlap=values["device.memory_overlap"],
+        sharded_host_s_per_tensor=values["device.sharded_host_s_per_tensor"],
+        sharded_optimizer_s_per_tensor=values["device.sharded_optimizer_s_per_tensor"],
     )
     return Cluster(
         nodes=values["nodes"],

@@ -60,7 +60,11 @@ Conventions, so the presets can be compared with each other:
   ``corun_slowdown`` (how much slower a training step runs beside others) at 0: measured on
   training steps it was 1.03-1.07x with two processes on one of the project's 2-core VMs and
   1.45x on another, so a preset cannot stand for it; calibrate. A GPU's tile/wave curve
-  would be wrong for a CPU core. bf16/fp16 keep fp32's rate: eager CPU kernels for them are
+  would be wrong for a CPU core. FSDP2's host work per parameter tensor (430 µs a step beyond
+  its collectives and copies) and AdamW's over DTensor shards (600 µs a tensor) are what
+  ``autopar calibrate`` measured on the EPYC VM on 2026-11-28 (:mod:`autopar.calibrate.sharded`;
+  ZeRO-1/2/3 measured 90-100 ms slower than DDP on the demo GPT there); GPU presets leave
+  both 0, their host running ahead of their kernels. bf16/fp16 keep fp32's rate: eager CPU kernels for them are
   as likely to be slower (fp16 without AVX512-FP16 runs ~8 GFLOP/s) as faster (AVX512-BF16).
 """
 
@@ -113,6 +117,8 @@ def _preset(
     busy_latency_us: float = 0.0,
     corun_slowdown: float = 0.0,
     memory_overlap: float = 1.0,
+    sharded_host_us_per_tensor: float = 0.0,
+    sharded_optimizer_us_per_tensor: float = 0.0,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -130,6 +136,8 @@ def _preset(
             "allocation_s_per_byte": allocation_ns_per_byte / 1e9,
             "corun_slowdown": corun_slowdown,
             "memory_overlap": memory_overlap,
+            "sharded_host_s_per_tensor": sharded_host_us_per_tensor / 1e6,
+            "sharded_optimizer_s_per_tensor": sharded_optimizer_us_per_tensor / 1e6,
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6,
                             "busy_latency_s": busy_latency_us / 1e6},
@@ -182,7 +190,8 @@ _TABLE = [
             backend="gloo", kernel_floor_s=3e-6, memory_efficiency=0.5, attention_efficiency=0.9,
             curve=((2.5e5, 0.59), (4e6, 0.74), (1.7e7, 0.81), (3.4e7, 0.89), (2.7e8, 0.97),
                    (2e9, 1.0)),
-            allocation_ns_per_byte=0.3, busy_latency_us=1000, memory_overlap=0.0),
+            allocation_ns_per_byte=0.3, busy_latency_us=1000, memory_overlap=0.0,
+            sharded_host_us_per_tensor=430, sharded_optimizer_us_per_tensor=600),
 ]
 # fmt: on
 

@@ -15,7 +15,9 @@ A profile is a JSON document (never a pickle; loading it runs no code)::
         "memory_bandwidth_bytes_per_s": 2.8e10,
         "memory_efficiency": 1.0,
         "kernel_floor_s": 2.0e-06,
-        "corun_slowdown": 0.05                  # per further process training at once
+        "corun_slowdown": 0.05,                 # per further process training at once
+        "sharded_host_s_per_tensor": 4e-4,      # FSDP2's host work per tensor per step
+        "sharded_optimizer_s_per_tensor": 6e-4  # stepping a DTensor over a plain tensor
       },
       "intra_node_link": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1.2e-4,
                           "per_kind": {           # optional: kinds fitted on their own
@@ -73,6 +75,8 @@ _DEVICE_KINDS = {
     "allocation_s_per_byte": "nonnegative",
     "corun_slowdown": "nonnegative",
     "memory_overlap": "share",
+    "sharded_host_s_per_tensor": "nonnegative",
+    "sharded_optimizer_s_per_tensor": "nonnegative",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
                "busy_latency_s": "nonnegative", "per_kind": "per_kind"}

@@ -260,6 +260,14 @@ class DeviceSpec:
     # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
     # and ``corun_slowdown``). Every device time term is divided by it.
     compute_share: float = 1.0
+    # Host work FSDP2 adds per parameter tensor per step, beyond its collectives and copies
+    # (its hooks, DTensor wrapping, parameter swaps; one gather and one reduce-scatter), and
+    # what the optimizer spends per parameter tensor stepping DTensor shards over plain
+    # tensors. 0 for GPUs: their host runs ahead of their kernels, so its work hides while a
+    # step is device-bound (what the GPU rows measure). Measured on CPUs, where the host is
+    # the device, by ``autopar calibrate`` (:mod:`autopar.calibrate.sharded`).
+    sharded_host_s_per_tensor: float = 0.0
+    sharded_optimizer_s_per_tensor: float = 0.0
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -293,6 +301,9 @@ class DeviceSpec:
         _check("nonnegative", self.corun_slowdown, "corun_slowdown",
                "DeviceSpec.corun_slowdown")
         _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
+        for field_name in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor"):
+            _check("nonnegative", getattr(self, field_name), field_name,
+                   f"DeviceSpec.{field_name}")
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
         _check("fraction", self.attention_efficiency, "attention_efficiency",
                "DeviceSpec.attention_efficiency")
@@ -463,6 +474,8 @@ class Cluster:
                 "allocation_s_per_byte": d.allocation_s_per_byte,
                 "corun_slowdown": d.corun_slowdown,
                 "memory_overlap": d.memory_overlap,
+                "sharded_host_s_per_tensor": d.sharded_host_s_per_tensor,
+                "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -514,7 +527,8 @@ _ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "dev
 _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
-           "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap"]
+           "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
+           "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

@@ -25,6 +25,7 @@ from autopar.cost_models.data_parallel import (
     Unit,
     bucketed_step,
     fsdp_copies_s,
+    fsdp_host_s,
     fsdp_step,
 )
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
@@ -222,6 +223,9 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         opt_s = (host_optimizer_s(owned, tables.cluster.device) if setting.offload != "none"
                  else optimizer_step_time(owned, tables.options.optimizer,
                                           tables.cluster.device))
+        if setting.zero >= 1 and setting.grad_group > 1:  # FSDP2: the optimizer steps DTensors
+            opt_s += (total(u.trainable_tensors, r)
+                      * tables.cluster.device.sharded_optimizer_s_per_tensor)
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
     tail = max(range(pp), key=lambda r: dp[r][0])
     _, dp_comm, dp_exposed, _, optimizer_s = dp[tail]
@@ -405,4 +409,9 @@ def data_parallel_costs(
     gathers = sum(times for (gather, _, _), times in passes.items() if gather)
     copy_out = gathers * sum(copies[i][0] * (2 if zero3 and 0 < i <= n_layers else 1)
                              for i in units)
-    return comm, exposed + copy_out, gathered_peak if zero3 else 0.0
+    # and FSDP2's host work around each gather and reduce-scatter (0 on GPUs)
+    reduces = sum(times for (_, reduce, _), times in passes.items() if reduce)
+    host_work = sum(fsdp_host_s(u.trainable_tensors[i], device)
+                    * (gathers * (2 if zero3 and 0 < i <= n_layers else 1) + reduces)
+                    for i in units)
+    return comm, exposed + copy_out + host_work, gathered_peak if zero3 else 0.0

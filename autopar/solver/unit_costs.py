@@ -80,6 +80,8 @@ class UnitCosts:
     expert_weights: list[float] = field(default_factory=list)
     expert_grad_bytes: list[float] = field(default_factory=list)
     host: list[float] = field(default_factory=list)  # CPU offload: states in host memory
+    # trainable parameter tensors (FSDP2's host work and a DTensor optimizer go per tensor)
+    trainable_tensors: list[float] = field(default_factory=list)
 
     @property
     def n_units(self) -> int:
@@ -128,7 +130,7 @@ _LAYOUT = ("fwd", "bwd", "act", "layer_plain", "tp_comm")
 value costs of :attr:`CostTables.layout_key`): shared by every setting of the search with
 that key, which differ in dp, pp, the schedule and the ZeRO stage's sharding."""
 _STATES = ("tp_comm", "trainable_numel", "params", "grads", "opt", "host", "grad_bytes",
-           "weights", "expert_grad_bytes", "expert_weights")
+           "weights", "expert_grad_bytes", "expert_weights", "trainable_tensors")
 """The per-unit sums of :func:`unit_costs` that depend on the setting's sharding and
 experts (``tp_comm`` here: the experts' all-to-alls)."""
 
@@ -146,8 +148,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
         expert_f, expert_b = tables.expert_comm(d)
         expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
-        rows[d.index] = (expert_f + expert_b, tables.trainable_numel(d, s), st.params,
-                         st.grads, st.optimizer, st.host_total, g, w, g * expert, w * expert)
+        numel = tables.trainable_numel(d, s)
+        rows[d.index] = (expert_f + expert_b, numel, st.params, st.grads, st.optimizer,
+                         st.host_total, g, w, g * expert, w * expert, float(numel > 0))
     summed = counts.T @ rows
     per_unit = {name: summed[:, j] for j, name in enumerate(_STATES)}
     per_unit["tp_comm"] = per_unit["tp_comm"] + layout["tp_comm"]

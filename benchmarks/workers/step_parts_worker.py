@@ -26,7 +26,8 @@ from autopar.cli.demo_data import demo_batches, demo_model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sync", choices=("none", "ddp", "ddp-one-bucket", "autopar"),
+    parser.add_argument("--sync", choices=("none", "ddp", "ddp-one-bucket", "autopar", "autopar-zero1",
+                                 "autopar-zero2", "autopar-zero3"),
                         default="none")
     parser.add_argument("--batch", type=int, default=4, help="sequences per process")
     parser.add_argument("--steps", type=int, default=30)
@@ -36,13 +37,14 @@ def main() -> None:
     model: torch.nn.Module = demo_model()
     x, y = demo_batches(1)[0]
     x, y = x.repeat(args.batch, 1)[:args.batch], y.repeat(args.batch, 1)[:args.batch]
-    if args.sync == "autopar":  # the global batch is every process's batch side by side;
+    zero = int(args.sync[-1]) if args.sync.startswith("autopar-zero") else 0
+    if args.sync.startswith("autopar"):  # the global batch is every process's batch side by side;
         import autopar  # parallelize starts the process group (it traces before it may)
 
         world = int(os.environ["WORLD_SIZE"])
         gx, gy = x.repeat(world, 1), y.repeat(world, 1)
         model = autopar.parallelize(model, f"{world}xcpu", (gx, gy), dp=world, tp=1, pp=1,
-                                    zero=0, microbatches=1, recompute="none")
+                                    zero=zero, microbatches=1, recompute="none")
         (x, y), _ = model.shard_batch(gx, gy)
     if not dist.is_initialized():
         dist.init_process_group("gloo")
@@ -57,7 +59,7 @@ def main() -> None:
     for _ in range(args.steps):
         dist.barrier()
         start = time.perf_counter()
-        if args.sync == "autopar":  # forward and backward in one call
+        if args.sync.startswith("autopar"):  # forward and backward in one call
             model.train_step(x, y)
             forward = start
         else:

@@ -3,7 +3,7 @@
 For each model and each launch of 2 and 4 gloo processes on this machine (one thread each),
 trains the automatic plan (``autopar.parallelize`` with nothing pinned: it may use fewer
 devices) and every pinned layout of the same processes — data, tensor and pipeline
-parallelism (GPipe, 1F1B, interleaved 1F1B, ZB-V where legal), ZeRO 0/3, recomputation
+parallelism (GPipe, 1F1B, interleaved 1F1B, ZB-V where legal), ZeRO 0/1/2/3, recomputation
 none/full, and fewer ranks (1; 2 of 4) — round-robin (each round times every layout for a
 few steps, rounds start one layout later each time), and takes each layout's median step
 time (measured). A pinned layout whose plan is the automatic plan's own program is timed
@@ -108,8 +108,9 @@ def kind_of(layout: str, plan: dict[str, Any]) -> str:
         return "dp x tp"
     if "tp" in mesh:
         return "tp"
-    return "dp zero3" if plan["zero"] == 3 else (
-        "dp recompute" if plan["recompute"] != "none" else "dp")
+    if plan["zero"]:
+        return f"dp zero{plan['zero']}"
+    return "dp recompute" if plan["recompute"] != "none" else "dp"
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:

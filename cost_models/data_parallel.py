@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.cluster import DeviceSpec
-from autopar.cost_models.compute import op_time
+from autopar.cost_models.compute import compute_share, op_time
 
 OVERLAP_SLOWDOWN = 0.189
 """How much slower compute runs while a collective runs beside it (Lee et al. 2025, the
@@ -79,9 +79,10 @@ def fsdp_host_s(tensors: float, device: DeviceSpec) -> float:
     gradients as DTensors and swapping sharded and unsharded parameters, all per tensor.
     ``autopar calibrate`` measures a gather and a reduce-scatter together
     (``DeviceSpec.sharded_host_s_per_tensor``, :mod:`autopar.calibrate.sharded`); half is
-    put on each (assumed, not measured apart). On a CPU this is step time; GPU presets set
-    it 0 (the host runs ahead of the kernels)."""
-    return tensors * device.sharded_host_s_per_tensor / 2
+    put on each (assumed, not measured apart). On a CPU this is step time, shared with the
+    other processes as the device's compute is (:func:`compute_share`); GPU presets set it 0
+    (the host runs ahead of the kernels)."""
+    return tensors * device.sharded_host_s_per_tensor / 2 / compute_share(device)
 
 
 def with_contention(comm_s: float, exposed_s: float, contention: float) -> float:

@@ -19,7 +19,7 @@ from autopar.cost_models.comm import (
     busy_latency,
     group_collective_time,
 )
-from autopar.cost_models.compute import optimizer_step_time
+from autopar.cost_models.compute import compute_share, optimizer_step_time
 from autopar.cost_models.data_parallel import (
     CommTime,
     Unit,
@@ -224,7 +224,7 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
                  else optimizer_step_time(owned, tables.options.optimizer,
                                           tables.cluster.device))
         if setting.zero >= 1 and setting.grad_group > 1:  # FSDP2: the optimizer steps DTensors
-            opt_s += (total(u.trainable_tensors, r)
+            opt_s += (total(u.trainable_tensors, r) / compute_share(tables.cluster.device)
                       * tables.cluster.device.sharded_optimizer_s_per_tensor)
         dp.append((exposed + opt_s, comm, exposed, buffers, opt_s))
     tail = max(range(pp), key=lambda r: dp[r][0])

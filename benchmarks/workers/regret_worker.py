@@ -85,6 +85,8 @@ def layouts(nproc: int, batch: int) -> list[tuple[str, dict[str, Any]]]:
                 ("2 of 4: tp2", {**one, **base, "devices": 2, "tp": 2})]
     n = nproc
     out += [(f"dp{n}", {**one, **base, "dp": n}),
+            (f"dp{n} zero1", {**one, **base, "dp": n, "zero": (1,)}),
+            (f"dp{n} zero2", {**one, **base, "dp": n, "zero": (2,)}),
             (f"dp{n} zero3", {**one, **base, "dp": n, "zero": (3,)}),
             (f"dp{n} recompute", {**one, **base, "dp": n, "recompute": ("full",)}),
             (f"tp{n}", {**one, **base, "tp": n})]

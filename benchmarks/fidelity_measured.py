@@ -10,6 +10,12 @@ MemTracker saw over a whole step (measured), and the predicted step time with a 
     python benchmarks/fidelity_measured.py                  # calibrates first (~1 min)
     python benchmarks/fidelity_measured.py --profile p.json # reuse a profile
     python benchmarks/fidelity_measured.py --state-only     # ZeRO-1/2 and LoRA rows alone
+    python benchmarks/fidelity_measured.py --ground-only --rounds 3 --fp32-only --write-ground
+
+``--rounds N`` runs every case N times, each round starting one case later (this VM's speed
+drifts by 10-30% between minutes), and compares the medians: one slow launch then moves no
+row. ``--ground-only`` runs the rows that ``--write-ground`` records (several processes,
+fp32, no LoRA).
 
 Targets: peak memory within 10% in every case; step time median error <= 25%.
 """
@@ -102,7 +108,7 @@ def run_case(nproc: int, dp: int, tp: int, recompute: str, precision: str, clust
              offload: str = "none") -> list[dict]:
     out = tmp / (f"{nproc}-{dp}-{tp}-{recompute}-{precision}-z{zero}-m{microbatches}-{lora}-"
                  f"{offload.replace('+', '-')}")
-    out.mkdir()
+    out.mkdir(parents=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", str(HERE / "workers" / "measure_step.py"),
            "--dp", str(dp), "--tp", str(tp), "--recompute", recompute, "--precision", precision,
@@ -129,6 +135,11 @@ def main() -> None:
                     "cost_models/ground.json (validated ground; the nccl evidence is kept), "
                     "fp32 rows only: the others check the profile's 16-bit matmul rates, not a "
                     "parallel scheme")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every case this many times, alternated; medians are compared")
+    ap.add_argument("--ground-only", action="store_true",
+                    help="only the rows --write-ground records (several processes, fp32, "
+                    "no LoRA)")
     ap.add_argument("--fp32-only", action="store_true",
                     help="skip the 16-bit rows (a profile measured with fp32 matmuls only, "
                     "as `autopar demo` makes, has the preset's 16-bit rates)")
@@ -152,22 +163,39 @@ def main() -> None:
         print(f"{'':>5} {'':<15} {'':<19} {'':<5} {'weights':>10} | {'modelled':>9} {'measured':>9} "
               f"{'':>7} | {'modelled':>8} {'measured':>8}")
         memory_errors, time_errors = [], []
+        cases = []
         for nproc, dp, tp, recompute, precision, *more in CASES:
             zero, microbatches, lora, offload = (*more, *(0, 1, "none", "none")[len(more):])
             if args.state_only and not (zero or lora != "none"):
                 continue
             if args.fp32_only and precision != "fp32":
                 continue
-            cluster = cluster_file(profile, links[nproc], nproc, tmp)
-            ranks = run_case(nproc, dp, tp, recompute, precision, cluster, tmp, zero,
-                             microbatches, lora, offload)
-            if "error" in ranks[0]:
-                print(f"{nproc:>5} dp{dp}xtp{tp} z{zero} m{microbatches} {lora} {offload}: "
-                      f"not measured ({ranks[0]['error']})", flush=True)
+            if args.ground_only and not (nproc > 1 and precision == "fp32" and lora == "none"):
                 continue
+            cases.append((nproc, dp, tp, recompute, precision, zero, microbatches, lora,
+                          offload))
+        measured: dict[tuple, list[list[dict]]] = {case: [] for case in cases}
+        for r in range(max(1, args.rounds)):
+            for case in cases[r % len(cases):] + cases[:r % len(cases)]:
+                nproc, dp, tp, recompute, precision, zero, microbatches, lora, offload = case
+                cluster = cluster_file(profile, links[nproc], nproc, tmp)
+                measured[case].append(run_case(nproc, dp, tp, recompute, precision, cluster,
+                                               tmp / f"round{r}", zero, microbatches, lora,
+                                               offload))
+            if args.rounds > 1:
+                print(f"  round {r + 1}/{args.rounds} done", flush=True)
+        for case in cases:
+            nproc, dp, tp, recompute, precision, zero, microbatches, lora, offload = case
+            launches = [ranks for ranks in measured[case] if "error" not in ranks[0]]
+            if not launches:
+                print(f"{nproc:>5} dp{dp}xtp{tp} z{zero} m{microbatches} {lora} {offload}: "
+                      f"not measured ({measured[case][0][0]['error']})", flush=True)
+                continue
+            ranks = launches[0]
             measured_peak = max(r["measured_peak_bytes"] for r in ranks)
             predicted_peak = ranks[0]["predicted_peak_bytes"]
-            measured_step = statistics.median(r["measured_step_s"] for r in ranks)
+            measured_step = statistics.median(  # over the launches, of each one's median
+                statistics.median(r["measured_step_s"] for r in launch) for launch in launches)
             predicted_step = ranks[0]["predicted_step_s"]
             mem_err = (predicted_peak - measured_peak) / measured_peak
             time_err = (predicted_step - measured_step) / measured_step

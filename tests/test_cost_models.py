@@ -466,3 +466,37 @@ def test_zero_stages_are_priced_as_the_fsdp2_calls_the_runtime_makes(
     plan = autopar.plan(demo_model(), cluster, demo_batches(1)[0], dp=2, tp=1, pp=1,
                         zero=zero, microbatches=microbatches, recompute="none")
     assert plan.predicted["dp_comm_s"] / 10e-3 == pytest.approx(calls, abs=0.1)
+
+
+def test_a_dropout_that_returns_its_input_costs_no_time(monkeypatch) -> None:
+    """ATen returns the input itself from a dropout with p == 0 (nanoGPT's default and most
+    Llama configurations): no kernel forward or backward, so no step time. p > 0 pays."""
+    import torch
+
+    import autopar
+    from autopar.cli.demo_data import demo_batches
+    from autopar.models.gpt import GPT, GPTConfig
+    from autopar.solver.costs import identity_dropout
+    from autopar.trace import trace
+
+    batch = demo_batches(1)[0]
+    pins = dict(dp=1, tp=1, pp=1, zero=0, microbatches=1, recompute="none")
+
+    def compute_s(dropout: float) -> float:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64,
+                              dropout=dropout))
+        return autopar.plan(model, "1xcpu", batch, **pins).predicted["compute_s"]
+
+    free, paid = compute_s(0.0), compute_s(0.1)
+    assert free < paid
+    from autopar.solver import costs
+
+    monkeypatch.setattr(costs, "identity_dropout", lambda node: False)
+    assert compute_s(0.0) > free  # priced as a kernel, it would cost time
+    monkeypatch.undo()
+    torch.manual_seed(0)
+    gm = trace(GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64)),
+               batch)
+    dropouts = [n for n in gm.graph.nodes if "dropout" in str(n.target)]
+    assert dropouts and all(identity_dropout(n) for n in dropouts)

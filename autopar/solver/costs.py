@@ -207,6 +207,28 @@ def matmul_shape(node: fx.Node) -> tuple[int, int, int] | None:
     return None
 
 
+_DROPOUTS = ("aten.dropout.default", "aten.feature_dropout.default",
+             "aten.alpha_dropout.default", "aten.feature_alpha_dropout.default")
+
+
+def identity_dropout(node: fx.Node) -> bool:
+    """A dropout that ATen returns its input from unchanged (``p == 0``, or not training:
+    ``_dropout_impl``), so it runs no kernel forward or backward. nanoGPT's default and
+    most Llama configurations train with ``p == 0``.
+
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> identity_dropout(g.call_function(torch.ops.aten.dropout.default, (x, 0.0, True)))
+    True
+    >>> identity_dropout(g.call_function(torch.ops.aten.dropout.default, (x, 0.1, True)))
+    False
+    """
+    if node.op != "call_function" or str(node.target) not in _DROPOUTS:
+        return False
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+    return (isinstance(p, (int, float)) and p == 0) or train is False
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for s in shape:
@@ -495,7 +517,7 @@ class CostTables:
 
     def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts
-        if d.kind != "op" or d.name in self.problem.dead:
+        if d.kind != "op" or d.name in self.problem.dead or identity_dropout(d.nodes[0]):
             return 0.0, 0.0, 0.0
         div = self.setting.tp if s.splits_work else 1
         scale = self._scale(d) / div

@@ -131,7 +131,7 @@ def main() -> None:
             optimizer_step(name)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for r in range(args.rounds):
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 dist.barrier()
                 samples[name].append(_median_s(passes[name], lambda n=name: optimizer_step(n),
                                                args.steps))

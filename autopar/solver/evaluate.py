@@ -407,11 +407,10 @@ def data_parallel_costs(
             exposed += times * priced.exposed_s
     # the gathers' copy-outs run on the compute stream: every gather's is on the step's path
     gathers = sum(times for (gather, _, _), times in passes.items() if gather)
-    copy_out = gathers * sum(copies[i][0] * (2 if zero3 and 0 < i <= n_layers else 1)
-                             for i in units)
+    times_gathered = {i: 2 if zero3 and 0 < i <= n_layers else 1 for i in units}  # per microbatch
+    copy_out = gathers * sum(copies[i][0] * times_gathered[i] for i in units)
     # and FSDP2's host work around each gather and reduce-scatter (0 on GPUs)
     reduces = sum(times for (_, reduce, _), times in passes.items() if reduce)
-    host_work = sum(fsdp_host_s(u.trainable_tensors[i], device)
-                    * (gathers * (2 if zero3 and 0 < i <= n_layers else 1) + reduces)
+    host_work = sum(fsdp_host_s(u.trainable_tensors[i], device) * (gathers * times_gathered[i] + reduces)
                     for i in units)
     return comm, exposed + copy_out + host_work, gathered_peak if zero3 else 0.0

@@ -273,7 +273,7 @@ def curve_efficiency(curve: Sequence[tuple[float, float]], flops: float) -> floa
 
 
 # --- Times --------------------------------------------------------------------------------
-def attention_efficiency(device: DeviceSpec) -> float:
+def attention_efficiency(device: DeviceSpec, shape: Sequence[int] | None = None) -> float:
     """Share of the matmul rate fused attention reaches on ``device``, on the FLOPs the
     kernel runs (for a causal mask about half the square the trace counts:
     :func:`causal_fraction`). The softmax, its exponentials and the online rescaling sit
@@ -282,10 +282,17 @@ def attention_efficiency(device: DeviceSpec) -> float:
     reaches on an A100). ``device.attention_efficiency`` says it: the presets' sources are in
     ``autopar/cluster/presets.py``; ``autopar calibrate`` measures it.
 
+    With a measured ``device.attention_efficiency_curve`` and the score matmul's ``shape``
+    (``(batch*heads*seq, seq, head_dim)``), the curve at that matmul's FLOPs: a CPU core's
+    flash kernel reaches less of the matmul rate at a short sequence than at a long one.
+
     >>> from autopar.cluster import load_cluster
     >>> attention_efficiency(load_cluster("H100-80GB").device)
     0.4
     """
+    curve = tuple(getattr(device, "attention_efficiency_curve", ()) or ())
+    if curve and shape is not None:
+        return curve_efficiency(curve, matmul_flops(shape))
     return float(getattr(device, "attention_efficiency", DEFAULT_ATTENTION_EFFICIENCY))
 
 
@@ -382,7 +389,53 @@ def attention_time(
     """
     depth = max(shape[-2], shape[-1]) if shape is not None else None
     return op_time(flops, bytes_moved, device, dtype, shape=shape,
-                   efficiency_scale=attention_efficiency(device), loop_depth=depth)
+                   efficiency_scale=attention_efficiency(device, shape), loop_depth=depth)
+
+
+def aten_name(target: str) -> str:
+    """The op name ``op_s_per_element`` is keyed by: ``"aten.gelu.default"`` -> ``"gelu"``
+    (a target outside aten is its own name).
+
+    >>> aten_name("aten.layer_norm.default"), aten_name("mylib.op")
+    ('layer_norm', 'mylib.op')
+    """
+    parts = target.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "aten" else target
+
+
+def bias_times(elements: float, device: DeviceSpec) -> tuple[float, float]:
+    """(forward, backward) seconds a matmul's bias adds on ``elements`` outputs: the
+    broadcast written into its fresh output before the GEMM accumulates (CPU ``addmm``),
+    and the sum over rows into its gradient, at the device's measured rates for a
+    broadcast ``add`` (``op_s_per_element``); (0, 0) without one (a GPU's GEMM adds the
+    bias in its epilogue)."""
+    rates = getattr(device, "op_s_per_element", None) or {}
+    rate = rates.get("add")
+    if rate is None or elements <= 0:
+        return 0.0, 0.0
+    return elements * rate[0] / compute_share(device), elements * rate[1] / compute_share(device)
+
+
+def arithmetic_times(target: str, elements: float, device: DeviceSpec) -> tuple[float, float]:
+    """(forward, backward) seconds op ``target`` spends computing ``elements`` outputs at the
+    device's measured per-element rates (``DeviceSpec.op_s_per_element``), one kernel each;
+    (0, 0) for an op the device has no rate for (the roofline prices it alone). A cost is
+    the larger of this and the roofline's: on a CPU core GELU's erf or a norm's reductions
+    bound the op, not its traffic.
+
+    >>> from autopar.cluster import load_cluster
+    >>> dev = load_cluster({"name": "c", "nodes": 1, "devices_per_node": 1, "device": {
+    ...     "preset": "cpu", "kernel_floor_us": 0, "op_ns_per_element": {"gelu": [2, 3]}}})
+    >>> [round(t * 1e6, 6) for t in arithmetic_times("aten.gelu.default", 1e6, dev.device)]
+    [2000.0, 3000.0]
+    """
+    rates = getattr(device, "op_s_per_element", None) or {}
+    rate = rates.get(aten_name(target))
+    if rate is None or elements <= 0:
+        return 0.0, 0.0
+    floor = kernel_floor(device)
+    return ((elements * rate[0] + floor) / compute_share(device),
+            (elements * rate[1] + floor) / compute_share(device))
 
 
 # An op's forward, and its recomputation in backward (activation checkpointing: the same

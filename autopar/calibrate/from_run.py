@@ -56,7 +56,9 @@ __all__ = ["RankRecord", "Run", "RunFit", "fit_runs", "format_fit", "read_run", 
 _DEVICE_TIME_KEYS = ("kernel_floor_s", "allocation_s_per_byte", "sharded_host_s_per_tensor",
                      "sharded_optimizer_s_per_tensor")
 _DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
+_OP_RATES = "op_s_per_element"
 _DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency",
+                     "attention_efficiency", "attention_efficiency_curve", "memory_overlap",
                      "corun_slowdown")
 
 
@@ -90,6 +92,9 @@ class RunFit:
         for key in _DEVICE_KEPT_KEYS:
             if key in base and base[key] not in (None, [], ()):
                 out[key] = base[key]
+        if base.get(_OP_RATES):  # seconds per element: device time, scaled like the floor
+            out[_OP_RATES] = {op: [float(t) * a for t in rates]
+                              for op, rates in base[_OP_RATES].items()}
         return out
 
     def step_link(self) -> Any:
@@ -234,6 +239,11 @@ def relative_time(device: Mapping[str, Any], base: Mapping[str, Any]) -> float |
                if not float(base.get(k, 0.0) or 0.0) > 0):
             return None
         kept = all(device.get(k) == base.get(k) for k in _DEVICE_KEPT_KEYS)
+        rates, base_rates = device.get(_OP_RATES) or {}, base.get(_OP_RATES) or {}
+        if set(rates) != set(base_rates):
+            return None
+        ratios += [float(t) / float(b) for op in rates
+                   for t, b in zip(rates[op], base_rates[op]) if float(b) > 0]
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     k = statistics.fmean(ratios)

@@ -20,6 +20,9 @@ so calibration inverts exactly that, net of the floor:
 - ``matmul_efficiency`` is the curve's value at the largest size: the large-GEMM figure.
 - ``memory_bandwidth_bytes_per_s`` is bytes / busy time of out-of-place elementwise adds
   (two reads and one write, as the bytes model counts them), with ``memory_efficiency`` 1.0.
+- ``op_s_per_element`` (CPU): seconds per element of GELU, softmax, the norms and other
+  ops whose arithmetic bounds them, measured inside a training step
+  (:mod:`autopar.calibrate.op_rates`).
 - ``attention_efficiency`` is the share of that curve's rate causal fused attention (SDPA)
   reaches on the tiles it runs, so the cost model's SDPA forward and backward give back the
   measured time (``autopar.calibrate.attention``).
@@ -58,8 +61,9 @@ from autopar.calibrate.attention import (
     measure_attention,
     stored_bytes,
 )
+from autopar.calibrate.op_rates import measure_op_rates
 from autopar.cluster.spec import _FrozenMap
-from autopar.cost_models.compute import curve_efficiency
+from autopar.cost_models.compute import curve_efficiency, matmul_flops
 
 _TORCH_DTYPES = {
     "fp32": torch.float32,
@@ -130,10 +134,16 @@ class DeviceCalibration:
     kernel_floor_s: float
     allocation_s_per_byte: float = 0.0
     attention: tuple[AttentionPoint, ...] = ()
+    op_rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Seconds per element of arithmetic-bound ops, forward and backward (CPU only:
+    :mod:`autopar.calibrate.op_rates`)."""
     peak_flops: Mapping[str, float] = field(init=False)
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = field(init=False)
     attention_efficiency: float | None = field(init=False)
     """Measured from ``attention`` (None without it: the preset's figure stays)."""
+    attention_efficiency_curve: tuple[tuple[float, float], ...] = field(init=False)
+    """One ``(score-matmul FLOPs, efficiency)`` point per attention size measured in the
+    curve's dtype (written when there are two or more)."""
     memory_overlap: float = field(init=False)
     """Fitted from the skinny matmuls on a CPU (:func:`fit_memory_overlap`); 1 on a GPU."""
 
@@ -174,6 +184,15 @@ class DeviceCalibration:
         attention = attention_efficiency_from(self.attention, peaks, curve, net,
                                               (1.0 - overlap) / bandwidth)
         object.__setattr__(self, "attention_efficiency", attention)
+        by_size: dict[float, list[float]] = {}
+        for point in self.attention:
+            if point.dtype == self.curve_dtype:
+                one = attention_efficiency_from([point], peaks, curve, net,
+                                                (1.0 - overlap) / bandwidth)
+                if one is not None:
+                    by_size.setdefault(float(matmul_flops(point.shape)), []).append(one)
+        object.__setattr__(self, "attention_efficiency_curve", tuple(
+            (flops, statistics.fmean(effs)) for flops, effs in sorted(by_size.items())))
 
     def efficiency(self, point: MatmulPoint) -> float:
         """A point's busy rate over its dtype's peak (skinny points fall far below 1)."""
@@ -197,6 +216,11 @@ class DeviceCalibration:
             "memory_overlap": self.memory_overlap,
             **({"attention_efficiency": self.attention_efficiency}
                if self.attention_efficiency is not None else {}),
+            **({"attention_efficiency_curve": [list(p) for p in
+                                               self.attention_efficiency_curve]}
+               if len(self.attention_efficiency_curve) > 1 else {}),
+            **({"op_s_per_element": {op: list(r) for op, r in self.op_rates.items()}}
+               if self.op_rates else {}),
         }
 
     def attention_pass_efficiency(self, point: AttentionPoint) -> tuple[float, float]:
@@ -380,6 +404,10 @@ def calibrate_device(
         ]
         say(f"fused attention {dtypes[0]}")
         attention = measure_attention(device, dtypes[0], quick=quick, repeats=repeats)
+        op_rates = {}
+        if device.type == "cpu":  # a GPU's roofline prices them (op_rates module docstring)
+            say("ops inside a training step")
+            op_rates = measure_op_rates(device, floor)
     return DeviceCalibration(
         device_type=device_type,
         threads=threads,
@@ -389,6 +417,7 @@ def calibrate_device(
         kernel_floor_s=floor,
         allocation_s_per_byte=allocation,
         attention=tuple(attention),
+        op_rates=op_rates,
     )
 
 

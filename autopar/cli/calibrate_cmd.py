@@ -235,6 +235,15 @@ def format_device(device: DeviceCalibration) -> str:
                 f"{format_seconds(p.forward_s):>10} {format_seconds(p.backward_s):>10} "
                 f"{f'{fwd:.2f}, {bwd:.2f}':>20}"
             )
+    if device.op_rates:
+        bandwidth = device.memory_bandwidth_bytes_per_s
+        lines += ["", "ops inside a training step (measured; per output element, net of the "
+                  "floor; the roofline's is 8 bytes / bandwidth)"]
+        lines.append(f"  {'op':<12} {'forward':>10} {'backward':>10}")
+        lines += [f"  {op:<12} {fwd * 1e9:>7.2f} ns {bwd * 1e9:>7.2f} ns"
+                  for op, (fwd, bwd) in device.op_rates.items()]
+        lines.append(f"  {'(roofline)':<12} {8 / bandwidth * 1e9:>7.2f} ns "
+                     f"{16 / bandwidth * 1e9:>7.2f} ns")
     curve = device.matmul_efficiency_curve
     lines += [
         "",
@@ -256,6 +265,9 @@ def format_device(device: DeviceCalibration) -> str:
     if device.attention_efficiency is not None:
         lines.append(f"  {'attention efficiency':<20} {device.attention_efficiency:>9.2f}          "
                      "of the matmul rate, forward and backward together")
+    if len(device.attention_efficiency_curve) > 1:
+        points = ", ".join(f"{e:.2f} at {_si(f)}" for f, e in device.attention_efficiency_curve)
+        lines.append(f"  {'attention curve':<20} {points} FLOP (score matmul per call)")
     return "\n".join(lines)
 
 

@@ -45,6 +45,7 @@ from autopar.cluster.spec import (
     _check,
     _check_backend,
     _check_curve,
+    _check_op_rates,
     _check_text,
     _field_order,
     check_size,
@@ -75,6 +76,8 @@ _DEVICE_UNITS = {
     "sharded_optimizer_s_per_tensor": ("sharded_optimizer_s_per_tensor", "nonnegative", None),
 }
 _CURVE = "matmul_efficiency_curve"
+_CURVES = (_CURVE, "attention_efficiency_curve")
+_OP_RATES = {"op_s_per_element": 1.0, "op_ns_per_element": 1e-9}  # key -> to seconds
 _PEAK_UNITS = {"peak_tflops": lambda v: v * TFLOPS, "peak_flops": None}
 _LINK_UNITS = {
     "bandwidth_gb_per_s": ("bandwidth_bytes_per_s", "positive", lambda v: v * GB),
@@ -88,7 +91,7 @@ _TOP_KEYS = (
     "name", "nodes", "devices_per_node", "cores_per_node", "backend", "profile", "device",
     *_LINKS, "sources", "constraints"
 )  # fmt: skip
-_DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, _CURVE)
+_DEVICE_KEYS = ("preset", "name", *_DEVICE_UNITS, *_PEAK_UNITS, *_CURVES, *_OP_RATES)
 
 # Fields with a default when neither the description nor its preset sets them.
 _DEFAULTS = {
@@ -102,6 +105,8 @@ _DEFAULTS = {
     "device.sharded_host_s_per_tensor": 0.0,
     "device.sharded_optimizer_s_per_tensor": 0.0,
     f"device.{_CURVE}": (),
+    "device.attention_efficiency_curve": (),
+    "device.op_s_per_element": {},
     "intra_node.busy_latency_s": 0.0,
     "inter_node.busy_latency_s": 0.0,
 }
@@ -311,9 +316,18 @@ def _read(data: Any, origin: _Origin) -> dict[str, Any]:
         _check_text(device["name"], "device.name", origin.where("device.name"))
         out["device.name"] = device["name"]
     out.update(_read_units(device, "device", _DEVICE_UNITS, origin))
-    if _CURVE in device:
-        path = f"device.{_CURVE}"
-        out[path] = _check_curve(device[_CURVE], path, origin.where(path))
+    for curve in _CURVES:
+        if curve in device:
+            path = f"device.{curve}"
+            out[path] = _check_curve(device[curve], path, origin.where(path))
+    rate_keys = [k for k in _OP_RATES if k in device]
+    if len(rate_keys) > 1:
+        _conflict("device", rate_keys, origin)
+    for key in rate_keys:
+        path = f"device.{key}"
+        rates = _check_op_rates(device[key], path, origin.where(path))
+        out["device.op_s_per_element"] = {op: (f * _OP_RATES[key], b * _OP_RATES[key])
+                                          for op, (f, b) in rates.items()}
     peak_keys = [k for k in _PEAK_UNITS if k in device]
     if len(peak_keys) > 1:
         _conflict("device", peak_keys, origin)
@@ -468,11 +482,13 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         memory_efficiency=values["device.memory_efficiency"],
         attention_efficiency=values["device.attention_efficiency"],
         matmul_efficiency_curve=values[f"device.{_CURVE}"],
+        attention_efficiency_curve=values["device.attention_efficiency_curve"],
         allocation_s_per_byte=values["device.allocation_s_per_byte"],
         corun_slowdown=values["device.corun_slowdown"],
         memory_overlap=values["device.memory_overlap"],
         sharded_host_s_per_tensor=values["device.sharded_host_s_per_tensor"],
         sharded_optimizer_s_per_tensor=values["device.sharded_optimizer_s_per_tensor"],
+        op_s_per_element=values["device.op_s_per_element"],
     )
     return Cluster(
         nodes=values["nodes"],

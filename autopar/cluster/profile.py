@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from autopar.cluster.presets import DTYPES
-from autopar.cluster.spec import COLLECTIVE_KINDS, _check, _check_curve, _FrozenMap
+from autopar.cluster.spec import (
+    COLLECTIVE_KINDS,
+    _check,
+    _check_curve,
+    _check_op_rates,
+    _FrozenMap,
+)
 from autopar.cluster.text import parse_json, read_text
 from autopar.errors import ClusterError
 
@@ -72,11 +78,13 @@ _DEVICE_KINDS = {
     "kernel_floor_s": "nonnegative",
     "memory_efficiency": "fraction",
     "attention_efficiency": "fraction",
+    "attention_efficiency_curve": "curve",
     "allocation_s_per_byte": "nonnegative",
     "corun_slowdown": "nonnegative",
     "memory_overlap": "share",
     "sharded_host_s_per_tensor": "nonnegative",
     "sharded_optimizer_s_per_tensor": "nonnegative",
+    "op_s_per_element": "op_rates",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
                "busy_latency_s": "nonnegative", "per_kind": "per_kind"}
@@ -230,6 +238,8 @@ def _check_device_value(key: str, value: Any, origin: str) -> Any:
     kind = _DEVICE_KINDS[key]
     if kind == "curve":
         return _check_curve(value, path, _where(origin, path))
+    if kind == "op_rates":
+        return _check_op_rates(value, path, _where(origin, path))
     if kind == "peaks":
         peaks = _keys(value, path, DTYPES, origin)
         if not peaks:

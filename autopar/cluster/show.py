@@ -71,6 +71,11 @@ def format_cluster(cluster: Cluster) -> str:
         ("  attention efficiency", _num(d.attention_efficiency), "",
          src("device.attention_efficiency")),
     ]
+    if d.attention_efficiency_curve:
+        rows.append(("  attention curve", _curve(d.attention_efficiency_curve), None,
+                     src("device.attention_efficiency_curve")))
+    rows += [(f"  {op} fwd, bwd", f"{_num(fwd * 1e9)}, {_num(bwd * 1e9)}", "ns/element",
+              src("device.op_s_per_element")) for op, (fwd, bwd) in d.op_s_per_element.items()]
     links = [("intra-node link", "intra_node", c.intra_node),
              ("inter-node link", "inter_node", c.inter_node)]
     if c.intra_node_uncontended is not None:

@@ -181,6 +181,33 @@ def _check_curve(value: Any, key: str, where: str) -> tuple[tuple[float, float],
     return tuple(points)
 
 
+def _check_op_rates(value: Any, key: str, where: str) -> Mapping[str, tuple[float, float]]:
+    """``value`` as per-element op rates: ``{op: [forward_s, backward_s]}``, ``op`` an aten
+    op's name (``gelu``, ``layer_norm``), seconds per output element, each >= 0."""
+    if not isinstance(value, Mapping):
+        raise ClusterError(
+            f"{key} must map op names to [forward, backward] seconds per element, got {value!r}",
+            where=where,
+            fix=f"write {key}: {{gelu: [1.5e-9, 2.7e-9]}} (or {{}} for none)",
+        )
+    rates: dict[str, tuple[float, float]] = {}
+    for op, pair in value.items():
+        at = f"{where}.{op}"
+        if not isinstance(op, str) or not re.fullmatch(r"[a-z_][a-z0-9_]*", op):
+            raise ClusterError(
+                f"{key} has op name {op!r}; op names are aten names like 'gelu'",
+                where=at, fix="name the op as aten does: lower case, digits and '_'")
+        if isinstance(pair, (str, bytes, Mapping)) or not isinstance(pair, (list, tuple)) or (
+                len(pair) != 2):
+            raise ClusterError(
+                f"{key}.{op} must be a [forward, backward] pair, got {pair!r}",
+                where=at, fix=f"write {key}.{op} as [forward seconds, backward seconds]")
+        _check("nonnegative", pair[0], f"{key}.{op} forward", at)
+        _check("nonnegative", pair[1], f"{key}.{op} backward", at)
+        rates[op] = (float(pair[0]), float(pair[1]))
+    return _FrozenMap(rates)
+
+
 def _check_text(value: Any, key: str, where: str, *, empty_ok: bool = False) -> None:
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
         raise ClusterError(
@@ -240,6 +267,10 @@ class DeviceSpec:
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
     matmul_efficiency_curve: tuple[tuple[float, float], ...] = ()
     attention_efficiency: float = DEFAULT_ATTENTION_EFFICIENCY
+    # ``attention_efficiency`` by size, as calibration measures it: (FLOPs of the score
+    # matmul per call, efficiency) points with rising FLOPs; empty: the one figure above. A
+    # CPU's flash kernel at a short sequence reaches less of the matmul rate than at 1024.
+    attention_efficiency_curve: tuple[tuple[float, float], ...] = ()
     # Seconds per byte of writing a freshly allocated large tensor (first-touch page faults):
     # 0 on GPUs, whose caching allocator reuses memory; measured on CPUs, where glibc maps
     # tensors above its mmap threshold fresh from the OS each time.
@@ -268,6 +299,12 @@ class DeviceSpec:
     # the device, by ``autopar calibrate`` (:mod:`autopar.calibrate.sharded`).
     sharded_host_s_per_tensor: float = 0.0
     sharded_optimizer_s_per_tensor: float = 0.0
+    # Seconds per output element of ops whose arithmetic, not their memory traffic, bounds
+    # them on this device, forward and backward, by aten name: {"gelu": (fwd, bwd)}. On a CPU
+    # core GELU's erf, softmax's exponentials and a norm's reductions run several times
+    # longer per element than the bandwidth an add reaches; a GPU hides them under memory
+    # (empty there: the roofline prices them). Measured by ``autopar calibrate``.
+    op_s_per_element: Mapping[str, tuple[float, float]] = field(default_factory=lambda: _FrozenMap())
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -305,6 +342,8 @@ class DeviceSpec:
             _check("nonnegative", getattr(self, field_name), field_name,
                    f"DeviceSpec.{field_name}")
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
+        object.__setattr__(self, "op_s_per_element", _check_op_rates(
+            self.op_s_per_element, "op_s_per_element", "DeviceSpec.op_s_per_element"))
         _check("fraction", self.attention_efficiency, "attention_efficiency",
                "DeviceSpec.attention_efficiency")
         curve = _check_curve(
@@ -313,6 +352,9 @@ class DeviceSpec:
             "DeviceSpec.matmul_efficiency_curve",
         )
         object.__setattr__(self, "matmul_efficiency_curve", curve)
+        object.__setattr__(self, "attention_efficiency_curve", _check_curve(
+            self.attention_efficiency_curve, "attention_efficiency_curve",
+            "DeviceSpec.attention_efficiency_curve"))
 
     def peak(self, dtype: str | torch.dtype) -> float:
         """Dense peak FLOP/s in ``dtype``; an unsupported dtype is an error, never a guess."""
@@ -471,11 +513,13 @@ class Cluster:
                 "kernel_floor_s": d.kernel_floor_s,
                 "memory_efficiency": d.memory_efficiency,
                 "attention_efficiency": d.attention_efficiency,
+                "attention_efficiency_curve": [list(p) for p in d.attention_efficiency_curve],
                 "allocation_s_per_byte": d.allocation_s_per_byte,
                 "corun_slowdown": d.corun_slowdown,
                 "memory_overlap": d.memory_overlap,
                 "sharded_host_s_per_tensor": d.sharded_host_s_per_tensor,
                 "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
+                "op_s_per_element": {op: list(r) for op, r in d.op_s_per_element.items()},
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -528,7 +572,8 @@ _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
            "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
-           "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor"]
+           "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
+           "device.op_s_per_element", "device.attention_efficiency_curve"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

@@ -34,8 +34,10 @@ from autopar.constraints import SettingView
 from autopar.cost_models.comm import axis_link, collective_transfer_time, group_collective_time
 from autopar.cost_models.compute import (
     allocation_time,
+    arithmetic_times,
     attention_time,
     backward_time,
+    bias_times,
     causal_fraction,
     forward_time,
 )
@@ -227,6 +229,15 @@ def identity_dropout(node: fx.Node) -> bool:
     p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     return (isinstance(p, (int, float)) and p == 0) or train is False
+
+
+def _has_bias(node: fx.Node) -> bool:
+    """Whether a linear or addmm node adds a bias (an input tensor beyond its two operands)."""
+    target = node.meta[META_KEY].target
+    if "linear" in target:
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        return isinstance(bias, fx.Node)
+    return "addmm" in target
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -569,6 +580,15 @@ class CostTables:
             bwd = backward_time(flops, moved, device, dtype, shape=shape,
                                 weight_grad=both) if facts.fwd_flops else backward_time(
                 0.0, moved, device, dtype)
+        if not facts.fwd_flops and facts.shapes:  # its arithmetic, where that bounds it
+            elements = _numel(facts.shapes[0]) * scale
+            arith_fwd, arith_bwd = arithmetic_times(facts.target, elements, device)
+            fwd = max(fwd, arith_fwd)
+            bwd = max(bwd, arith_bwd) if facts.requires_grad else bwd
+        elif shape is not None and _has_bias(d.nodes[0]):
+            bias_fwd, bias_bwd = bias_times(_numel(facts.shapes[0]) * scale, device)
+            fwd += bias_fwd
+            bwd += bias_bwd if facts.requires_grad else 0.0
         if facts.requires_grad:  # the gradients it writes, one per input it reads
             bwd += allocation_time(((facts.bytes_read - weights) * scale + weights / div)
                                    * stored, device)

@@ -1,4 +1,4 @@
-"""Ops whose arithmetic bounds them on a CPU core: GELU, softmax, norms, a Linear's bias.
+"""What a CPU core spends besides the roofline: GELU, softmax, norms, a Linear's bias, views.
 
 On the project's 2-core VM the demo GPT's GELU took 3.0-3.3 ns an element inside a
 training step against ~1 ns the roofline gave it, and a Linear's addmm spent ~240 µs
@@ -106,3 +106,45 @@ def test_measured_inside_a_training_step() -> None:
     for forward, backward in rates.values():
         assert math.isfinite(forward) and math.isfinite(backward)
         assert forward > 0 and backward >= 0
+
+
+class _Views(torch.nn.Module):
+    """A Linear whose output is viewed twice (a reshape and a transpose) before the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).view(2, -1, 8).transpose(0, 1).sum()
+
+
+def _views_compute(view_s: float) -> float:
+    cluster = {"name": "c", "nodes": 1, "devices_per_node": 1,
+               "device": {"preset": "cpu", "view_s": view_s}}
+    return autopar.plan(_Views(), cluster, (torch.randn(4, 8),), dp=1, tp=1, pp=1, zero=0,
+                        microbatches=1, recompute="none").predicted["compute_s"]
+
+
+def test_a_view_costs_its_dispatch_each_pass() -> None:
+    # two views that need gradients: each a forward and a backward node
+    assert _views_compute(1e-3) - _views_compute(0.0) == pytest.approx(4 * 1e-3, rel=1e-9)
+
+
+def test_views_cost_nothing_on_gpus_and_cluster_files_take_microseconds() -> None:
+    assert load_cluster("H100-80GB").device.view_s == 0.0
+    cluster = load_cluster({"nodes": 1, "devices_per_node": 1,
+                            "device": {"preset": "cpu", "view_us": 5}})
+    assert cluster.device.view_s == pytest.approx(5e-6)
+    assert load_cluster(cluster.to_dict()) == cluster
+    with pytest.raises(ClusterError) as err:
+        load_cluster({"nodes": 1, "devices_per_node": 1, "device": {"preset": "cpu",
+                                                                     "view_us": -1}})
+    assert "view_us" in err.value.where
+
+
+def test_the_view_cost_is_measured_per_pass() -> None:
+    from autopar.calibrate.op_rates import measure_view_seconds
+
+    seconds = measure_view_seconds(torch.device("cpu"), repeats=3)
+    assert 0 < seconds < 1e-3  # microseconds of dispatch, not a kernel's milliseconds

@@ -54,7 +54,7 @@ from autopar.cost_models.comm import collective_time
 
 __all__ = ["RankRecord", "Run", "RunFit", "fit_runs", "format_fit", "read_run", "refit_profile"]
 _DEVICE_TIME_KEYS = ("kernel_floor_s", "allocation_s_per_byte", "sharded_host_s_per_tensor",
-                     "sharded_optimizer_s_per_tensor")
+                     "sharded_optimizer_s_per_tensor", "view_s")
 _DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
 _OP_RATES = "op_s_per_element"
 _DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency",

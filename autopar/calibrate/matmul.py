@@ -61,7 +61,7 @@ from autopar.calibrate.attention import (
     measure_attention,
     stored_bytes,
 )
-from autopar.calibrate.op_rates import measure_op_rates
+from autopar.calibrate.op_rates import measure_op_rates, measure_view_seconds
 from autopar.cluster.spec import _FrozenMap
 from autopar.cost_models.compute import curve_efficiency, matmul_flops
 
@@ -135,6 +135,8 @@ class DeviceCalibration:
     allocation_s_per_byte: float = 0.0
     attention: tuple[AttentionPoint, ...] = ()
     op_rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    view_s: float = 0.0
+    """Seconds per pass of an op without a kernel (CPU only: :mod:`autopar.calibrate.op_rates`)."""
     """Seconds per element of arithmetic-bound ops, forward and backward (CPU only:
     :mod:`autopar.calibrate.op_rates`)."""
     peak_flops: Mapping[str, float] = field(init=False)
@@ -219,6 +221,7 @@ class DeviceCalibration:
             **({"attention_efficiency_curve": [list(p) for p in
                                                self.attention_efficiency_curve]}
                if len(self.attention_efficiency_curve) > 1 else {}),
+            **({"view_s": self.view_s} if self.view_s else {}),
             **({"op_s_per_element": {op: list(r) for op, r in self.op_rates.items()}}
                if self.op_rates else {}),
         }
@@ -404,10 +407,11 @@ def calibrate_device(
         ]
         say(f"fused attention {dtypes[0]}")
         attention = measure_attention(device, dtypes[0], quick=quick, repeats=repeats)
-        op_rates = {}
+        op_rates, view_s = {}, 0.0
         if device.type == "cpu":  # a GPU's roofline prices them (op_rates module docstring)
             say("ops inside a training step")
             op_rates = measure_op_rates(device, floor)
+            view_s = measure_view_seconds(device, repeats=repeats)
     return DeviceCalibration(
         device_type=device_type,
         threads=threads,
@@ -418,6 +422,7 @@ def calibrate_device(
         allocation_s_per_byte=allocation,
         attention=tuple(attention),
         op_rates=op_rates,
+        view_s=view_s,
     )
 
 

@@ -91,6 +91,24 @@ def measure_op_rates(
             for name, got in samples.items() if got}
 
 
+def measure_view_seconds(device: torch.device, *, repeats: int, ops: int = 64) -> float:
+    """Seconds per pass of an op that runs no kernel: a chain of ``ops`` views and
+    transposes of a small tensor, forward and backward under autograd, over the passes
+    (each op's forward and its backward node), as ``_training_floor`` times tiny kernels."""
+    from autopar.calibrate.matmul import time_call
+
+    x = torch.ones(4, 8, device=device, requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for i in range(ops // 2):
+            y = y.view(8, 4) if i % 2 == 0 else y.view(4, 8)
+            y = y.t()
+        y.sum().backward()
+
+    return time_call(step, device, repeats=repeats) / (2 * ops)
+
+
 def _per_op(events) -> dict[str, tuple[float, float]]:
     """Op name -> (forward, backward) seconds of one profiled step: a range's time, and the
     autograd nodes recorded under it (by sequence number)."""

@@ -235,6 +235,9 @@ def format_device(device: DeviceCalibration) -> str:
                 f"{format_seconds(p.forward_s):>10} {format_seconds(p.backward_s):>10} "
                 f"{f'{fwd:.2f}, {bwd:.2f}':>20}"
             )
+    if device.view_s:
+        lines += ["", f"op without a kernel (measured: a view or transpose under autograd, per "
+                  f"pass) {device.view_s * 1e6:.2f} µs"]
     if device.op_rates:
         bandwidth = device.memory_bandwidth_bytes_per_s
         lines += ["", "ops inside a training step (measured; per output element, net of the "

@@ -85,6 +85,7 @@ _DEVICE_KINDS = {
     "sharded_host_s_per_tensor": "nonnegative",
     "sharded_optimizer_s_per_tensor": "nonnegative",
     "op_s_per_element": "op_rates",
+    "view_s": "nonnegative",
 }
 _LINK_KINDS = {"bandwidth_bytes_per_s": "positive", "latency_s": "nonnegative",
                "busy_latency_s": "nonnegative", "per_kind": "per_kind"}

@@ -67,6 +67,7 @@ def format_cluster(cluster: Cluster) -> str:
          src("device.sharded_host_s_per_tensor")),
         ("  DTensor opt/tensor", _num(d.sharded_optimizer_s_per_tensor * 1e6), "µs",
          src("device.sharded_optimizer_s_per_tensor")),
+        ("  view (no kernel)", _num(d.view_s * 1e6), "µs", src("device.view_s")),
         ("  memory efficiency", _num(d.memory_efficiency), "", src("device.memory_efficiency")),
         ("  attention efficiency", _num(d.attention_efficiency), "",
          src("device.attention_efficiency")),

@@ -305,6 +305,11 @@ class DeviceSpec:
     # longer per element than the bandwidth an add reaches; a GPU hides them under memory
     # (empty there: the roofline prices them). Measured by ``autopar calibrate``.
     op_s_per_element: Mapping[str, tuple[float, float]] = field(default_factory=lambda: _FrozenMap())
+    # Seconds an op that runs no kernel costs per pass (a view, a transpose; forward, and
+    # its backward node under autograd): dispatch and autograd's bookkeeping. 0 for GPUs,
+    # whose host runs ahead of the kernels; measured on CPUs (a few µs each, and a traced
+    # transformer layer has dozens).
+    view_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_text(self.name, "name", "DeviceSpec.name")
@@ -338,7 +343,8 @@ class DeviceSpec:
         _check("nonnegative", self.corun_slowdown, "corun_slowdown",
                "DeviceSpec.corun_slowdown")
         _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
-        for field_name in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor"):
+        for field_name in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor",
+                           "view_s"):
             _check("nonnegative", getattr(self, field_name), field_name,
                    f"DeviceSpec.{field_name}")
         _check("fraction", self.compute_share, "compute_share", "DeviceSpec.compute_share")
@@ -520,6 +526,7 @@ class Cluster:
                 "sharded_host_s_per_tensor": d.sharded_host_s_per_tensor,
                 "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
                 "op_s_per_element": {op: list(r) for op, r in d.op_s_per_element.items()},
+                "view_s": d.view_s,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -573,7 +580,7 @@ _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
            "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
            "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
-           "device.op_s_per_element", "device.attention_efficiency_curve"]
+           "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

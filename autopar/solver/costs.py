@@ -39,6 +39,7 @@ from autopar.cost_models.compute import (
     backward_time,
     bias_times,
     causal_fraction,
+    compute_share,
     forward_time,
 )
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
@@ -528,8 +529,10 @@ class CostTables:
 
     def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts
-        if d.kind != "op" or d.name in self.problem.dead or identity_dropout(d.nodes[0]):
+        if d.kind != "op" or d.name in self.problem.dead:
             return 0.0, 0.0, 0.0
+        if facts.is_view or identity_dropout(d.nodes[0]):  # no kernel: its dispatch only
+            return self._view_times(d)
         div = self.setting.tp if s.splits_work else 1
         scale = self._scale(d) / div
         dtype = self.dtype(d)
@@ -595,6 +598,17 @@ class CostTables:
             if cast:
                 bwd += forward_time(0.0, cast, device, dtype)
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
+
+    def _view_times(self, d: Decision) -> tuple[float, float, float]:
+        """An op that runs no kernel (a view; a dropout that returns its input): the host's
+        dispatch and autograd node per pass, ``device.view_s`` (0 on GPUs). A Python
+        ``getitem`` on a node's outputs dispatches nothing."""
+        facts = d.facts
+        if not facts.target.startswith("aten."):
+            return 0.0, 0.0, 0.0
+        seconds = self.cluster.device.view_s / compute_share(self.cluster.device)
+        bwd = seconds if facts.requires_grad else 0.0
+        return seconds, bwd, seconds if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _fused_times(self, d: Decision, flops: float, moved: float,
                      shape: tuple[int, int, int] | None) -> tuple[float, float, float]:

@@ -34,6 +34,8 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from autopar.calibrate.op_rates import profiled_passes
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "workers"))
 
@@ -108,37 +110,11 @@ def measured_times(gm, example, steps: int) -> tuple[dict[str, list[float]], flo
     for _ in range(steps):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
-        per_step.append(_attribute(prof.events()))
+        per_step.append(profiled_passes(prof.events(), "node::"))
     names = set().union(*(s[0] for s in per_step))
     nodes = {n: [statistics.median(s[0].get(n, [0.0, 0.0])[i] for s in per_step)
                  for i in (0, 1)] for n in names}
     return nodes, statistics.median(s[1] for s in per_step), statistics.median(walls)
-
-
-def _attribute(events) -> tuple[dict[str, list[float]], float]:
-    """Charge the profiler's events to nodes: forward ops by the range they ran in, backward
-    autograd nodes by the sequence number of the forward op that recorded them."""
-    ranges = [e for e in events if e.name.startswith("node::")]
-    seq_owner: dict[int, str] = {}
-    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for r in ranges:
-        name = r.name[len("node::"):]
-        out[name][0] += r.cpu_time_total / 1e6
-        stack = list(r.cpu_children)
-        while stack:
-            child = stack.pop()
-            if getattr(child, "sequence_nr", -1) >= 0:
-                seq_owner.setdefault(child.sequence_nr, name)
-            stack.extend(child.cpu_children)
-    unattributed = 0.0
-    for e in events:
-        if e.name.startswith("autograd::engine::evaluate_function") and e.cpu_parent is None:
-            owner = seq_owner.get(e.sequence_nr)
-            if owner is None:
-                unattributed += e.cpu_time_total / 1e6
-            else:
-                out[owner][1] += e.cpu_time_total / 1e6
-    return out, unattributed
 
 
 def main() -> None:

@@ -83,8 +83,8 @@ def measure_op_rates(
     for _ in range(steps):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
-        for name, times in _per_op(prof.events()).items():
-            samples[name].append(times)
+        for name, times in profiled_passes(prof.events(), "op::")[0].items():
+            samples[name].append(tuple(times))
     elements = rows * WIDTH
     return {name: tuple(max(statistics.median(t[i] for t in got) - floor, 0.0) / elements
                         for i in (0, 1))
@@ -109,25 +109,31 @@ def measure_view_seconds(device: torch.device, *, repeats: int, ops: int = 64) -
     return time_call(step, device, repeats=repeats) / (2 * ops)
 
 
-def _per_op(events) -> dict[str, tuple[float, float]]:
-    """Op name -> (forward, backward) seconds of one profiled step: a range's time, and the
-    autograd nodes recorded under it (by sequence number)."""
+def profiled_passes(events, prefix: str) -> tuple[dict[str, list[float]], float]:
+    """Charge one profiled step's time to ranges named ``prefix + name``: each range's own
+    time as its forward, and as its backward the autograd nodes recorded under it (by the
+    sequence numbers of the ops it ran). Returns ``{name: [forward_s, backward_s]}`` and the
+    backward seconds no range owns (the engine's own nodes, gradient accumulation)."""
     owner: dict[int, str] = {}
-    forward: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
     for event in events:
-        if not event.name.startswith("op::"):
+        if not event.name.startswith(prefix):
             continue
-        name = event.name[len("op::"):]
-        forward[name] = event.cpu_time_total / 1e6
+        name = event.name[len(prefix):]
+        out.setdefault(name, [0.0, 0.0])[0] += event.cpu_time_total / 1e6
         stack = list(event.cpu_children)
         while stack:
             child = stack.pop()
             if getattr(child, "sequence_nr", -1) >= 0:
                 owner.setdefault(child.sequence_nr, name)
             stack.extend(child.cpu_children)
-    backward = dict.fromkeys(forward, 0.0)
+    unowned = 0.0
     for event in events:
         if event.name.startswith("autograd::engine::evaluate_function") and (
-                event.cpu_parent is None and event.sequence_nr in owner):
-            backward[owner[event.sequence_nr]] += event.cpu_time_total / 1e6
-    return {name: (forward[name], backward[name]) for name in forward}
+                event.cpu_parent is None):
+            name = owner.get(event.sequence_nr)
+            if name is None:
+                unowned += event.cpu_time_total / 1e6
+            else:
+                out[name][1] += event.cpu_time_total / 1e6
+    return out, unowned

@@ -16,9 +16,10 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
 
   - ``autopar``: the tensor-parallel collectives the rewritten graph calls
     (``autopar.comm_ops``), timed around the blocking call;
-  - ``loss``: the loss averaged over data-parallel ranks (or sent from the last pipeline
-    stage) for the caller, which the plan prices as one blocking scalar collective each
-    (``solver.evaluate.loss_for_caller_s``);
+  - ``loss``: a pipeline's loss, sent from the last stage and averaged over data-parallel
+    ranks for the caller, which the plan prices as one blocking scalar collective each
+    (``solver.evaluate.loss_for_caller_s``); without a pipeline that average runs beside
+    the backward and is not recorded;
   - ``ddp``: DDP's gradient buckets, from the bucket's launch to its completion (a comm hook
     that runs DDP's own all-reduce: same result), and ``exposed_s``, the part after the
     backward pass ended (the last bucket's launch): the rest ran beside backward;

@@ -105,12 +105,15 @@ def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) ->
 
 
 def loss_for_caller_s(tables: CostTables, setting: Setting) -> float:
-    """``train_step`` returns the loss averaged over the data-parallel ranks, on every rank:
-    a blocking all-reduce of one scalar per step (after the last stage sends it to the
-    others, where the model is pipelined). Latency only: a few µs on NCCL, but two of gloo's
-    ~0.5-1.3 ms hops, 3-5% of a small CPU step (part of the 8.6 ms autopar's dp=2 step ran
-    over plain DDP's on the demo GPT, measured with ``benchmarks/cpu_step_parts.py``)."""
+    """``train_step`` returns the loss averaged over the data-parallel ranks, on every rank.
+    Without a pipeline the scalar is all-reduced from the end of the last forward, beside
+    the backward (``runtime.parallel_module._LossMean``): hidden, 0 here. A pipeline knows
+    the loss only when its schedule ends: the last stage broadcasts it, then one blocking
+    all-reduce over dp. Latency only: a few µs on NCCL, but two of gloo's ~0.5-1.3 ms hops,
+    3-5% of a small CPU step."""
     mesh, cluster = setting.mesh, tables.cluster
+    if mesh.get("pp", 1) == 1:
+        return 0.0
     return sum(group_collective_time(kind, 4, mesh, axis, cluster)
                for kind, axis in (("all_reduce", "dp"), ("broadcast", "pp"))
                if mesh.get(axis, 1) > 1)

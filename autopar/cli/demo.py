@@ -189,7 +189,7 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
         run = read_run(record)
     except AutoparError as err:
         return [f"step time: predicted {plan.predicted['step_time_s'] * 1e3:.1f} ms (modelled, "
-                f"planned with {source}); measured: nothing past the warm-up step to compare "
+                f"planned with {source}); measured: nothing past the warm-up steps to compare "
                 f"({err.fix or err.what})"]
     steps = list(run.fitted_steps)
     measured = run.measured_step_s()
@@ -197,7 +197,7 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
              f"  predicted   {plan.predicted['step_time_s'] * 1e3:8.1f} ms   modelled, "
              f"planned with {source}",
              f"  measured    {measured * 1e3:8.1f} ms   measured, median of steps "
-             f"{steps[0] + 1}-{steps[-1] + 1} (step 1 is warm-up)"]
+             f"{steps[0] + 1}-{steps[-1] + 1} (steps 1-{steps[0]} are warm-up)"]
     try:
         fit = fit_runs([run])
     except AutoparError as err:

@@ -18,7 +18,7 @@ from autopar.cli.demo_data import demo_batches, demo_model
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--cluster", default=None)
     ap.add_argument("--out", required=True)
     ap.add_argument("--record-run", default=None, help="record the steps into this directory")

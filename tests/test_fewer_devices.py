@@ -114,6 +114,8 @@ def test_fewer_devices_train_like_one_device(tmp_path: Path) -> None:
             assert r["ok"], r
             assert r["used"] == 1 and r["active"] == (rank == 0), r
     assert results[0][0]["explanation"]["used"] == 1
+    for r in results[0]:  # the recorded run is the plan's one rank (the idle one wrote none)
+        assert r["run_ranks"] == [0] and r["run_world"] == 1, r
 
 
 @pytest.mark.slow
@@ -135,6 +137,8 @@ def test_fewer_devices_on_a_sub_mesh(tmp_path: Path) -> None:
             assert r["ok"], r
             used = r["case"].get("devices", 4)
             assert r["used"] == used and r["active"] == (rank < used), r
+    for r in results[0]:
+        assert r["run_ranks"] == list(range(r["used"])) and r["run_world"] == r["used"], r
 
 
 def test_plan_on_fewer_devices_runs_on_just_those(slow_plan: Plan) -> None:

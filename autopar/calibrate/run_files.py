@@ -190,7 +190,8 @@ def read_run(directory: str | os.PathLike[str]) -> Run:
             len(r.steps) for r in records) <= first.warmup_steps:
         raise CalibrationError(
             f"run '{shown}' recorded {min(len(r.steps) for r in records)} step(s); the first "
-            f"{first.warmup_steps} is warm-up, so nothing is left to fit",
+            f"{first.warmup_steps} {'is' if first.warmup_steps == 1 else 'are'} warm-up, so "
+            "nothing is left to fit",
             where=shown, fix="record more training steps (10 or more)")
     return Run(path, tuple(records))
 

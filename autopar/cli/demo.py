@@ -113,13 +113,16 @@ def run_workers(nproc: int, steps: int, cluster: str, out: str, record: str | No
 
 def pinned_prediction(plan: Plan, cluster: str) -> Plan:
     """The plan autopar makes on ``cluster`` with every choice of ``plan`` pinned (mesh,
-    microbatches, schedule, ZeRO, recomputation): its modelled step under other numbers."""
+    microbatches, schedule, ZeRO, recomputation, and the devices of a plan that uses fewer
+    than the cluster has): its modelled step under other numbers."""
     import autopar
 
     pins: dict = {"dp": plan.mesh.get("dp", 1), "tp": plan.mesh.get("tp", 1),
                   "pp": plan.mesh.get("pp", 1), "microbatches": plan.batch["microbatches"],
                   "zero": plan.training["zero"], "recompute": plan.training["recompute"],
                   "precision": plan.training["precision"]}
+    if plan.world_size < plan.cluster["devices"]:
+        pins["devices"] = plan.world_size
     if plan.pipeline:  # zb_v's two chunks per rank are its own, not virtual_stages=
         pins["schedule"] = plan.pipeline["schedule"]
         if plan.pipeline["schedule"] == "interleaved":

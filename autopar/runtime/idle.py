@@ -10,6 +10,7 @@ optimizer built on its parameters changes nothing), and returns the step's loss,
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,19 @@ def share_loss(loss: torch.Tensor) -> torch.Tensor:
     """Rank 0's loss on every launched rank (idle ones included)."""
     dist.broadcast(loss, src=0)
     return loss
+
+
+class NoRecording:
+    """What ``record_run`` gives an idle rank: the recorder's interface, writing nothing."""
+
+    def __enter__(self) -> NoRecording:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def close(self) -> None:
+        return None
 
 
 class PartOfWorld(ParallelModule):
@@ -66,6 +80,11 @@ class IdleRank(nn.Module):
         if self._scaler is not None:
             self._scaler.update(self._scaler.unscale_and_check([]))
         return share_loss(torch.zeros((), device=self.mesh_context.device))
+
+    def record_run(self, directory: str | os.PathLike[str]) -> NoRecording:
+        """Nothing to record: this rank runs no part of the plan. The ranks that run it write
+        the run's files (a run of ``plan.world_size`` ranks)."""
+        return NoRecording()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeSetupError(

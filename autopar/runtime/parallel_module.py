@@ -128,7 +128,10 @@ class ParallelModule(nn.Module):
         recorder = RunRecorder(self, directory)
         if hasattr(self.wrapped, "register_comm_hook") and not self._ddp_hooked:
             try:
-                self.wrapped.register_comm_hook(None, ddp_timing_hook(lambda: self._recorder))
+                # DDP's own group as the hook's state: on a plan using part of the launched
+                # ranks it is a sub-group, and WORLD would wait for the idle ranks forever
+                self.wrapped.register_comm_hook(getattr(self.wrapped, "process_group", None),
+                                                ddp_timing_hook(lambda: self._recorder))
             except RuntimeError as err:
                 raise RuntimeSetupError(
                     f"cannot time DDP's gradient all-reduces: {err}",

@@ -6,11 +6,15 @@
 A case is ``build`` arguments plus ``autopar.parallelize`` keywords; ``cluster`` is a file
 used as is (not resized). Ranks the plan uses are checked like the equivalence tests (every
 loss, every gradient); idle ranks must return the same losses and leave every parameter
-without a gradient and unchanged. Each rank writes ``rank<r>.json`` into ``$AUTOPAR_TEST_OUT``.
+without a gradient and unchanged. Every rank records its steps (``pm.record_run``): the run
+read back must be one of the plan's ranks only (an idle rank records nothing). Each rank
+writes ``rank<r>.json`` into ``$AUTOPAR_TEST_OUT``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +28,7 @@ from equivalence import build, serve_cases  # noqa: E402
 from grad_check import compare, make_optimizer, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.calibrate.run_files import read_run  # noqa: E402
 
 STEPS = 3
 
@@ -41,19 +46,29 @@ def run_case(case: dict) -> dict:
               "used": pm.plan.world_size, "explanation": pm.plan.explanation.get("devices"),
               "active": getattr(pm, "active", True), "reference": ref_losses}
     la, lk = pm.shard_batch(*a, **k)
+    name = hashlib.sha1(json.dumps(case, sort_keys=True).encode()).hexdigest()[:10]
+    run_dir = Path(os.environ["AUTOPAR_TEST_OUT"]) / f"run-{name}"
     if record["active"]:
-        losses, grads = train_parallel(pm, la, lk, STEPS)
+        with pm.record_run(run_dir):
+            losses, grads = train_parallel(pm, la, lk, STEPS)
         result = compare(pm, reference, losses, ref_losses, grads, ref_grads, rtol=1e-5)
+        dist.barrier()  # every rank's file written
+        if rank == 0:
+            run = read_run(run_dir)
+            record["run_ranks"] = [r.rank for r in run.ranks]
+            record["run_world"] = run.world_size
         return {**record, "losses": losses, **result.to_dict()}
     before = {n: p.detach().clone() for n, p in pm.named_parameters()}
     opt = make_optimizer(pm.parameters())
     losses, problems = [], []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        losses.append(pm.train_step(*la, **lk).item())
-        problems += [f"{n} has a gradient" for n, p in pm.named_parameters()
-                     if p.grad is not None]
-        opt.step()
+    with pm.record_run(run_dir):  # nothing to record here
+        for _ in range(STEPS):
+            opt.zero_grad()
+            losses.append(pm.train_step(*la, **lk).item())
+            problems += [f"{n} has a gradient" for n, p in pm.named_parameters()
+                         if p.grad is not None]
+            opt.step()
+    dist.barrier()
     problems += [f"{n} changed" for n, p in pm.named_parameters()
                  if not torch.equal(p, before[n])]
     losses_ok = all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(losses, ref_losses))

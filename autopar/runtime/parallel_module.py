@@ -130,7 +130,7 @@ class ParallelModule(nn.Module):
             try:
                 # DDP's own group as the hook's state: on a plan using part of the launched
                 # ranks it is a sub-group, and WORLD would wait for the idle ranks forever
-                self.wrapped.register_comm_hook(getattr(self.wrapped, "process_group", None),
+                self.wrapped.register_comm_hook(self.wrapped.process_group,
                                                 ddp_timing_hook(lambda: self._recorder))
             except RuntimeError as err:
                 raise RuntimeSetupError(

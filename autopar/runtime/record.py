@@ -150,9 +150,8 @@ class RunRecorder:
                 where="record_run(directory)",
                 fix="name a directory (it is created; one rank{r}.json per rank goes in it)")
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        launched = dist.get_world_size() if dist.is_initialized() else 1
-        # a plan on fewer ranks than launched: the others idle and record nothing
-        self.world_size = min(launched, module.plan.world_size)
+        # the plan's ranks: where it uses fewer than were launched, the others idle unrecorded
+        self.world_size = module.plan.world_size
         self.steps: list[dict[str, Any]] = []
         self.max_steps = max_steps  # later steps run unrecorded (a long job's file stays small)
         self.active = False

@@ -25,14 +25,16 @@ SPEC = ("llama:layers={layers},hidden=128,heads=4,kv_heads=2,ffn=448,vocab=512,s
         "batch=1,rope_theta=500000")
 
 
-def _kept(layers: int, mode: str) -> tuple[float, float]:
+def _kept(layers: int, mode: str, precision: str = "fp32",
+          cluster: str = "1xcpu") -> tuple[float, float]:
     """(modelled, measured) bytes alive after forward beyond the weights."""
     from autopar.models import resolve_model
 
     spec = resolve_model(SPEC.format(layers=layers))
     torch.manual_seed(0)
     a, k = spec.example_inputs(1, SEQ, "cpu")
-    pm = autopar.parallelize(spec.build(), "1xcpu", (a, k), recompute=(mode,), precision="fp32")
+    pm = autopar.parallelize(spec.build(), cluster, (a, k), recompute=(mode,),
+                            precision=precision)
     la, lk = pm.shard_batch(*a, **k)
     gc.collect()
     with LiveBytes() as live:
@@ -72,3 +74,27 @@ def test_selective_with_fused_attention_keeps_what_no_recomputation_keeps(per_la
     checkpointed (a checkpoint would cache every other output: more, not less)."""
     assert per_layer["selective"][1] == per_layer["none"][1]
     assert per_layer["selective"][0] == pytest.approx(per_layer["none"][0])
+
+
+FP8_CPU = """name: cpu-with-fp8
+nodes: 1
+devices_per_node: 1
+device:
+  preset: cpu
+  peak_tflops: {fp32: 0.1, bf16: 0.1, fp8: 0.2}
+"""
+"""A CPU said to have fp8 matmuls: autopar's fp8 linears run emulated there, saving the
+same one-byte copies they save on a GPU (``autopar.fp8_ops``)."""
+
+
+def test_fp8_layers_keep_their_fp8_copies(tmp_path) -> None:
+    """An fp8 linear keeps fp8 copies of its input and weight, one per linear, not the
+    bf16 tensors it read: a layer keeps less than in bf16, and the model says how much
+    (it priced the bf16 tensors, 29% over, before it counted the copies)."""
+    cluster = tmp_path / "cpu-fp8.yaml"
+    cluster.write_text(FP8_CPU, encoding="utf-8")
+    (p2, m2), (p4, m4) = (_kept(n, "none", "fp8", str(cluster)) for n in (2, 4))
+    (_, b2), (_, b4) = (_kept(n, "none", "bf16") for n in (2, 4))
+    modelled, measured = (p4 - p2) / 2, (m4 - m2) / 2
+    assert 0 < measured < (b4 - b2) / 2
+    assert modelled == pytest.approx(measured, rel=0.10), (modelled, measured)

@@ -511,7 +511,8 @@ class CostTables:
             return not use.same_layer  # only the layer's inputs are kept
         if self.op_recomputed(producer) and use.same_layer:
             return False  # made again when the layer's backward recomputes it
-        return True
+        # an fp8 linear keeps its own fp8 copies, not what it read (fp8_saved_bytes)
+        return not self.fp8_linear(consumer)
 
     # --- per decision (one instance) ---------------------------------------------------
     def times(self, d: Decision, s: Strategy, comm: bool = True) -> tuple[float, float, float]:
@@ -715,6 +716,8 @@ class CostTables:
             tokens, classes, logit_bytes = chunked
             float_bytes = chunked_saved_floats(tokens) * 4 + tokens * classes * logit_bytes
         total = (float_bytes + fixed) * self._scale(d) / div
+        if self.fp8_linear(d):
+            total += self.fp8_saved_bytes(d, s)
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
         return total
@@ -749,6 +752,42 @@ class CostTables:
 
     def activation_memory(self, d: Decision, s: Strategy) -> float:
         return self.own_activation(d, s) * d.count
+
+    def fp8_linear(self, d: Decision) -> bool:
+        """Does ``d`` run as an fp8 linear (``autopar.fp8_ops``)?"""
+        return d.kind == "op" and self.dtype(d) == "fp8"
+
+    def fp8_saved_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes one instance of an fp8 linear keeps for backward: the fp8 copies of its
+        input and of its weight it quantized (``fp8_ops._Fp8Linear`` saves those, one byte
+        an element, in the placements ``s`` reads them in; not the bf16 tensors it read,
+        which stay alive only where another op keeps them, :meth:`keeps`). Each linear
+        quantizes its own copy, so q, k and v projections reading one input keep three;
+        a gathered (sequence-parallel) input is kept gathered, as the copy is a new
+        tensor. Measured on CPU with ``autopar.calibrate.live_bytes``
+        (tests/test_activation_memory.py)."""
+        total = 0.0
+        for slot, key in self._input_values.get(d.index, {}).items():
+            producer = self.problem.decisions[key[0]]
+            param = producer if producer.kind == "param" else self._viewed_param(producer)
+            if param is not None and param.facts.param is not None:
+                numel = param.facts.param.numel / self.expert_divisor(param)
+            else:
+                numel = self.value_bytes(key) / self.precision.bytes_per_element(
+                    producer.facts.name)
+            total += numel / divisor(s.inputs[slot], self.setting.tp)
+        return total
+
+    @cached_property
+    def _input_values(self) -> dict[int, dict[int, ValueKey]]:
+        """Per fp8 linear (decision index), the value each floating input slot reads."""
+        out: dict[int, dict[int, ValueKey]] = {}
+        for key, info in self.problem.values.items():
+            for use in info.uses:
+                if use.consumer >= 0 and use.saves and self.fp8_linear(
+                        self.problem.decisions[use.consumer]):
+                    out.setdefault(use.consumer, {})[use.slot] = key
+        return out
 
     @property
     def states_key(self) -> tuple:

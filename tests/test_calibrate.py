@@ -454,3 +454,26 @@ def test_gpu_matmul_times_are_not_net_of_the_launch_floor():
     # the same times on a CPU, where dispatch and work add up, are taken net of the floor
     cpu = DeviceCalibration("cpu", 1, "bf16", points, adds, floor)
     assert cpu.peak_flops["bf16"] == pytest.approx(2 * 2048**3 / (24.3e-6 - floor))
+
+
+def test_device_rounds_average_each_measured_time():
+    """A CPU switches between a fast and a slow state within seconds: rounds of the device
+    measured at different moments are averaged point by point (the expected time), and
+    rounds that measured different points are refused, naming why."""
+    from autopar.calibrate.rounds import average_rounds
+
+    fast, slow = recorded_device(), recorded_device()
+    slow = DeviceCalibration(
+        "cpu", 1, slow.curve_dtype,
+        tuple(MatmulPoint(p.m, p.k, p.n, p.dtype, 2 * p.seconds, p.skinny) for p in slow.matmuls),
+        tuple(BandwidthPoint(p.tensor_bytes, 2 * p.seconds) for p in slow.bandwidth),
+        kernel_floor_s=2 * slow.kernel_floor_s)
+    mean = average_rounds([fast, slow])
+    assert [p.seconds for p in mean.matmuls] == pytest.approx(
+        [1.5 * p.seconds for p in fast.matmuls])
+    assert mean.kernel_floor_s == pytest.approx(1.5 * fast.kernel_floor_s)
+    assert mean.bandwidth[0].seconds == pytest.approx(1.5 * fast.bandwidth[0].seconds)
+    fewer = DeviceCalibration("cpu", 1, fast.curve_dtype, fast.matmuls[1:], fast.bandwidth,
+                              kernel_floor_s=fast.kernel_floor_s)
+    with pytest.raises(CalibrationError, match="different points"):
+        average_rounds([fast, fewer])

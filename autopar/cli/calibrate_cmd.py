@@ -35,6 +35,7 @@ from autopar.calibrate import (
     measure_corun,
     measure_sharded_host,
 )
+from autopar.calibrate.rounds import DEVICE_ROUNDS, average_rounds
 from autopar.cluster.profile import Profile, write_profile
 from autopar.cluster.spec import usable_cores
 from autopar.units import format_bytes, format_seconds
@@ -77,12 +78,21 @@ def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 
     progress = progress or _progress
     # one process: the speed of a process computing alone; what the others computing beside
     # it cost is measured on training steps below (microbenchmarks run together miss most
-    # of it, and processes outnumbering the cores would count the time-slicing twice)
-    device = calibrate_device(device_type, quick=quick, threads=threads,
-                              default_dtype_only=default_dtype_only)
-    say(format_device(device))
+    # of it, and processes outnumbering the cores would count the time-slicing twice). A
+    # CPU is measured in rounds between the other phases, averaged (autopar.calibrate.rounds)
+    rounds: list[DeviceCalibration] = []
+    count = DEVICE_ROUNDS if device_type == "cpu" else 1
+
+    def device_round() -> None:
+        if len(rounds) < count:
+            progress(f"the device (round {len(rounds) + 1} of {count})")
+            rounds.append(calibrate_device(device_type, quick=quick, threads=threads,
+                                           default_dtype_only=default_dtype_only))
+
+    device_round()
     progress(f"collectives ({nproc} processes)")
     points = measure_collectives(nproc, device_type=device_type, quick=quick, threads=threads)
+    device_round()
     say(format_collectives(points))
     busy = corun = sharded = None
     cores = usable_cores()
@@ -112,6 +122,10 @@ def measure_profile(device_type: str, nproc: int, host: dict, *, threads: int = 
             f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {fit.latency_s * 1e6:.0f} µs, "
             f"busy latency {few_busy['busy_latency_s'] * 1e6:.0f} µs")
         uncontended = (few, few_busy)
+    while len(rounds) < count:
+        device_round()
+    device = average_rounds(rounds)
+    say(format_device(device))
     return make_profile(device, points, host, busy, uncontended, corun, sharded)
 
 

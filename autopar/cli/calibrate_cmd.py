@@ -1,6 +1,6 @@
 """``autopar calibrate``: measure this machine, print what was measured, write a profile.
 
-    autopar calibrate --quick --out cpu-profile.json     # under a minute on 2 cores
+    autopar calibrate --quick --out cpu-profile.json     # about 80 s on 2 cores
     autopar calibrate --out cpu-profile.json --nproc 4   # a few minutes
     autopar calibrate --device cuda --nproc 8 --out h100-profile.json
     autopar calibrate --from-run runs/today --out cpu-profile.json   # refit from training

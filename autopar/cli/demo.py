@@ -3,7 +3,7 @@ print the single-device and parallel losses side by side, then the predicted ste
 to the measured one.
 
 The first demo on a machine measures it (``autopar calibrate --quick``'s measurements with
-fp32 matmuls only, about a minute on 2 cores) and plans with that profile: a preset is
+fp32 matmuls only, about 80 s on 2 cores) and plans with that profile: a preset is
 another machine's numbers, and this project's 2-core VMs alone differ 2x in speed from day
 to day. The demo records its run (``ParallelModule.record_run``) and refits this machine's
 profile from it (:mod:`autopar.calibrate.from_run`), keeping the result in the user's cache
@@ -67,7 +67,7 @@ def measure_this_machine(nproc: int, cache: Path) -> Path:
     from autopar.cli.calibrate_cmd import measure_profile
 
     print("no profile of this machine yet: measuring it first (autopar calibrate --quick, "
-          "fp32 matmuls only; about a minute) ...", flush=True)
+          "fp32 matmuls only; about 80 s) ...", flush=True)
     started = time.perf_counter()
     profile = measure_profile("cpu", nproc, host_info("cpu", nproc, 1, True), quick=True,
                               default_dtype_only=True, say=lambda _: None,

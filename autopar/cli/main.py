@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "autopar demo --record-run DIR) instead of measuring")
     p.add_argument("--nproc", type=flags.positive_int, default=2,
                    help="processes for the collective tests")
-    p.add_argument("--quick", action="store_true", help="fewer sizes (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes (about 80 s on 2 cores)")
     p.add_argument("--default-dtype-only", action="store_true",
                    help="time matmuls in the device's default dtype only (fp32 on a CPU, "
                    "whose 16-bit matmuls take minutes); the other dtypes keep the preset's "
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the run's recording here (for autopar calibrate --from-run)")
     p.add_argument("--profile", metavar="PROFILE", default=None,
                    help="plan with this profile (default: the one the last demo refitted, "
-                   "else one measured now: about a minute)")
+                   "else one measured now: about 80 s)")
     p.add_argument("--preset", action="store_true",
                    help="plan with the cpu preset (another machine's numbers) where no profile "
                    "is kept, instead of measuring this machine first")

@@ -20,6 +20,8 @@ multiplied in fp32 — so the numerics of an fp8 plan can be checked on any mach
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 E4M3 = torch.float8_e4m3fn
@@ -47,12 +49,77 @@ def _scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     return ((a.float() / a_scale) @ (b.float() / b_scale)).to(OUT_DTYPE)
 
 
+_QUANTIZED: dict[int, tuple[weakref.ref, int, weakref.ref, torch.Tensor]] = {}
+"""id(tensor) -> weak references to it and its e4m3 copy, its version, the scale. The copy
+is held only by what saved it for backward: one no linear kept (a checkpointed layer's
+first forward) is freed as it would be without sharing."""
+
+
+def _quantized_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` flattened to rows and quantized to e4m3, once per tensor: the q, k and v
+    projections (or a gate and an up projection) reading one input share one copy, which
+    each keeps for backward, as Transformer Engine's fused layers keep one. The entry lives
+    as long as ``x``, and a write to ``x`` (its version) makes it stale."""
+    if x.is_inference():  # no version counter to tell a write by: quantize every time
+        return quantize(x.reshape(-1, x.shape[-1]), E4M3)
+    key = id(x)
+    copy = _cached(_QUANTIZED.get(key), x)
+    if copy is not None:
+        return copy
+    xq, xs = quantize(x.reshape(-1, x.shape[-1]), E4M3)
+    _QUANTIZED[key] = (weakref.ref(x, lambda _: _QUANTIZED.pop(key, None)), x._version,
+                       weakref.ref(xq), xs)
+    return xq, xs
+
+
+def _cached(hit: tuple | None, tensor: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (copy, scale) of an entry made for ``tensor`` as it is now, if still alive."""
+    if hit is None or hit[0]() is not tensor or hit[1] != tensor._version:
+        return None
+    copy = hit[2]()
+    return None if copy is None else (copy, hit[3])
+
+
+class one_weight_copy_per_step:
+    """Within it (``ParallelModule.train_step``), each weight is quantized once and its
+    e4m3 copy shared by every microbatch of the step, as Transformer Engine caches fp8
+    weights across microbatches: a pipeline's microbatches in flight keep one copy, not one
+    each. Safe because no weight changes inside a step (the optimizer runs after it); a
+    weight written in place (its version) or a different tensor (a ZeRO-3 re-gather of
+    the same values is one) is quantized again. A copy is held only by the microbatches
+    that saved it for backward, and the table is dropped on exit."""
+
+    active = False
+    copies: dict[int, tuple[weakref.ref, int, weakref.ref, torch.Tensor]] = {}
+
+    def __enter__(self):
+        type(self).active = True
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        type(self).active = False
+        type(self).copies.clear()
+        return False
+
+
+def _quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not one_weight_copy_per_step.active or weight.is_inference():
+        return quantize(weight, E4M3)
+    copies, key = one_weight_copy_per_step.copies, id(weight)
+    copy = _cached(copies.get(key), weight)
+    if copy is not None:
+        return copy
+    wq, ws = quantize(weight, E4M3)
+    copies[key] = (weakref.ref(weight), weight._version, weakref.ref(wq), ws)
+    return wq, ws
+
+
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        xq, xs = quantize(flat, E4M3)
-        wq, ws = quantize(weight, E4M3)
+        xq, xs = _quantized_input(x)
+        wq, ws = _quantized_weight(weight)
         ctx.save_for_backward(xq, xs, wq, ws)
         ctx.shape, ctx.dtypes = x.shape, (x.dtype, weight.dtype)
         out = _scaled_matmul(xq, xs, wq.t(), ws)

@@ -367,7 +367,7 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
-    buffers: float  # communication buckets and gathered (ZeRO-3) weights
+    buffers: float  # communication buckets, gathered (ZeRO-3) weights, fp8 weight copies
     host: float = 0.0
     fragmentation: float = 0.0
     temporaries: float = 0.0

@@ -88,9 +88,10 @@ same one-byte copies they save on a GPU (``autopar.fp8_ops``)."""
 
 
 def test_fp8_layers_keep_their_fp8_copies(tmp_path) -> None:
-    """An fp8 linear keeps fp8 copies of its input and weight, one per linear, not the
-    bf16 tensors it read: a layer keeps less than in bf16, and the model says how much
-    (it priced the bf16 tensors, 29% over, before it counted the copies)."""
+    """An fp8 linear keeps fp8 copies of its input and weight, not the bf16 tensors it
+    read, and linears reading one input share its copy: a layer keeps less than in bf16,
+    and the model says how much (it priced the bf16 tensors, 29% over, before it counted
+    the copies)."""
     cluster = tmp_path / "cpu-fp8.yaml"
     cluster.write_text(FP8_CPU, encoding="utf-8")
     (p2, m2), (p4, m4) = (_kept(n, "none", "fp8", str(cluster)) for n in (2, 4))
@@ -98,3 +99,43 @@ def test_fp8_layers_keep_their_fp8_copies(tmp_path) -> None:
     modelled, measured = (p4 - p2) / 2, (m4 - m2) / 2
     assert 0 < measured < (b4 - b2) / 2
     assert modelled == pytest.approx(measured, rel=0.10), (modelled, measured)
+
+
+def test_fp8_linears_reading_one_input_share_its_copy() -> None:
+    """q, k and v projections of one input quantize it once (and equal numbers come out);
+    a write to the input between them makes a fresh copy."""
+    from autopar.fp8_ops import fp8_linear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 32, generator=g, requires_grad=True)
+    w1, w2 = torch.randn(16, 32, generator=g), torch.randn(16, 32, generator=g)
+    h = x * 1.0
+    a, b = fp8_linear(h, w1), fp8_linear(h, w2)
+    assert a.grad_fn.saved_tensors[0] is b.grad_fn.saved_tensors[0]
+    assert torch.equal(b, fp8_linear(x * 1.0, w2))  # shared or not, the same result
+    with torch.no_grad():
+        h.mul_(2.0)
+    c = fp8_linear(h, w1)
+    assert c.grad_fn.saved_tensors[0] is not a.grad_fn.saved_tensors[0]
+    assert torch.allclose(c.float(), 2 * a.float(), rtol=0.1, atol=0.1)
+
+
+def test_fp8_weight_copy_is_shared_by_the_microbatches_of_a_step() -> None:
+    """Inside a training step each weight is quantized once (Transformer Engine's caching):
+    a pipeline's microbatches in flight keep one fp8 copy, not one each. Outside a step,
+    or once the weight is written, it is quantized again."""
+    from autopar.fp8_ops import fp8_linear, one_weight_copy_per_step
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 32, generator=g, requires_grad=True)
+    x1, x2 = (torch.randn(8, 32, generator=g) for _ in range(2))
+    with one_weight_copy_per_step():
+        a, b = fp8_linear(x1, w), fp8_linear(x2, w)
+        assert a.grad_fn.saved_tensors[2] is b.grad_fn.saved_tensors[2]
+        with torch.no_grad():
+            w.mul_(2.0)
+        c = fp8_linear(x1, w)
+        assert c.grad_fn.saved_tensors[2] is not a.grad_fn.saved_tensors[2]
+        assert torch.allclose(c.float(), 2 * a.float(), rtol=0.1, atol=0.1)
+    d, e = fp8_linear(x1, w), fp8_linear(x2, w)
+    assert d.grad_fn.saved_tensors[2] is not e.grad_fn.saved_tensors[2]

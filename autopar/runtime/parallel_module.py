@@ -14,7 +14,7 @@ import torch.fx._pytree as fx_pytree
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from autopar import comm_ops
+from autopar import comm_ops, fp8_ops
 from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
@@ -209,7 +209,8 @@ class ParallelModule(nn.Module):
         if recorder is not None:
             recorder.step_begin()
         try:
-            loss = self._train_step(args, kwargs)
+            with fp8_ops.one_weight_copy_per_step():
+                loss = self._train_step(args, kwargs)
             if self._scaler is not None:
                 self._after_backward()
             return loss

@@ -183,6 +183,15 @@ class Setting:
                 "tp": self.tp}
 
 
+FP8_COPY = "fp8 copy"
+
+
+def fp8_copy(placement: Placement) -> tuple[str, Placement]:
+    """The key of the fp8 copy an fp8 linear keeps of a value read in ``placement`` (a
+    saved "placement" of its own: :meth:`CostTables.saved_bytes`)."""
+    return (FP8_COPY, placement)
+
+
 def divisor(placement: Placement, n: int) -> int:
     return n if isinstance(placement, Shard) else 1
 
@@ -496,7 +505,23 @@ class CostTables:
 
     def keeps(self, use: Use, key: ValueKey) -> bool:
         """Is a tensor a consumer saves for backward really kept under recomputation? (Or,
-        read by a checkpointed layer, kept by the checkpoint: :meth:`checkpoint_keeps`.)"""
+        read by a checkpointed layer, kept by the checkpoint: :meth:`checkpoint_keeps`.)
+        Not when an fp8 linear reads it: that keeps an fp8 copy instead
+        (:meth:`keeps_fp8_copy`, :meth:`fp8_weight_bytes`)."""
+        return self._kept(use, key) and not self._fp8_reader(use)
+
+    def keeps_fp8_copy(self, use: Use, key: ValueKey) -> bool:
+        """Does an fp8 linear keep an fp8 copy of this activation for backward? One copy
+        per tensor however many linears read it (``fp8_ops`` quantizes a tensor once), in
+        the placement they read: a :func:`fp8_copy` of it (:meth:`saved_bytes`)."""
+        return (self._fp8_reader(use) and self._kept(use, key)
+                and self._weight_of(self.problem.decisions[key[0]]) is None)
+
+    def _fp8_reader(self, use: Use) -> bool:
+        return use.consumer >= 0 and use.saves and self.fp8_linear(
+            self.problem.decisions[use.consumer])
+
+    def _kept(self, use: Use, key: ValueKey) -> bool:
         if use.consumer < 0:
             return False
         producer = self.problem.decisions[key[0]]
@@ -511,8 +536,7 @@ class CostTables:
             return not use.same_layer  # only the layer's inputs are kept
         if self.op_recomputed(producer) and use.same_layer:
             return False  # made again when the layer's backward recomputes it
-        # an fp8 linear keeps its own fp8 copies, not what it read (fp8_saved_bytes)
-        return not self.fp8_linear(consumer)
+        return True
 
     # --- per decision (one instance) ---------------------------------------------------
     def times(self, d: Decision, s: Strategy, comm: bool = True) -> tuple[float, float, float]:
@@ -716,8 +740,6 @@ class CostTables:
             tokens, classes, logit_bytes = chunked
             float_bytes = chunked_saved_floats(tokens) * 4 + tokens * classes * logit_bytes
         total = (float_bytes + fixed) * self._scale(d) / div
-        if self.fp8_linear(d):
-            total += self.fp8_saved_bytes(d, s)
         if facts.saves_output and s.outputs:
             total += self.value_bytes((d.index, 0)) / divisor(s.outputs[0], self.setting.tp)
         return total
@@ -757,36 +779,35 @@ class CostTables:
         """Does ``d`` run as an fp8 linear (``autopar.fp8_ops``)?"""
         return d.kind == "op" and self.dtype(d) == "fp8"
 
-    def fp8_saved_bytes(self, d: Decision, s: Strategy) -> float:
-        """Bytes one instance of an fp8 linear keeps for backward: the fp8 copies of its
-        input and of its weight it quantized (``fp8_ops._Fp8Linear`` saves those, one byte
-        an element, in the placements ``s`` reads them in; not the bf16 tensors it read,
-        which stay alive only where another op keeps them, :meth:`keeps`). Each linear
-        quantizes its own copy, so q, k and v projections reading one input keep three;
-        a gathered (sequence-parallel) input is kept gathered, as the copy is a new
-        tensor. Measured on CPU with ``autopar.calibrate.live_bytes``
-        (tests/test_activation_memory.py)."""
+    def fp8_weight_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of the fp8 weight copy one instance of an fp8 linear keeps for backward
+        (one byte an element, the shard ``s`` reads), not the weight it read: once for the
+        whole step, shared by its microbatches (``fp8_ops.one_weight_copy_per_step``), so
+        the memory model counts it beside the weights, not per microbatch in flight. Its
+        input's copy is a value's (:meth:`keeps_fp8_copy`). Measured on CPU with
+        ``autopar.calibrate.live_bytes`` (tests/test_activation_memory.py)."""
         total = 0.0
-        for slot, key in self._input_values.get(d.index, {}).items():
-            producer = self.problem.decisions[key[0]]
-            param = producer if producer.kind == "param" else self._viewed_param(producer)
-            if param is not None and param.facts.param is not None:
-                numel = param.facts.param.numel / self.expert_divisor(param)
-            else:
-                numel = self.value_bytes(key) / self.precision.bytes_per_element(
-                    producer.facts.name)
-            total += numel / divisor(s.inputs[slot], self.setting.tp)
+        for slot, param in self._fp8_weights.get(d.index, {}).items():
+            total += (param.facts.param.numel / self.expert_divisor(param)
+                      / divisor(s.inputs[slot], self.setting.tp))
         return total
 
+    def _weight_of(self, d: Decision) -> Decision | None:
+        """The parameter ``d`` is, or is a view of; else None."""
+        param = d if d.kind == "param" else self._viewed_param(d)
+        return param if param is not None and param.facts.param is not None else None
+
     @cached_property
-    def _input_values(self) -> dict[int, dict[int, ValueKey]]:
-        """Per fp8 linear (decision index), the value each floating input slot reads."""
-        out: dict[int, dict[int, ValueKey]] = {}
+    def _fp8_weights(self) -> dict[int, dict[int, Decision]]:
+        """Per fp8 linear (decision index), the weight each input slot reads."""
+        out: dict[int, dict[int, Decision]] = {}
         for key, info in self.problem.values.items():
+            param = self._weight_of(self.problem.decisions[key[0]])
+            if param is None:
+                continue
             for use in info.uses:
-                if use.consumer >= 0 and use.saves and self.fp8_linear(
-                        self.problem.decisions[use.consumer]):
-                    out.setdefault(use.consumer, {})[use.slot] = key
+                if self._fp8_reader(use):
+                    out.setdefault(use.consumer, {})[use.slot] = param
         return out
 
     @property
@@ -983,9 +1004,13 @@ class CostTables:
             return collective_transfer_time("all_reduce", nbytes, n, self.tp_link)
         return partial_grad_time(src, nbytes, n, self.tp_link, self.cluster.backend)
 
-    def saved_bytes(self, key: ValueKey, placement: Placement) -> float:
-        """Bytes of one instance of a value kept for backward, in ``placement``."""
+    def saved_bytes(self, key: ValueKey, placement: Placement | tuple) -> float:
+        """Bytes of one instance of a value kept for backward, in ``placement`` (or the
+        one-byte :func:`fp8_copy` an fp8 linear keeps of it in that placement)."""
         d = self.problem.decisions[key[0]]
+        if isinstance(placement, tuple) and placement[0] == FP8_COPY:
+            numel = self.value_bytes(key) / self.precision.bytes_per_element(d.facts.name)
+            return numel / divisor(placement[1], self.setting.tp)
         param = d if d.kind == "param" else self._viewed_param(d)
         if param is not None:  # weights are counted as parameters; their working copies:
             return (self._working_copy_bytes(param) / divisor(placement, self.setting.tp)

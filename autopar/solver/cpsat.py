@@ -23,7 +23,7 @@ from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.memory import ddp_buffer_bytes
 from autopar.graph_facts import META_KEY
 from autopar.placements import Replicate
-from autopar.solver.costs import CostTables
+from autopar.solver.costs import CostTables, fp8_copy
 
 NS = 1e-7
 """Time unit of the objective: 100 ns. With 1 ns units a 70B step's objective is ~5e9 and
@@ -161,15 +161,17 @@ def _value_vars(model, tables: CostTables, x, key, info, moves: list, backs: lis
         else:
             need = {}
             keeps = tables.keeps(use, key)
+            copy = tables.keeps_fp8_copy(use, key)
             xs = x[use.consumer]
             for i, s in enumerate(problem.decisions[use.consumer].candidates):
                 q = s.inputs[use.slot]
                 partial = grad and q == R and s.splits_work
                 need.setdefault((q, partial), []).append(xs[i])
-                if keeps:
-                    sv = saved.get(q)
+                if keeps or copy:
+                    kept = q if keeps else fp8_copy(q)
+                    sv = saved.get(kept)
                     if sv is None:
-                        sv = saved[q] = new_bool("")
+                        sv = saved[kept] = new_bool("")
                     add(sv >= xs[i])
         if len(has) == 1 and len(need) == 1:
             ((p, _),) = ((k, v) for k, v in has.items())
@@ -279,8 +281,9 @@ def build(
             flat.append(xs[i])
             fwd_coefs.append(_t(f))
             bwd_coefs.append(_t(b))
+            fp8 = tables.fp8_weight_bytes(d, s) if tables.fp8_linear(d) else 0.0
             mem_coefs.append(_kib(tables.activation_memory(d, s) * activation_scale
-                                  + st.total * d.count * state_scale))
+                                  + (st.total + fp8) * d.count * state_scale))
             if setting.grad_group > 1:
                 g = tables.grad_bytes(d, s) * d.count
                 if g:

@@ -91,7 +91,7 @@ def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) ->
     (the pp axis's) prices the activations and gradients sent at each possible cut, each
     send waiting ``busy`` more for a core (:func:`busy_latency`)."""
     time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]
-    state = [u.params[i] + u.grads[i] + u.opt[i] for i in range(u.n_units)]
+    state = [u.params[i] + u.grads[i] + u.opt[i] + u.fp8_weights[i] for i in range(u.n_units)]
     forward = backward = ()
     if link is not None:  # a cut after layer i is after unit i + 1
         def send(nbytes: float) -> float:
@@ -199,7 +199,8 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
                                total(u.opt, r), act * flight, transient,
                                max((u.largest[i] for i in units), default=0.0),
                                total(u.trainable_numel, r),
-                               u.gathered_outputs if r == holds_last else 0.0)
+                               u.gathered_outputs if r == holds_last else 0.0,
+                               total(u.fp8_weights, r))
         memory = max(phases.values(), key=lambda b: b.total)
         fwd, bwd, comm = total(u.fwd, r), total(u.bwd, r), total(u.tp_comm, r)
         stage_preds.append(StagePrediction(
@@ -259,8 +260,8 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
 
 def memory_phases(tables: CostTables, setting: Setting, params: float, grads: float,
                   optimizer: float, activations: float, recompute_transient: float,
-                  largest: float, trainable_numel: float, gathered_outputs: float
-                  ) -> dict[str, MemoryBreakdown]:
+                  largest: float, trainable_numel: float, gathered_outputs: float,
+                  fp8_weights: float = 0.0) -> dict[str, MemoryBreakdown]:
     """The peaks of a training step, with what is alive at each (the largest is the step's).
 
     - When forward ends: weights, optimizer states, every kept activation, and the graph's
@@ -268,6 +269,8 @@ def memory_phases(tables: CostTables, setting: Setting, params: float, grads: fl
     - When backward starts: the same, with the gradient of the loss's input plus one working
       copy (twice the largest activation) instead of the gathered outputs; later, a fully
       recomputed layer's activations come back one layer at a time (not at the same time).
+    - In both, the fp8 copies of the weights fp8 linears read (``fp8_weights``, buffers):
+      one per weight for the whole step, gone by the optimizer step.
     - During the optimizer step: weights, gradients, states, and the optimizer's scratch
       (one fp32 tensor per trainable weight: foreach AdamW's intermediate).
 
@@ -277,9 +280,9 @@ def memory_phases(tables: CostTables, setting: Setting, params: float, grads: fl
     grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
     return {
-        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights,
                                        temporaries=gathered_outputs),
-        "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations, 0.0,
+        "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights,
                                           temporaries=max(2 * largest, recompute_transient)),
         "optimizer_step": MemoryBreakdown(
             params, grads, optimizer, 0.0, 0.0,

@@ -38,7 +38,7 @@ from autopar.solver.context import (
     cheapest,
     cp_refusal,
 )
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables, Setting, fp8_copy
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.cpsat import build as build_layout
 from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load
@@ -872,12 +872,14 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                 activations += min(tables.activation_memory(d, s) for s in d.candidates)
                 compute += min(sum(tables.compute(d, s)) for s in d.candidates)
         for value, info in problem.values.items():
-            placements = {s.inputs[use.slot] for use in info.uses
-                          if use.consumer >= 0 and tables.keeps(use, value)
-                          for s in problem.decisions[use.consumer].candidates}
-            if placements:
-                activations += (min(tables.saved_bytes(value, q) for q in placements)
-                                * tables.value_count(value))
+            for kept in (tables.keeps, tables.keeps_fp8_copy):
+                placements = {s.inputs[use.slot] if kept == tables.keeps
+                              else fp8_copy(s.inputs[use.slot])
+                              for use in info.uses if use.consumer >= 0 and kept(use, value)
+                              for s in problem.decisions[use.consumer].candidates}
+                if placements:
+                    activations += (min(tables.saved_bytes(value, q) for q in placements)
+                                    * tables.value_count(value))
         problem.cache[key] = (activations, compute)
     activations, compute = problem.cache[key]
     key = ("state floor", *tables.states_key)  # not the microbatch's or the pipeline's

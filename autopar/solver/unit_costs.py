@@ -19,7 +19,7 @@ import torch.fx as fx
 from autopar.cost_models.comm import collective_time
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
-from autopar.solver.costs import CostTables, divisor
+from autopar.solver.costs import CostTables, divisor, fp8_copy
 from autopar.solver.problem import Problem, ValueKey
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of
@@ -31,17 +31,23 @@ def needed_placements(problem: Problem, choice: list[int], key: ValueKey,
                       tables: CostTables | None = None) -> dict[Placement, dict]:
     """Placements the consumers of ``key`` need, each with flags: kept for backward by a
     consumer (under the recomputation in force), read by sharded computation (a partial
-    gradient comes back), and read only by sharded computation."""
+    gradient comes back), read only by sharded computation, and copied to fp8 for
+    backward by an fp8 linear (``fp8_copy``)."""
     out: dict[Placement, dict] = {}
+
+    def new_flags() -> dict:
+        return {"saved": False, "partial_grad": False, "only_sharded": True, "fp8_copy": False}
+
     for use in problem.values[key].uses:
         if use.consumer < 0:
-            flags = out.setdefault(R, {"saved": False, "partial_grad": False, "only_sharded": True})
+            flags = out.setdefault(R, new_flags())
             flags["only_sharded"] = False
             continue
         s = problem.decisions[use.consumer].candidates[choice[use.consumer]]
         q = s.inputs[use.slot]
-        flags = out.setdefault(q, {"saved": False, "partial_grad": False, "only_sharded": True})
+        flags = out.setdefault(q, new_flags())
         flags["saved"] |= tables.keeps(use, key) if tables is not None else use.saves
+        flags["fp8_copy"] |= tables is not None and tables.keeps_fp8_copy(use, key)
         sharded = q == R and s.splits_work
         flags["partial_grad"] |= sharded
         flags["only_sharded"] &= sharded
@@ -82,6 +88,9 @@ class UnitCosts:
     host: list[float] = field(default_factory=list)  # CPU offload: states in host memory
     # trainable parameter tensors (FSDP2's host work and a DTensor optimizer go per tensor)
     trainable_tensors: list[float] = field(default_factory=list)
+    # fp8 copies of the weights fp8 linears read, kept once for the whole step
+    # (fp8_ops.one_weight_copy_per_step), not per microbatch in flight
+    fp8_weights: list[float] = field(default_factory=list)
 
     @property
     def n_units(self) -> int:
@@ -130,7 +139,8 @@ _LAYOUT = ("fwd", "bwd", "act", "layer_plain", "tp_comm")
 value costs of :attr:`CostTables.layout_key`): shared by every setting of the search with
 that key, which differ in dp, pp, the schedule and the ZeRO stage's sharding."""
 _STATES = ("tp_comm", "trainable_numel", "params", "grads", "opt", "host", "grad_bytes",
-           "weights", "expert_grad_bytes", "expert_weights", "trainable_tensors")
+           "weights", "expert_grad_bytes", "expert_weights", "trainable_tensors",
+           "fp8_weights")
 """The per-unit sums of :func:`unit_costs` that depend on the setting's sharding and
 experts (``tp_comm`` here: the experts' all-to-alls)."""
 
@@ -149,8 +159,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         expert_f, expert_b = tables.expert_comm(d)
         expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
         numel = tables.trainable_numel(d, s)
+        fp8 = tables.fp8_weight_bytes(d, s) if tables.fp8_linear(d) else 0.0
         rows[d.index] = (expert_f + expert_b, numel, st.params, st.grads, st.optimizer,
-                         st.host_total, g, w, g * expert, w * expert, float(numel > 0))
+                         st.host_total, g, w, g * expert, w * expert, float(numel > 0), fp8)
     summed = counts.T @ rows
     per_unit = {name: summed[:, j] for j, name in enumerate(_STATES)}
     per_unit["tp_comm"] = per_unit["tp_comm"] + layout["tp_comm"]
@@ -234,6 +245,8 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
+            if flags["fp8_copy"]:
+                per_instance_saved += tables.saved_bytes(key, fp8_copy(q))
         values[key[0]] += (per_instance_saved, plain_saved, per_instance_comm)
     summed = counts.T @ np.hstack([rows, np.zeros((len(rows), 1))])
     summed[:, 2:] += counts.T @ values

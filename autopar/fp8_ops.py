@@ -21,6 +21,7 @@ multiplied in fp32 — so the numerics of an fp8 plan can be checked on any mach
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -60,25 +61,25 @@ def _quantized_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     projections (or a gate and an up projection) reading one input share one copy, which
     each keeps for backward, as Transformer Engine's fused layers keep one. The entry lives
     as long as ``x``, and a write to ``x`` (its version) makes it stale."""
-    if x.is_inference():  # no version counter to tell a write by: quantize every time
-        return quantize(x.reshape(-1, x.shape[-1]), E4M3)
-    key = id(x)
-    copy = _cached(_QUANTIZED.get(key), x)
-    if copy is not None:
-        return copy
-    xq, xs = quantize(x.reshape(-1, x.shape[-1]), E4M3)
-    _QUANTIZED[key] = (weakref.ref(x, lambda _: _QUANTIZED.pop(key, None)), x._version,
-                       weakref.ref(xq), xs)
-    return xq, xs
+    return _copy_once(_QUANTIZED, x, lambda: x.reshape(-1, x.shape[-1]))
 
 
-def _cached(hit: tuple | None, tensor: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The (copy, scale) of an entry made for ``tensor`` as it is now, if still alive."""
-    if hit is None or hit[0]() is not tensor or hit[1] != tensor._version:
-        return None
-    copy = hit[2]()
-    return None if copy is None else (copy, hit[3])
+def _copy_once(table: dict, tensor: torch.Tensor,
+               rows: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 copy, scale) of ``rows()``, made once per ``tensor`` as it is now (its
+    version) while the copy is alive, and remembered in ``table`` by the tensor's id."""
+    if tensor.is_inference():  # no version counter to tell a write by: quantize every time
+        return quantize(rows(), E4M3)
+    key = id(tensor)
+    hit = table.get(key)
+    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version:
+        copy = hit[2]()
+        if copy is not None:
+            return copy, hit[3]
+    copy, scale = quantize(rows(), E4M3)
+    table[key] = (weakref.ref(tensor, lambda _: table.pop(key, None)), tensor._version,
+                  weakref.ref(copy), scale)
+    return copy, scale
 
 
 class one_weight_copy_per_step:
@@ -104,15 +105,9 @@ class one_weight_copy_per_step:
 
 
 def _quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if not one_weight_copy_per_step.active or weight.is_inference():
+    if not one_weight_copy_per_step.active:
         return quantize(weight, E4M3)
-    copies, key = one_weight_copy_per_step.copies, id(weight)
-    copy = _cached(copies.get(key), weight)
-    if copy is not None:
-        return copy
-    wq, ws = quantize(weight, E4M3)
-    copies[key] = (weakref.ref(weight), weight._version, weakref.ref(wq), ws)
-    return wq, ws
+    return _copy_once(one_weight_copy_per_step.copies, weight, lambda: weight)
 
 
 class _Fp8Linear(torch.autograd.Function):

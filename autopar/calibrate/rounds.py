@@ -23,9 +23,9 @@ slowdown are measured by processes of their own, each already over repeats of it
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import replace
+from statistics import fmean
 
 from autopar.calibrate.collectives import CalibrationError
 from autopar.calibrate.matmul import DeviceCalibration
@@ -33,10 +33,6 @@ from autopar.calibrate.matmul import DeviceCalibration
 DEVICE_ROUNDS = 3
 """Rounds a CPU is measured in: at the start, after the collectives, and at the end of a
 calibration (each adds ~8 s to a quick one on 2 cores). A GPU is measured once."""
-
-
-def _mean(values) -> float:
-    return statistics.fmean(values)
 
 
 def average_rounds(rounds: Sequence[DeviceCalibration]) -> DeviceCalibration:
@@ -70,17 +66,17 @@ def average_rounds(rounds: Sequence[DeviceCalibration]) -> DeviceCalibration:
         device_type=first.device_type,
         threads=first.threads,
         curve_dtype=first.curve_dtype,
-        matmuls=tuple(replace(p, seconds=_mean(r.matmuls[i].seconds for r in rounds))
+        matmuls=tuple(replace(p, seconds=fmean(r.matmuls[i].seconds for r in rounds))
                       for i, p in enumerate(first.matmuls)),
-        bandwidth=tuple(replace(p, seconds=_mean(r.bandwidth[i].seconds for r in rounds))
+        bandwidth=tuple(replace(p, seconds=fmean(r.bandwidth[i].seconds for r in rounds))
                         for i, p in enumerate(first.bandwidth)),
-        kernel_floor_s=_mean(r.kernel_floor_s for r in rounds),
-        allocation_s_per_byte=_mean(r.allocation_s_per_byte for r in rounds),
-        attention=tuple(replace(p, forward_s=_mean(r.attention[i].forward_s for r in rounds),
-                                forward_backward_s=_mean(r.attention[i].forward_backward_s
+        kernel_floor_s=fmean(r.kernel_floor_s for r in rounds),
+        allocation_s_per_byte=fmean(r.allocation_s_per_byte for r in rounds),
+        attention=tuple(replace(p, forward_s=fmean(r.attention[i].forward_s for r in rounds),
+                                forward_backward_s=fmean(r.attention[i].forward_backward_s
                                                          for r in rounds))
                         for i, p in enumerate(first.attention)),
-        op_rates={op: (_mean(r.op_rates[op][0] for r in rounds),
-                       _mean(r.op_rates[op][1] for r in rounds)) for op in first.op_rates},
-        view_s=_mean(r.view_s for r in rounds),
+        op_rates={op: (fmean(r.op_rates[op][0] for r in rounds),
+                       fmean(r.op_rates[op][1] for r in rounds)) for op in first.op_rates},
+        view_s=fmean(r.view_s for r in rounds),
     )

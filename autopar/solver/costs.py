@@ -508,7 +508,7 @@ class CostTables:
         read by a checkpointed layer, kept by the checkpoint: :meth:`checkpoint_keeps`.)
         Not when an fp8 linear reads it: that keeps an fp8 copy instead
         (:meth:`keeps_fp8_copy`, :meth:`fp8_weight_bytes`)."""
-        return self._kept(use, key) and not self._fp8_reader(use)
+        return not self._fp8_reader(use) and self._kept(use, key)
 
     def keeps_fp8_copy(self, use: Use, key: ValueKey) -> bool:
         """Does an fp8 linear keep an fp8 copy of this activation for backward? One copy
@@ -797,18 +797,20 @@ class CostTables:
         param = d if d.kind == "param" else self._viewed_param(d)
         return param if param is not None and param.facts.param is not None else None
 
-    @cached_property
+    @property
     def _fp8_weights(self) -> dict[int, dict[int, Decision]]:
-        """Per fp8 linear (decision index), the weight each input slot reads."""
-        out: dict[int, dict[int, Decision]] = {}
-        for key, info in self.problem.values.items():
-            param = self._weight_of(self.problem.decisions[key[0]])
-            if param is None:
-                continue
-            for use in info.uses:
-                if self._fp8_reader(use):
-                    out.setdefault(use.consumer, {})[use.slot] = param
-        return out
+        """Per fp8 linear (decision index), the weight each input slot reads (once per
+        problem and precision assignment: every setting of a search asks)."""
+        key = ("fp8 weights", precision_key(self.options, self.setting.zero))
+        if key not in self.problem.cache:
+            out: dict[int, dict[int, Decision]] = {}
+            for value, info in self.problem.values.items():
+                param = self._weight_of(self.problem.decisions[value[0]])
+                for use in info.uses if param is not None else ():
+                    if self._fp8_reader(use):
+                        out.setdefault(use.consumer, {})[use.slot] = param
+            self.problem.cache[key] = out
+        return self.problem.cache[key]
 
     @property
     def states_key(self) -> tuple:

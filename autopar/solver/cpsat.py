@@ -281,7 +281,7 @@ def build(
             flat.append(xs[i])
             fwd_coefs.append(_t(f))
             bwd_coefs.append(_t(b))
-            fp8 = tables.fp8_weight_bytes(d, s) if tables.fp8_linear(d) else 0.0
+            fp8 = tables.fp8_weight_bytes(d, s)
             mem_coefs.append(_kib(tables.activation_memory(d, s) * activation_scale
                                   + (st.total + fp8) * d.count * state_scale))
             if setting.grad_group > 1:

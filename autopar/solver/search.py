@@ -872,9 +872,9 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                 activations += min(tables.activation_memory(d, s) for s in d.candidates)
                 compute += min(sum(tables.compute(d, s)) for s in d.candidates)
         for value, info in problem.values.items():
-            for kept in (tables.keeps, tables.keeps_fp8_copy):
-                placements = {s.inputs[use.slot] if kept == tables.keeps
-                              else fp8_copy(s.inputs[use.slot])
+            for kept, as_saved in ((tables.keeps, lambda q: q),
+                                   (tables.keeps_fp8_copy, fp8_copy)):
+                placements = {as_saved(s.inputs[use.slot])
                               for use in info.uses if use.consumer >= 0 and kept(use, value)
                               for s in problem.decisions[use.consumer].candidates}
                 if placements:

@@ -159,7 +159,7 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         expert_f, expert_b = tables.expert_comm(d)
         expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
         numel = tables.trainable_numel(d, s)
-        fp8 = tables.fp8_weight_bytes(d, s) if tables.fp8_linear(d) else 0.0
+        fp8 = tables.fp8_weight_bytes(d, s)
         rows[d.index] = (expert_f + expert_b, numel, st.params, st.grads, st.optimizer,
                          st.host_total, g, w, g * expert, w * expert, float(numel > 0), fp8)
     summed = counts.T @ rows

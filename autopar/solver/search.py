@@ -23,6 +23,7 @@ from autopar.cluster import Cluster
 from autopar.constraints import memory_cap, stage_cuts
 from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.context_parallel import CP_ALGORITHMS
+from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.cost_models.pipeline import bubble_fraction, schedule_name
@@ -41,7 +42,13 @@ from autopar.solver.context import (
 from autopar.solver.costs import CostTables, Setting, fp8_copy
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.cpsat import build as build_layout
-from autopar.solver.evaluate import Prediction, assemble, evaluate, stage_load
+from autopar.solver.evaluate import (
+    Prediction,
+    assemble,
+    data_parallel_costs,
+    evaluate,
+    stage_load,
+)
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
@@ -655,10 +662,10 @@ def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting
     status = f"{result.status}(layout reused)" if reused else result.status
     wall = 0.0 if reused else result.wall_s
     fastest = None
-    work = _work(units)
+    work, dp_floor = _work(units), _dp_floor(tables, units, setting)
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if _beaten(best, work, variant, cluster, tables.options):
+        if _beaten(best, work, variant, cluster, tables.options, dp_floor):
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
@@ -753,12 +760,13 @@ def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting,
     pp = setting.pp
     fastest = None
     keep_work = 0.0 if pinned else _work(by_mode["none"])
+    dp_floor = 0.0 if pinned else _dp_floor(tables, by_mode["none"], setting)
     keep_all = () if pinned else ("none",) * len(by_mode["none"].layers)
     # the same for every schedule (keeping every layer's activations: the "none" units)
     composed = compose_units(by_mode, pinned) if pinned else by_mode["none"]
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if not pinned and _beaten(best, keep_work, variant, cluster, options):
+        if not pinned and _beaten(best, keep_work, variant, cluster, options, dp_floor):
             fastest = math.inf if fastest is None else fastest
             continue  # keeping every activation is the fastest mix
         if pp > 1:
@@ -822,18 +830,36 @@ def _work(units: UnitCosts) -> float:
 
 
 def _beaten(best, work: float, variant: Setting, cluster: Cluster,
-            options: PlanOptions) -> bool:
+            options: PlanOptions, dp_floor: float = 0.0) -> bool:
     """Whether ``variant`` cannot beat the best plan so far whatever its stage cut: its step
     is at least every microbatch's ``work`` (:func:`_work`) spread evenly over the stages
     plus the schedule's bubble (exact for GPipe, 1F1B and interleaved, which idle
-    (pp-1)/(v·m) of the work; 0 for the zero-bubble schedules), before any data-parallel
-    time."""
+    (pp-1)/(v·m) of the work; 0 for the zero-bubble schedules), plus ``dp_floor``
+    (:func:`_dp_floor`)."""
     if best is None:
         return False
     pp, m = variant.pp, variant.microbatches
     idle = _least_idle([(variant.schedule, variant.virtual)], pp, m)
-    floor = m * work / pp * (1 + idle)
+    floor = m * work / pp * (1 + idle) + dp_floor
     return floor * (1 + ground_margin(variant, cluster, options)) > best[0]
+
+
+def _dp_floor(tables: CostTables, units: UnitCosts, setting: Setting) -> float:
+    """The least data-parallel time a step of ``setting`` adds, whatever its stage cut:
+    FSDP's collectives are priced unit by unit (:func:`data_parallel_costs`), so the ranks'
+    communication sums to that of all units, and even when all of it hides behind compute
+    it slows that compute by ``OVERLAP_SLOWDOWN`` of its time (all of it on gloo, which
+    does not overlap). The slowest rank adds at least the mean of that over the ranks.
+    DDP's buckets (ZeRO-0) depend on the cut; they get no floor."""
+    if setting.zero == 0 or setting.grad_group <= 1:
+        return 0.0
+    key = ("dp floor", id(units), setting.microbatches, setting.pp)
+    hit = tables.units.get(key)
+    if hit is None or hit[0] is not units:  # (kept with it: an id is reused once freed)
+        comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0)[0]
+        share = 1.0 if tables.cluster.backend == "gloo" else OVERLAP_SLOWDOWN
+        hit = tables.units[key] = (units, share * comm / setting.pp)
+    return hit[1]
 
 
 def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:

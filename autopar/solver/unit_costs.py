@@ -19,7 +19,7 @@ import torch.fx as fx
 from autopar.cost_models.comm import collective_time
 from autopar.graph_facts import META_KEY
 from autopar.placements import Placement, Replicate, Shard
-from autopar.solver.costs import CostTables, divisor, fp8_copy
+from autopar.solver.costs import CostTables, divisor, fp8_copy, precision_key
 from autopar.solver.problem import Problem, ValueKey
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of
@@ -151,6 +151,32 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     n = len(layers) + 2
     counts = _unit_counts_matrix(problem, unit_of, n)
     layout = _layout_costs(tables, choice, counts)
+    summed = _state_sums(tables, choice, counts)
+    per_unit = {name: summed[:, j] for j, name in enumerate(_STATES)}
+    per_unit["tp_comm"] = per_unit["tp_comm"] + layout["tp_comm"]
+    for name in _LAYOUT[:-1]:
+        per_unit[name] = layout[name]
+    u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
+    for name, values in per_unit.items():
+        setattr(u, name, values.tolist())
+    u.largest, u.cut_fwd, u.cut_bwd = (list(layout[k]) for k in ("largest", "cut_fwd",
+                                                                   "cut_bwd"))
+    u.gathered_outputs = layout["gathered_outputs"]
+    return u
+
+
+def _state_sums(tables: CostTables, choice: list[int], counts: np.ndarray) -> np.ndarray:
+    """The per-unit sums of :data:`_STATES` (units x states). Without experts spread they
+    follow from the layout and :attr:`CostTables.states_key` alone, not the microbatch or
+    the pipeline, so they are computed once per both: the search prices one layout under
+    many microbatch sizes and meshes of one ZeRO stage."""
+    problem, setting = tables.problem, tables.setting
+    key = None
+    if setting.ep <= 1:  # the experts' all-to-alls depend on the microbatch
+        key = ("state sums", tables.states_key, precision_key(tables.options, setting.zero),
+               setting.tp, tuple(choice))
+        if key in problem.cache:
+            return problem.cache[key]
     rows = np.empty((len(problem.decisions), len(_STATES)))
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
@@ -163,17 +189,9 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         rows[d.index] = (expert_f + expert_b, numel, st.params, st.grads, st.optimizer,
                          st.host_total, g, w, g * expert, w * expert, float(numel > 0), fp8)
     summed = counts.T @ rows
-    per_unit = {name: summed[:, j] for j, name in enumerate(_STATES)}
-    per_unit["tp_comm"] = per_unit["tp_comm"] + layout["tp_comm"]
-    for name in _LAYOUT[:-1]:
-        per_unit[name] = layout[name]
-    u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
-    for name, values in per_unit.items():
-        setattr(u, name, values.tolist())
-    u.largest, u.cut_fwd, u.cut_bwd = (list(layout[k]) for k in ("largest", "cut_fwd",
-                                                                   "cut_bwd"))
-    u.gathered_outputs = layout["gathered_outputs"]
-    return u
+    if key is not None:
+        problem.cache[key] = summed
+    return summed
 
 
 def _unit_counts_matrix(problem: Problem, unit_of: dict[str, int], n: int) -> np.ndarray:

@@ -644,3 +644,21 @@ def test_llama3_70b_traces_on_meta_without_memory() -> None:
     assert r["params"] == pytest.approx(70.55e9, rel=1e-3)
     assert (r["batch"], r["seq"]) == (1, 8192)
     assert ["model.layers", 80, 1] in r["blocks"]
+
+
+def test_a_reshape_that_copies_is_not_a_view() -> None:
+    """``reshape`` and ``contiguous`` may return a view; of a transposed tensor they copy,
+    and the copy is a kernel the cost model prices (its bytes are recorded)."""
+
+    class Heads(nn.Module):
+        def forward(self, x):
+            y = x.transpose(1, 2).reshape(x.shape[0], -1)  # copies
+            return y + x.reshape(x.shape[0], -1)  # a view
+
+    gm = autopar.trace(Heads(), (torch.randn(2, 3, 4),))
+    reshapes = [facts(n) for n in gm.graph.nodes if n.op == "call_function"
+                and facts(n).target == "aten.reshape.default"]
+    assert len(reshapes) == 2
+    copied, viewed = reshapes
+    assert not copied.is_view and copied.bytes_written == 2 * 12 * 4
+    assert viewed.is_view and viewed.bytes_written == 0

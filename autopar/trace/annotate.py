@@ -43,6 +43,22 @@ def is_view_op(target: Any) -> bool:
     )
 
 
+def _copied(outs: list[torch.Tensor], inputs: list[fx.Node],
+            outs_of: dict[fx.Node, list[torch.Tensor]]) -> bool:
+    """Whether an op whose schema may alias (``reshape``, ``contiguous``, ``to``) made a new
+    tensor on the trace: a reshape of a transposed or expanded tensor copies it (eager
+    Llama's ``repeat_kv``, attention heads merged back), and then it runs a copy kernel.
+    Told by storage: a view shares its input's; fake tensors keep that. (A cast the fp32
+    trace makes a no-op follows the plan's precision at run time: ``passes/cast_precision``.)"""
+    if not outs or not inputs or not outs_of.get(inputs[0]):
+        return False
+    try:
+        source = outs_of[inputs[0]][0].untyped_storage()._cdata
+        return any(t.untyped_storage()._cdata != source for t in outs)
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+        return False
+
+
 def _nbytes(t: torch.Tensor) -> int:
     n = 1
     for s in t.shape:
@@ -149,7 +165,7 @@ def _annotate(gm: fx.GraphModule) -> None:
                 for a in inputs
                 if a.op == "get_attr" and a.meta[META_KEY].param is not None
             )
-            facts.is_view = is_view_op(node.target)
+            facts.is_view = is_view_op(node.target) and not _copied(outs, inputs, outs_of)
             if not facts.is_view:
                 facts.bytes_read = sum(_nbytes(t) for a in inputs for t in outs_of[a])
                 facts.bytes_written = sum(_nbytes(t) for t in outs)

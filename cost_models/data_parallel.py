@@ -112,6 +112,11 @@ class CommTime:
     exposed_s: float
 
 
+def fsdp_comm(units: Sequence[Unit]) -> float:
+    """Seconds of one microbatch's FSDP2 collectives, overlapped or not."""
+    return sum(u.gather_s * (2 if u.regather else 1) + u.reduce_s for u in units)
+
+
 def fsdp_step(units: Sequence[Unit], *, prefetch: int = 1, overlap: bool = True,
               contention: float = OVERLAP_SLOWDOWN) -> CommTime:
     """One microbatch's FSDP2 collectives on a timeline of two resources, compute and the
@@ -128,7 +133,7 @@ def fsdp_step(units: Sequence[Unit], *, prefetch: int = 1, overlap: bool = True,
     if prefetch < 0:
         raise ValueError(f"prefetch must be >= 0, got {prefetch}")
     compute = sum(u.forward_s + u.backward_s for u in units)
-    comm = sum(u.gather_s * (2 if u.regather else 1) + u.reduce_s for u in units)
+    comm = fsdp_comm(units)
     if not units:
         return CommTime(0.0, 0.0)
     if not overlap:

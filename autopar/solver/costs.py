@@ -792,6 +792,11 @@ class CostTables:
                       / divisor(s.inputs[slot], self.setting.tp))
         return total
 
+    @property
+    def fp8_readers(self) -> frozenset[int]:
+        """Decisions (indices) of the fp8 linears, which keep fp8 weight copies."""
+        return frozenset(self._fp8_weights)
+
     def _weight_of(self, d: Decision) -> Decision | None:
         """The parameter ``d`` is, or is a view of; else None."""
         param = d if d.kind == "param" else self._viewed_param(d)
@@ -965,14 +970,22 @@ class CostTables:
         return self._moves[memo]
 
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
-        n, link = self.setting.tp, self.tp_link
         nbytes = self.value_bytes(key) * self._wire_fraction(key)
-        backend = self.cluster.backend
-        t = redistribution_time(src, dst, nbytes, n, link, backward=self.requires_grad(key),
-                                backend=backend)
+        t = self._move_time(src, dst, nbytes, self.requires_grad(key))
         if self.in_recomputed_layer(self.problem.decisions[key[0]]):
-            t += redistribution_time(src, dst, nbytes, n, link, backward=False, backend=backend)
+            t += self._move_time(src, dst, nbytes, False)
         return t
+
+    def _move_time(self, src: Placement, dst: Placement, nbytes: float, backward: bool) -> float:
+        """``redistribution_time`` on the tp axis, once per message: the values of a model
+        are of few sizes, and every microbatch size of a search asks again."""
+        times = self.problem.cache.setdefault(
+            ("move times", self.setting.tp, self.tp_link, self.cluster.backend), {})
+        memo = (src, dst, nbytes, backward)
+        if memo not in times:
+            times[memo] = redistribution_time(src, dst, nbytes, self.setting.tp, self.tp_link,
+                                              backward=backward, backend=self.cluster.backend)
+        return times[memo]
 
     def _wire_fraction(self, key: ValueKey) -> float:
         """The share of a value's bytes its collectives move: when every reader computes in

@@ -24,6 +24,7 @@ from autopar.cost_models.data_parallel import (
     CommTime,
     Unit,
     bucketed_step,
+    fsdp_comm,
     fsdp_copies_s,
     fsdp_host_s,
     fsdp_step,
@@ -310,6 +311,7 @@ def _collective(tables: CostTables, kind: str, nbytes: float, mesh: dict[str, in
 
 def data_parallel_costs(
     tables: CostTables, setting: Setting, u: UnitCosts, units: list[int], gathered_peak: float,
+    comm_only: bool = False,
 ) -> tuple[float, float, float]:
     """(dp communication per step, its exposed part, buffer bytes) of one pipeline rank
     running ``units``, for the setting's ZeRO stage (see :mod:`autopar.cost_models.data_parallel`).
@@ -325,7 +327,8 @@ def data_parallel_costs(
     HSDP (``dp_replicate`` > 1): gathers and reduce-scatters run within one replica group,
     and each gradient shard is then all-reduced across the groups, once per step.
     gloo on CPU moves data with the same cores that compute (one thread per process): its
-    collectives do not overlap compute there.
+    collectives do not overlap compute there. ``comm_only``: the communication alone is
+    priced (the exposed part and the buffers are 0), without the timeline.
     """
     if setting.grad_group <= 1:
         return 0.0, 0.0, 0.0
@@ -389,7 +392,7 @@ def data_parallel_costs(
         """One microbatch's collectives: its gathers (ZeRO-3: again in backward), its
         reduce-scatters; under HSDP only the last all-reduces the shards across replica
         groups (``ParallelModule`` sets FSDP2's ``set_requires_all_reduce``)."""
-        return fsdp_step([
+        per_unit = [
             Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
                  + edp_time("all_gather", u.expert_weights[i]) + host_s(i) if gather else 0.0,
                  reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
@@ -399,7 +402,10 @@ def data_parallel_costs(
                  forward_s=u.fwd[i] + u.tp_comm[i] / 2,
                  backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=zero3 and 0 < i <= n_layers)
             for i in sorted(units)
-        ], overlap=overlap)
+        ]
+        if comm_only:
+            return CommTime(fsdp_comm(per_unit), 0.0)
+        return fsdp_step(per_unit, overlap=overlap)
 
     # (gathers, reduce-scatters, all-reduces across HSDP groups) of each microbatch, counted
     # (see the docstring): one fsdp_step per kind of microbatch
@@ -411,6 +417,8 @@ def data_parallel_costs(
             priced = microbatch(gather, reduce, last)
             comm += times * priced.comm_s
             exposed += times * priced.exposed_s
+    if comm_only:
+        return comm, 0.0, 0.0
     # the gathers' copy-outs run on the compute stream: every gather's is on the step's path
     gathers = sum(times for (gather, _, _), times in passes.items() if gather)
     times_gathered = {i: 2 if zero3 and 0 < i <= n_layers else 1 for i in units}  # per microbatch

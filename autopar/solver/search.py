@@ -856,7 +856,8 @@ def _dp_floor(tables: CostTables, units: UnitCosts, setting: Setting) -> float:
     key = ("dp floor", id(units), setting.microbatches, setting.pp)
     hit = tables.units.get(key)
     if hit is None or hit[0] is not units:  # (kept with it: an id is reused once freed)
-        comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0)[0]
+        comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0,
+                                   comm_only=True)[0]
         share = 1.0 if tables.cluster.backend == "gloo" else OVERLAP_SLOWDOWN
         hit = tables.units[key] = (units, share * comm / setting.pp)
     return hit[1]

@@ -177,8 +177,8 @@ def _state_sums(tables: CostTables, choice: list[int], counts: np.ndarray) -> np
                setting.tp, tuple(choice))
         if key in problem.cache:
             return problem.cache[key]
-    rows = np.empty((len(problem.decisions), len(_STATES)))
-    for d in problem.decisions:
+    rows = np.zeros((len(problem.decisions), len(_STATES)))
+    for d in _state_holders(tables):
         s = d.candidates[choice[d.index]]
         st = tables.states(d, s)
         g, w = tables.grad_bytes(d, s), tables.weight_bytes(d, s)
@@ -192,6 +192,16 @@ def _state_sums(tables: CostTables, choice: list[int], counts: np.ndarray) -> np
     if key is not None:
         problem.cache[key] = summed
     return summed
+
+
+def _state_holders(tables: CostTables) -> list:
+    """The decisions whose :data:`_STATES` can be non-zero: parameters, the fp8 linears
+    (their weight copies) and, with experts spread, the ops (their all-to-alls)."""
+    problem = tables.problem
+    if tables.setting.ep > 1:
+        return problem.decisions
+    fp8 = tables.fp8_readers
+    return [d for d in problem.decisions if d.kind == "param" or d.index in fp8]
 
 
 def _unit_counts_matrix(problem: Problem, unit_of: dict[str, int], n: int) -> np.ndarray:

@@ -43,20 +43,34 @@ def is_view_op(target: Any) -> bool:
     )
 
 
-def _copied(outs: list[torch.Tensor], inputs: list[fx.Node],
+_RESHAPES = {"aten.reshape.default", "aten.flatten.using_ints", "aten.reshape_as.default"}
+_CASTS = {"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
+          "aten.type_as.default"}
+
+
+def _copied(node: fx.Node, outs: list[torch.Tensor], inputs: list[fx.Node],
             outs_of: dict[fx.Node, list[torch.Tensor]]) -> bool:
-    """Whether an op whose schema may alias (``reshape``, ``contiguous``, ``to``) made a new
-    tensor on the trace: a reshape of a transposed or expanded tensor copies it (eager
-    Llama's ``repeat_kv``, attention heads merged back), and then it runs a copy kernel.
-    Told by storage: a view shares its input's; fake tensors keep that. (A cast the fp32
-    trace makes a no-op follows the plan's precision at run time: ``passes/cast_precision``.)"""
+    """Whether an op whose schema may alias (``reshape``, ``contiguous``, ``to``) makes a
+    new tensor: a reshape of a transposed or expanded tensor copies it (eager Llama's
+    ``repeat_kv``, attention heads merged back), and then it runs a copy kernel. Told from
+    the input's shape and strides, as torch decides (a view where the strides allow one).
+    A cast the fp32 trace makes a no-op follows the plan's precision at run time
+    (``passes/cast_precision``)."""
+    target = str(node.target)
     if not outs or not inputs or not outs_of.get(inputs[0]):
         return False
-    try:
-        source = outs_of[inputs[0]][0].untyped_storage()._cdata
-        return any(t.untyped_storage()._cdata != source for t in outs)
-    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
-        return False
+    source = outs_of[inputs[0]][0]
+    if target == "aten.contiguous.default":
+        return not source.is_contiguous()
+    if target in _CASTS:
+        return outs[0].dtype != source.dtype
+    if target in _RESHAPES:
+        try:
+            torch.empty_strided(source.shape, source.stride(), dtype=source.dtype,
+                                device="meta").view(outs[0].shape)
+        except RuntimeError:  # the strides allow no view: reshape copies
+            return True
+    return False
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -165,7 +179,8 @@ def _annotate(gm: fx.GraphModule) -> None:
                 for a in inputs
                 if a.op == "get_attr" and a.meta[META_KEY].param is not None
             )
-            facts.is_view = is_view_op(node.target) and not _copied(outs, inputs, outs_of)
+            facts.is_view = is_view_op(node.target) and not _copied(node, outs, inputs,
+                                                                           outs_of)
             if not facts.is_view:
                 facts.bytes_read = sum(_nbytes(t) for a in inputs for t in outs_of[a])
                 facts.bytes_written = sum(_nbytes(t) for t in outs)

@@ -95,3 +95,23 @@ def test_layers_that_differ_are_traced_whole() -> None:
 def test_shallow_stacks_are_traced_whole() -> None:
     model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
     assert find_stack(model) is None
+
+
+@pytest.mark.parametrize("build", sorted(BUILDERS))
+def test_batch_marking_asks_each_layer_kind_once(build, monkeypatch) -> None:
+    """The batch dimension is marked once per layer kind and input placements, then copied
+    to the alike layers: the same strategies as asking every node's rule."""
+    from autopar.solver import batch_axis
+
+    model, inputs = BUILDERS[build]()
+    gm = autopar.trace(model, inputs)
+    batch = autopar.graph_facts.graph_facts(gm).batch_size
+    asked: list[str] = []
+    real = batch_axis.strategies_for
+    monkeypatch.setattr(batch_axis, "strategies_for",
+                        lambda call, n: asked.append(call.target) or real(call, n))
+    shared = batch_axis.batch_strategies(gm, batch)
+    asked_shared = len(asked)
+    monkeypatch.setattr(batch_axis, "_alike_layers", lambda gm: (lambda facts: None))
+    assert batch_axis.batch_strategies(gm, batch) == shared
+    assert asked_shared < len(asked) - asked_shared  # fewer rules asked

@@ -58,6 +58,8 @@ def propagate_input_dim(
     data-dependent routing ops run on each rank's own tokens (:func:`token_set_strategy`).
     """
     chosen: dict[str, Strategy] = {}
+    alike = _alike_layers(gm)
+    known: dict[tuple, Strategy] = {}  # a node of a repeated layer, by its place and inputs
     for node in gm.graph.nodes:
         if not is_decision(node):
             continue
@@ -84,6 +86,11 @@ def propagate_input_dim(
             chosen[node.name] = local
             continue
         sizes = [_nbytes(a) for a in inputs]
+        place = alike(facts)
+        key = None if place is None else (*place, tuple(produced), tuple(sizes))
+        if key is not None and key in known:
+            chosen[node.name] = known[key]
+            continue
         call = op_call(node)
         if token_sets:
             call = _counted_rows(node, call, n)
@@ -99,7 +106,26 @@ def propagate_input_dim(
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]
+        if key is not None:
+            known[key] = chosen[node.name]
     return chosen
+
+
+def _alike_layers(gm: fx.GraphModule):
+    """A node's place among alike nodes -- (stack, layer signature, position): layers of one
+    signature have the same ops, shapes and wiring (:mod:`autopar.trace.blocks`), so a node
+    whose inputs arrive alike gets the same strategy as its peer in an earlier layer, and the
+    rules are asked once per layer kind, not once per layer (80 times for Llama-3-70B) --
+    or None outside repeated layers."""
+    meta = gm.meta.get(META_KEY)
+    signatures = {b.container: b.signature_of for b in meta.blocks} if meta is not None else {}
+
+    def place(facts) -> tuple | None:
+        if facts.block is None or facts.position is None or facts.block not in signatures:
+            return None
+        signature = signatures[facts.block].get(facts.layer)
+        return None if signature is None else (facts.block, signature, facts.position)
+    return place
 
 
 def _score(item: tuple[int, Strategy], produced: list[Placement], sizes: list[int],

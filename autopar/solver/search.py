@@ -853,14 +853,10 @@ def _dp_floor(tables: CostTables, units: UnitCosts, setting: Setting) -> float:
     DDP's buckets (ZeRO-0) depend on the cut; they get no floor."""
     if setting.zero == 0 or setting.grad_group <= 1:
         return 0.0
-    key = ("dp floor", id(units), setting.microbatches, setting.pp)
-    hit = tables.units.get(key)
-    if hit is None or hit[0] is not units:  # (kept with it: an id is reused once freed)
-        comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0,
-                                   comm_only=True)[0]
-        share = 1.0 if tables.cluster.backend == "gloo" else OVERLAP_SLOWDOWN
-        hit = tables.units[key] = (units, share * comm / setting.pp)
-    return hit[1]
+    comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0,
+                               comm_only=True)[0]
+    share = 1.0 if tables.cluster.backend == "gloo" else OVERLAP_SLOWDOWN
+    return share * comm / setting.pp
 
 
 def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:

@@ -278,3 +278,49 @@ def test_mask_filled_with_the_lowest_value_is_attention() -> None:
     (site,) = find_attention_sites(gm)
     assert site.fusable and site.pattern == "eager" and site.scale == 0.5
     assert site.bias is not None and site.bias.op == "placeholder"  # the keep-mask input
+
+
+def test_the_cost_model_prices_no_op_the_fused_program_erases() -> None:
+    """HF Llama builds its causal mask from positions (``le``/``eq`` over seq² pairs, with
+    export's metadata assertions on them); fusing erases it for ``causal=True``. The cost
+    model must charge none of those ops: at a million tokens they were 8% of a step."""
+    from autopar.solver.fusion import Fusion
+
+    model, inputs = _hf("llama")
+    plan = autopar.plan(model, "1xcpu", inputs, recompute=("none",))
+    gm = autopar.trace(model, inputs)
+    program, _ = PassManager([FuseAttention()]).run(copy.deepcopy(gm),
+                                                    PassContext(plan, {"tp": 0}))
+    kept = {n.name for n in program.graph.nodes}
+    fusion = Fusion.of(gm)
+    erased = {n.name for n in gm.graph.nodes
+              if n.op == "call_function" and n.name not in kept} - fusion.site_nodes
+    targets = {str(n.target) for n in gm.graph.nodes if n.name in erased}
+    assert {"aten.le.Tensor", "aten.eq.Tensor"} <= targets  # the mask's comparisons
+    assert erased <= fusion.dead_nodes
+
+
+def test_grouped_keys_are_kept_as_the_kernel_reads_them() -> None:
+    """HF Llama repeats its grouped keys and values to every query head before SDPA; the
+    fused kernel reads them grouped, so what it keeps for backward is the grouped tensor
+    (a quarter of the repeated one with 2 kv heads of 8), and the repeat runs no kernel."""
+    from autopar.cli.load import trace_model
+    from autopar.cluster import load_cluster
+    from autopar.placements import Replicate
+    from autopar.solver.pinned import PinnedConfig, estimate_graph
+
+    traced = trace_model("llama:layers=1,hidden=256,heads=8,kv_heads=2,ffn=512,vocab=256,"
+                         "seq=256", 1, None)
+    est = estimate_graph(traced.gm, load_cluster("1xH100-80GB"), PinnedConfig(
+        dp=1, global_batch=1, precision="bf16", recompute="none"))
+    problem, tables = est.problem, est.tables
+    nodes = {n.name: n for n in traced.gm.graph.nodes}
+    repeated = [(name, arg) for name, arg in problem.not_run.items()
+                if problem.decisions[problem.decision_of[name]].facts.shapes[0][1] == 8]
+    assert repeated  # the expanded keys and values
+    for name, arg in repeated:
+        d = problem.decisions[problem.decision_of[name]]
+        key = (d.index, 0)
+        grouped = tables.value_bytes(problem.value_key(nodes[arg]))
+        assert tables.saved_bytes(key, Replicate()) == grouped == tables.value_bytes(key) / 4
+        assert tables.times(d, d.candidates[0]) == (0.0, 0.0, 0.0)

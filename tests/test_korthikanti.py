@@ -133,3 +133,41 @@ def test_megatron_layout_splits_every_weight_matrix() -> None:
     whole = [d.name for d in matrices
              if not any(isinstance(p, Shard) for p in d.candidates[est.choice[d.index]].outputs)]
     assert whole == []
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_megatron_layout_on_llama_pairs_linears_and_splits_the_stream(sp: bool) -> None:
+    """HF Llama pinned to Megatron's layout: the attention output and MLP down projections
+    are row-parallel (their inputs arrive split, their partial sums go into the residual
+    stream), q/k/v/gate/up column-parallel, and the residual stream and its RMSNorms --
+    written out of elementwise ops -- stay whole, or split along the sequence with sp.
+    (A norm's weight path says "norm" too: it once stood in for the stream's shape, and the
+    layout was left to the solver.)"""
+    from autopar.graph_facts import META_KEY
+    from autopar.placements import Replicate
+
+    spec = resolve_model("llama:layers=2,hidden=256,heads=8,kv_heads=4,ffn=512,vocab=512,"
+                         "seq=128")
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(1, 128))  # one sequence: tp cannot split batch
+    config = PinnedConfig(tp=4, dp=1, sp=sp, microbatch=1, global_batch=1, layout="megatron")
+    est = estimate_graph(gm, load_cluster("4xH100-80GB"), config)
+    stream = (1, 128, 256)
+    chosen = {d.name: (d, d.candidates[i]) for d, i in zip(est.problem.decisions, est.choice)}
+    rows = cols = adds = 0
+    for d, s in chosen.values():
+        facts = d.facts
+        if d.kind != "op" or facts.layer is None:
+            continue
+        if facts.target == "aten.linear.default":
+            feeds_stream = any(u.meta[META_KEY].target == "aten.add.Tensor"
+                               and u.meta[META_KEY].shapes[0] == stream for u in d.nodes[0].users)
+            weight = s.inputs[1]
+            assert weight == (Shard(1) if feeds_stream else Shard(0)), d.name
+            rows, cols = rows + feeds_stream, cols + (not feeds_stream)
+        elif facts.shapes and facts.shapes[0] == stream and (
+                facts.target == "aten.add.Tensor" or facts.module_type.endswith("RMSNorm")):
+            assert s.outputs[0] == (Shard(1) if sp else Replicate()), d.name
+            adds += facts.target == "aten.add.Tensor"
+    assert (rows, cols, adds) == (2, 5, 2)  # per repeated layer: one decision for all

@@ -60,6 +60,7 @@ from autopar.precision import (
     stored_word,
 )
 from autopar.solver.batch_axis import batch_scaled
+from autopar.solver.cast_costs import Cast, inserted_casts
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Decision, Problem, Use, ValueKey
@@ -527,6 +528,9 @@ class CostTables:
         producer = self.problem.decisions[key[0]]
         if not use.saves:
             return self.checkpoint_keeps(use, producer)
+        inside = self.problem.fused_elementwise.get(producer.name)
+        if inside is not None and inside.written:  # it never leaves its fused kernel, whose
+            return False  # backward recomputes it from the kernel's inputs (TE, Inductor)
         if self.setting.recompute == "selective" and self.quadratic(producer.facts, key[1]):
             return False
         if self.fused_quadratic(producer, key[1]):
@@ -554,7 +558,7 @@ class CostTables:
 
     def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts
-        if d.kind != "op" or d.name in self.problem.dead:
+        if d.kind != "op" or d.name in self.problem.dead or d.name in self.problem.not_run:
             return 0.0, 0.0, 0.0
         if facts.is_view or identity_dropout(d.nodes[0]):  # no kernel: its dispatch only
             return self._view_times(d)
@@ -567,7 +571,11 @@ class CostTables:
         kept = floats * 4 + fixed
         written = facts.bytes_written + kept
         weights = self._weight_read_bytes().get(d.index, 0.0)
-        read = max(facts.bytes_read - self._dropped_mask_bytes(d) - weights, 0)
+        inside = self.problem.fused_elementwise.get(d.name)  # bytes a fused chain keeps
+        inside_read, kernels = (inside.read, 0 if inside.continues else 1) if inside else (0.0, 1)
+        if inside:
+            written = max(written - inside.written, 0.0)
+        read = max(facts.bytes_read - self._dropped_mask_bytes(d) - weights - inside_read, 0)
         stored = self._stored_fraction(d)
         # a weight is read whole however small the microbatch (its tp shard, when split)
         moved = ((read + written) * scale + weights / div) * stored
@@ -590,8 +598,8 @@ class CostTables:
             bwd = bwd if facts.requires_grad else 0.0
             return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
         attention = "scaled_dot_product" in facts.target
-        fwd = (attention_time if attention else forward_time)(flops, moved, device, dtype,
-                                                              shape=shape)
+        fwd = attention_time(flops, moved, device, dtype, shape=shape) if attention else (
+            forward_time(flops, moved, device, dtype, shape=shape, kernels=kernels))
         fwd += allocation_time(written * scale * stored, device)
         cast = self._weight_cast_bytes(d) / div
         if cast:  # the fp32 weight's working copy, and its gradient cast back in backward
@@ -607,7 +615,7 @@ class CostTables:
             both = facts.bwd_flops >= 1.5 * max(facts.fwd_flops, 1)
             bwd = backward_time(flops, moved, device, dtype, shape=shape,
                                 weight_grad=both) if facts.fwd_flops else backward_time(
-                0.0, moved, device, dtype)
+                0.0, moved, device, dtype, kernels=kernels)
         if not facts.fwd_flops and facts.shapes:  # its arithmetic, where that bounds it
             elements = _numel(facts.shapes[0]) * scale
             arith_fwd, arith_bwd = arithmetic_times(facts.target, elements, device)
@@ -618,11 +626,41 @@ class CostTables:
             fwd += bias_fwd
             bwd += bias_bwd if facts.requires_grad else 0.0
         if facts.requires_grad:  # the gradients it writes, one per input it reads
-            bwd += allocation_time(((facts.bytes_read - weights) * scale + weights / div)
-                                   * stored, device)
+            bwd += allocation_time(((facts.bytes_read - weights - inside_read) * scale
+                                    + weights / div) * stored, device)
             if cast:
                 bwd += forward_time(0.0, cast, device, dtype)
+        casts = self._inserted_cast_time(d, s)  # the precision's casts of its activations
+        fwd += casts
+        bwd += casts if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
+
+    def _inserted_cast_time(self, d: Decision, s: Strategy) -> float:
+        """Seconds of the casts the program runs for ``d``'s inputs (and a normalisation's
+        output) where the precision stores them in another dtype, one kernel each
+        (:mod:`autopar.solver.cast_costs`); their backward casts the gradients as long."""
+        casts = casts_of(self.problem, self.options, self.setting.zero).get(d.name)
+        if not casts:
+            return 0.0
+        seconds = 0.0
+        for cast in casts:
+            if cast.position < 0:
+                key, placement = (d.index, 0), s.outputs[0]
+            else:
+                key = self.problem.value_key(self._node_named(cast.value))
+                placement = (s.inputs[cast.position] if cast.position < len(s.inputs)
+                             else s.outputs[0])
+            producer = self.problem.decisions[key[0]]
+            numel = self.value_bytes(key) / self.precision.bytes_per_element(producer.name)
+            moved = numel * (BYTES[cast.have] + BYTES[cast.want]) / divisor(placement,
+                                                                             self.setting.tp)
+            seconds += forward_time(0.0, moved, self.cluster.device, cast.want)
+        return seconds
+
+    def _node_named(self, name: str) -> fx.Node:
+        nodes = self.problem.cache.setdefault("nodes_by_name", {
+            n.name: n for n in self.problem.gm.graph.nodes})
+        return nodes[name]
 
     def _view_times(self, d: Decision) -> tuple[float, float, float]:
         """An op that runs no kernel (a view; a dropout that returns its input): the host's
@@ -1030,7 +1068,12 @@ class CostTables:
         if param is not None:  # weights are counted as parameters; their working copies:
             return (self._working_copy_bytes(param) / divisor(placement, self.setting.tp)
                     / self.expert_divisor(param))
-        return self.value_bytes(key) / divisor(placement, self.setting.tp)
+        whole = self.value_bytes(key)
+        argument = self.problem.not_run.get(d.name)
+        if argument is not None and whole:  # the kernel keeps the argument (grouped keys)
+            whole = min(whole, self.value_bytes(self.problem.value_key(
+                self._node_named(argument))))
+        return whole / divisor(placement, self.setting.tp)
 
     def _viewed_param(self, d: Decision) -> Decision | None:
         """The parameter ``d`` is a view of (a transposed weight a grouped matmul keeps for
@@ -1077,6 +1120,18 @@ def precision_assignment(problem: Problem, options: PlanOptions,
         problem.graph_cache[key] = assign_precision(problem.gm, options.precision,
                                                     dict(options.precision_overrides), key[3],
                                                     fused=problem.fused_attention)
+    return problem.graph_cache[key]
+
+
+def casts_of(problem: Problem, options: PlanOptions, zero: int) -> dict[str, tuple[Cast, ...]]:
+    """The casts the program inserts for ``problem``'s precision (:mod:`cast_costs`), once
+    per graph and precision."""
+    key = ("casts", *precision_key(options, zero), problem.fused_attention,
+           bool(problem.fused_elementwise))
+    if key not in problem.graph_cache:
+        problem.graph_cache[key] = inserted_casts(
+            problem.gm, precision_assignment(problem, options, zero),
+            fused=bool(problem.fused_elementwise))
     return problem.graph_cache[key]
 
 

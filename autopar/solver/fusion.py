@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 from autopar.passes.attention_sites import (
@@ -20,24 +21,36 @@ from autopar.solver.problem import Problem, restrict_to
 class Fusion:
     eager_nodes: frozenset[str] = frozenset()  # inside fused eager chains
     site_nodes: frozenset[str] = frozenset()  # inside any fused site (SDPA included)
-    dead_nodes: frozenset[str] = frozenset()  # causal masks the fused kernels never read
+    dead_nodes: frozenset[str] = frozenset()  # what the fused kernels never read
     causal_seq: tuple[tuple[str, int], ...] = ()  # nodes of causal sites, their q length
+    # dead nodes made from the kernels' arguments (HF's repeat_kv of the keys and values),
+    # each with the argument it is made from: their placement follows the arguments', so
+    # they are left to the solver
+    derived: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def derived_nodes(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.derived)
 
     @classmethod
     def of(cls, gm: fx.GraphModule) -> Fusion:
         sites = [s for s in find_attention_sites(gm) if s.fusable]
         causal = tuple((n.name, shape[-2]) for s in sites if s.causal
                        and (shape := shape_of(s.q)) and len(shape) >= 2 for n in s.nodes)
+        dead, derived = _dead_nodes(sites)
         return cls(frozenset(n.name for s in sites if s.pattern == "eager" for n in s.nodes),
-                   frozenset(n.name for s in sites for n in s.nodes), _dead_masks(sites),
-                   causal)
+                   frozenset(n.name for s in sites for n in s.nodes), dead, causal, derived)
 
     def apply(self, problem: Problem) -> Problem:
         problem.fused_attention = self.eager_nodes
-        problem.dead = self.dead_nodes
+        problem.dead = self.dead_nodes - self.derived_nodes
+        # the kernels read the arguments these were made from: what they keep for backward
+        # stands for what the kernel keeps (the argument), and they take no time
+        problem.not_run = dict(self.derived)
         problem.causal_attention = dict(self.causal_seq)
-        # free to the solver, so it keeps them as traced: replicated (the fusion erases them)
-        restrict_to(problem, self.dead_nodes, lambda s: False)
+        # free to the solver, so it keeps masks as traced: replicated (the fusion erases
+        # them); what is made from the arguments may follow their placement at no cost
+        restrict_to(problem, self.dead_nodes - self.derived_nodes, lambda s: False)
         for d in problem.decisions:
             if d.name in self.site_nodes:
                 ranks = placement_ranks(d.nodes[0])
@@ -46,19 +59,35 @@ class Fusion:
         return problem
 
 
-def _dead_masks(sites: list) -> frozenset[str]:
-    """Nodes that only compute masks of sites recognised as causal (the kernels take
-    ``causal=True`` instead; fusing erases them): the fused program never runs them."""
+_CHECK = torch.ops.aten._assert_tensor_metadata.default  # a trace-time assertion, no value
+
+
+def _dead_nodes(sites: list) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+    """Nodes only fused sites read that are not the kernels' arguments: causal masks (the
+    kernels take ``causal=True`` instead) and HF's ``repeat_kv`` (the kernels read grouped
+    keys and values as they are). Fusing erases them (``passes.fuse_attention``), so the
+    fused program never runs them. Second, those of them made from an argument, each with
+    that argument."""
     readers = {n for s in sites for n in s.nodes}
-    masks = [a for s in sites if s.causal and s.pattern == "sdpa"
-             for a in s.output.all_input_nodes[3:]]
+    arguments = {a for s in sites for a in (s.q, s.k, s.v, *(t.node for t in s.terms))
+                 if isinstance(a, fx.Node)}
     dead: set[fx.Node] = set()
-    pending = list(masks)
+    pending = [a for s in sites for n in s.nodes for a in n.all_input_nodes
+               if a not in readers]
     while pending:
         node = pending.pop()
-        if node in dead or node.op != "call_function":
+        if node in dead or node in arguments or node.op != "call_function":
             continue
-        if all(u in dead or u in readers for u in node.users):
-            dead.add(node)
+        checks = [u for u in node.users if u.target is _CHECK]
+        if all(u in dead or u in readers or u.target is _CHECK for u in node.users):
+            dead.update([node, *checks])  # export's assertions go with it (fuse_attention)
             pending.extend(node.all_input_nodes)
-    return frozenset(n.name for n in dead)
+    derived: dict[fx.Node, fx.Node] = {}  # -> the argument it is made from
+    order = {n: i for i, n in enumerate(sites[0].output.graph.nodes)} if sites else {}
+    for node in sorted(dead, key=order.__getitem__):  # producers first
+        source = next((a if a in arguments else derived[a] for a in node.all_input_nodes
+                       if a in arguments or a in derived), None)
+        if source is not None:
+            derived[node] = source
+    return (frozenset(n.name for n in dead),
+            tuple((n.name, a.name) for n, a in derived.items()))

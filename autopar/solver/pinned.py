@@ -26,6 +26,7 @@ from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import solve
+from autopar.solver.elementwise_fusion import fused_bytes
 from autopar.solver.evaluate import Prediction, assemble, evaluate
 from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
@@ -37,6 +38,7 @@ from autopar.solver.problem import (
     build_problem,
     forbid_sharding_like,
     keep_residual_stream_whole,
+    pair_row_parallel,
     shard_weight_matrices,
 )
 from autopar.solver.search import check_microbatch
@@ -79,6 +81,9 @@ class PinnedConfig:
     # Model eager attention as the fused kernel the program runs (no sequence-squared
     # tensors kept); False models it op by op, as Megatron-LM ran it in 2021.
     fuse_attention: bool = True
+    # Model a program that fuses its elementwise chains (Transformer Engine's kernels,
+    # torch.compile): autopar.solver.elementwise_fusion. autopar's runtime runs them eagerly.
+    fuse_elementwise: bool = False
     # Cross-entropy a block of tokens at a time (autopar.loss_ops), as the runtime runs it.
     chunked_loss: bool = True
 
@@ -93,7 +98,7 @@ class PinnedConfig:
                 raise AutoparError(f"PinnedConfig.{name} must be a positive integer, got "
                                    f"{value!r}", where=f"--{flag}",
                                    fix=f"pass --{flag} N with N >= 1")
-        for name in ("sp", "fuse_attention", "chunked_loss"):
+        for name in ("sp", "fuse_attention", "fuse_elementwise", "chunked_loss"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"PinnedConfig.{name} must be True or False, got "
                                    f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
@@ -236,16 +241,23 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)
+    if config.fuse_elementwise:
+        problem.fused_elementwise = fused_bytes(gm, skip=problem.fused_attention)
     if config.tp > 1:
         # Tensor parallelism splits the work within each sequence; splitting the batch is
         # data parallelism's job. Without --sp it does not split the sequence either
         # (Megatron's baseline: norms, dropouts and residuals whole on every device).
-        forbid_sharding_like(problem, propagate_input_dim(gm, config.tp, traced, dim=0))
-        sequence = propagate_input_dim(gm, config.tp, facts.seq_len, dim=1) if facts.seq_len else {}
+        # (follow_only: only what follows the batch or the sequence is marked; a microbatch
+        # tp does not divide marks nothing, rather than whatever a free slice would split)
+        forbid_sharding_like(problem, propagate_input_dim(gm, config.tp, traced, dim=0,
+                                                          follow_only=True))
+        sequence = propagate_input_dim(gm, config.tp, facts.seq_len, dim=1,
+                                       follow_only=True) if facts.seq_len else {}
         if not config.sp and sequence:
             forbid_sharding_like(problem, sequence)
         if config.layout == "megatron":
             keep_residual_stream_whole(problem, sequence if config.sp else {})
+            pair_row_parallel(problem)
             shard_weight_matrices(problem)
     tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     if config.cp > 1:

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from autopar.graph_facts import META_KEY, NodeFacts, graph_facts
 from autopar.placements import Replicate, Shard
+from autopar.precision import NORM_MODULE_SUFFIXES
 from autopar.strategies import Strategy, has_rule, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.mutation import ties
@@ -86,9 +87,16 @@ class Problem:
     fused_attention: frozenset[str] = frozenset()
     # nodes the fused program never runs (causal masks the kernels replace by a flag)
     dead: frozenset[str] = frozenset()
+    # nodes the fused program does not run whose values stand for the kernels' arguments
+    # (HF's repeat_kv of the keys and values) -> that argument: no time, and what is kept
+    # of them is the argument's bytes
+    not_run: dict[str, str] = field(default_factory=dict)
     # nodes of fused causal attention -> the sequence length: the kernels skip the score
     # blocks above the diagonal, about half the FLOPs the trace counted
     causal_attention: dict[str, int] = field(default_factory=dict)
+    # nodes of elementwise chains a fusing program runs as one kernel -> the bytes they do
+    # not move there (autopar.solver.elementwise_fusion; empty: eager, op by op)
+    fused_elementwise: dict = field(default_factory=dict)
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
     # what planning derives from the graph alone, shared by the problems of every tp degree
@@ -244,24 +252,68 @@ def forbid_sharding_like(problem: Problem, marker: dict[str, Strategy]) -> None:
 _RESIDUAL_OPS = ("layer_norm", "rms_norm", "aten.add.Tensor", "dropout")
 
 
+def _stream_shape(problem: Problem) -> tuple[int, ...] | None:
+    """The residual stream's shape: that of the first normalisation's input -- a norm op
+    (``layer_norm``, ``rms_norm``) or the first op of a norm module written out of
+    elementwise ops (HF's ``LlamaRMSNorm``). Not a norm's weight, whose path says "norm"
+    too."""
+    for d in problem.decisions:
+        facts = d.facts
+        if d.kind != "op" or not facts.shapes:
+            continue
+        if "norm" in facts.target or facts.module_type.endswith(NORM_MODULE_SUFFIXES):
+            return facts.shapes[0]
+    return None
+
+
 def keep_residual_stream_whole(problem: Problem, sequence: dict[str, Strategy]) -> None:
     """Megatron-LM's layout: norms, dropouts and residual adds keep their output whole on
-    every tp device — or split along the sequence where ``sequence`` (sequence parallelism)
-    says it lies. Only the matmuls and what lies between a column- and a row-parallel matmul
+    every tp device — or, with sequence parallelism, split along the sequence where
+    ``sequence`` says it lies. Only the matmuls and what lies between a column- and a row-parallel matmul
     are split. The residual stream is recognized by its shape: that of the norms' outputs."""
-    norms = [d for d in problem.decisions if "norm" in d.facts.target and d.facts.shapes]
-    if not norms:
+    stream = _stream_shape(problem)
+    if stream is None:
         return
-    stream = norms[0].facts.shapes[0]
-    for d in problem.decisions:
-        if d.kind != "op" or not any(op in d.facts.target for op in _RESIDUAL_OPS):
-            continue
-        if not d.facts.shapes or d.facts.shapes[0] != stream:
-            continue
-        seq = sequence.get(d.name)
-        allowed = {R} | ({seq.outputs[0]} if seq is not None and seq.outputs else set())
+    ops = [d for d in problem.decisions if d.kind == "op" and d.facts.shapes
+           and d.facts.shapes[0] == stream and (
+               any(op in d.facts.target for op in _RESIDUAL_OPS)
+               or d.facts.module_type.endswith(NORM_MODULE_SUFFIXES))]
+    # where the sequence lies in the stream: propagation from the tokens reaches the first
+    # layer's stream, not always past attention (which reads every key)
+    split = next((p for d in ops if (seq := sequence.get(d.name)) is not None and seq.outputs
+                  and isinstance(p := seq.outputs[0], Shard)), None)
+    allowed = {split} if split is not None else {R}
+    for d in ops:
         kept = [s for s in d.candidates if s.outputs and s.outputs[0] in allowed]
         d.candidates = kept or d.candidates[:1]
+
+
+def pair_row_parallel(problem: Problem) -> None:
+    """Megatron-LM's pairs: a linear whose output goes straight (through views, a dropout)
+    into the residual stream's add is row-parallel -- its weight split along its input
+    features, its output a partial sum reduced (or reduce-scattered, with sequence
+    parallelism) into the stream -- so the column-parallel linear before it hands it its
+    shard with no communication between them (the attention output projection, the MLP's
+    down projection)."""
+    stream = _stream_shape(problem)
+    if stream is None:
+        return
+    for d in problem.decisions:
+        if (d.kind != "op" or d.facts.target != "aten.add.Tensor" or not d.facts.shapes
+                or d.facts.shapes[0] != stream):
+            continue
+        for node in d.nodes[0].all_input_nodes:
+            while node.op == "call_function" and node.meta.get(META_KEY) is not None and (
+                    node.meta[META_KEY].is_view or "dropout" in node.meta[META_KEY].target):
+                node = node.all_input_nodes[0]
+            facts = node.meta.get(META_KEY)
+            if facts is None or facts.target != "aten.linear.default" or node.name not in \
+                    problem.decision_of:
+                continue
+            linear = problem.decisions[problem.decision_of[node.name]]
+            row = [c for c in linear.candidates
+                   if len(c.inputs) > 1 and c.inputs[1] == Shard(1)]
+            linear.candidates = row or linear.candidates
 
 
 def shard_weight_matrices(problem: Problem) -> None:

@@ -85,6 +85,9 @@ _MEGATRON_CORE = {
     # fp8 cast of its output, SwiGLU, rotary embeddings, bias-dropout-add): priced as a
     # program whose elementwise chains run as one kernel (autopar.solver.elementwise_fusion).
     "fuse_elementwise": True,
+    # Megatron-Core's context parallelism passes keys and values around a ring
+    # (``cp_comm_type="p2p"``, its only algorithm until mid-2024 and still the default).
+    "cp_algorithm": "ring",
 }
 FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
                       "megatron_bridge_perf_h100": _MEGATRON_CORE,
@@ -298,6 +301,7 @@ def predict_row(row: dict) -> Outcome:
                           # the published programs take the loss over whole logits
                           chunked_loss=False,
                           fuse_elementwise=compiled(row) or bool(defaults.get("fuse_elementwise")),
+                          cp_algorithm=defaults.get("cp_algorithm") if cp > 1 else None,
                           master_weights=defaults.get("master_weights", "params"))
     est = estimate_graph(gm, row_cluster(row, defaults.get("attention")), config)
     step = est.prediction.step_time_s

@@ -111,3 +111,27 @@ def test_fusing_elementwise_speeds_only_the_elementwise_ops() -> None:
 def test_fuse_elementwise_must_be_a_bool() -> None:
     with pytest.raises(AutoparError, match="fuse_elementwise"):
         PinnedConfig(fuse_elementwise="yes")
+
+
+def test_fp8_linears_pay_for_quantizing() -> None:
+    """fp8 linears quantize their input in forward -- once per tensor: q, k and v read one
+    copy -- and their output gradient in backward; a fusing program writes fp8 straight
+    from the norm that makes the input, and quantizes gradients in one cast-transpose
+    kernel (modelled, H100)."""
+    gm = trace_model("llama:layers=1,hidden=512,heads=8,kv_heads=8,ffn=1024,vocab=1024,"
+                     "seq=512", 1, None).gm
+    config = PinnedConfig(dp=1, global_batch=1, precision="fp8", recompute="none")
+    cluster = load_cluster("1xH100-80GB")
+    costs = {}
+    for fuse in (False, True):
+        est = estimate_graph(gm, cluster, replace(config, fuse_elementwise=fuse))
+        t = est.tables
+        costs[fuse] = {d.name: t._fp8_quantize_times(d, d.candidates[i])
+                       for d, i in zip(est.problem.decisions, est.choice)
+                       if d.kind == "op" and t.fp8_linear(d)}
+    eager, fused = costs[False], costs[True]
+    projections = [name for name in eager if name.startswith("linear")][:3]  # q, k, v
+    assert [eager[n][0] > 0 for n in projections] == [True, False, False]
+    assert all(b > 0 for _, b in eager.values())
+    assert all(fused[n][1] < eager[n][1] for n in eager)
+    assert fused[projections[0]][0] == 0.0  # the norm writes fp8

@@ -98,7 +98,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "recompute_layers": list(est.setting.layer_recompute) or None, "precision": c.precision,
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
-            "chunked_loss": c.chunked_loss,
+            "chunked_loss": c.chunked_loss, "fuse_elementwise": c.fuse_elementwise,
         },
         "predicted": {
             "step_time_s": step,
@@ -142,7 +142,8 @@ def format_report(r: dict) -> str:
         f"schedule {a['schedule']}" + (f" (v={a['virtual_stages']})" if a['virtual_stages'] > 1
                                        else "")
         + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else "")
-        + ("" if a["chunked_loss"] else ", torch's cross-entropy (--no-chunked-loss)"),
+        + ("" if a["chunked_loss"] else ", torch's cross-entropy (--no-chunked-loss)")
+        + (", elementwise ops fused (--fuse-elementwise)" if a.get("fuse_elementwise") else ""),
         "",
         "memory per device (the fullest stage)",
     ]
@@ -186,6 +187,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         master_weights=args.master_weights,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
+        fuse_elementwise=args.fuse_elementwise,
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor-parallel layout: the solver's fastest ('auto', what `autopar "
                    "plan` would run), or Megatron-LM's (every weight matrix split, norms and "
                    "residuals whole or sequence-split with --sp), to compare with runs that used it")
+    p.add_argument("--fuse-elementwise", action="store_true",
+                   help="price a program that fuses its elementwise ops (Transformer Engine's "
+                   "kernels, torch.compile): chains between matmuls run as one kernel, their "
+                   "middle values never written; autopar's own programs run them eagerly")
     flags.add_microbatch(p, default=1)
     flags.add_recompute(p, default="none")
     flags.add_precision(p)

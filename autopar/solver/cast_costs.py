@@ -84,3 +84,25 @@ def inserted_casts(gm: fx.GraphModule, precision: PrecisionAssignment,
         if back is not None and not (fused and fusable(node)):
             out.setdefault(node.name, []).append(Cast(node.name, -1, want, back))
     return {name: tuple(casts) for name, casts in out.items()}
+
+
+# --- fp8 linears' quantization ------------------------------------------------------------
+FP8_EAGER_BYTES = (2.0, 1.0)
+"""(reads of the value, bytes written) per element of an eager tensorwise quantization
+(``fp8_ops.quantize``, torchao's eager ``Float8Linear``): the value read twice (the amax
+pass, then the scaled cast) and its one-byte fp8 copy written."""
+FP8_FUSED_BYTES = (1.0, 2.0)
+"""The same for a fusing program's cast-transpose kernel (Transformer Engine's
+``cast_transpose``; Inductor's fused amax and cast): the value read once, the fp8 copy and
+its transpose (which the backward's matmuls read) written, a byte each."""
+
+
+def fp8_quantize_bytes(elements: float, element_bytes: int, fused: bool) -> float:
+    """Bytes moved quantizing a value of ``elements`` stored in ``element_bytes`` bytes to
+    fp8 (tensorwise), eager or in a fusing program.
+
+    >>> fp8_quantize_bytes(1e6, 2, fused=False), fp8_quantize_bytes(1e6, 2, fused=True)
+    (5000000.0, 4000000.0)
+    """
+    reads, writes = FP8_FUSED_BYTES if fused else FP8_EAGER_BYTES
+    return elements * (element_bytes * reads + writes)

@@ -60,11 +60,13 @@ from autopar.precision import (
     stored_word,
 )
 from autopar.solver.batch_axis import batch_scaled
-from autopar.solver.cast_costs import Cast, inserted_casts
+from autopar.solver.cast_costs import Cast, fp8_quantize_bytes, inserted_casts
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
+from autopar.solver.elementwise_fusion import fusable, through_views
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.strategies import Strategy
+from autopar.values import tensor_inputs
 
 _FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
 AUTOCAST_FP32_TARGETS = frozenset({
@@ -633,6 +635,10 @@ class CostTables:
         casts = self._inserted_cast_time(d, s)  # the precision's casts of its activations
         fwd += casts
         bwd += casts if facts.requires_grad else 0.0
+        if self.fp8_linear(d):
+            quantize_fwd, quantize_bwd = self._fp8_quantize_times(d, s)
+            fwd += quantize_fwd
+            bwd += quantize_bwd if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
     def _inserted_cast_time(self, d: Decision, s: Strategy) -> float:
@@ -656,6 +662,48 @@ class CostTables:
                                                                              self.setting.tp)
             seconds += forward_time(0.0, moved, self.cluster.device, cast.want)
         return seconds
+
+    def _fp8_quantize_times(self, d: Decision, s: Strategy) -> tuple[float, float]:
+        """(forward, backward) seconds an fp8 linear spends quantizing: its input in
+        forward -- once per tensor (q, k and v share one copy), and in a fusing program
+        nothing where the elementwise kernel that makes it writes fp8 (a norm's, SwiGLU's);
+        its output gradient in backward. Eager, the backward's matmuls also copy the fp8
+        operands they read transposed (``fp8_ops._scaled_matmul``)."""
+        fused = bool(self.problem.fused_elementwise)
+        device, tp = self.cluster.device, self.setting.tp
+        x = tensor_inputs(d.nodes[0])[0]
+        key = self.problem.value_key(x)
+        producer = self.problem.decisions[key[0]]
+        x_bytes = self.precision.bytes_per_element(producer.name)
+        x_elements = self.value_bytes(key) / x_bytes / divisor(s.inputs[0], tp)
+        fwd = 0.0
+        if self._first_fp8_readers.get(key) == d.index and not (
+                fused and fusable(through_views(x))):
+            fwd = forward_time(0.0, fp8_quantize_bytes(x_elements, x_bytes, fused), device,
+                               "fp8", kernels=1 if fused else 3)
+        grad_bytes = BYTES[stored_word(self.options.precision)]
+        out_elements = (self.value_bytes((d.index, 0)) / self.precision.bytes_per_element(
+            d.name) / divisor(s.outputs[0], tp))
+        moved = fp8_quantize_bytes(out_elements, grad_bytes, fused)
+        if not fused:  # transposed copies of the output gradient's and the input's fp8
+            moved += 2.0 * (out_elements + x_elements)
+        bwd = forward_time(0.0, moved, device, "fp8", kernels=1 if fused else 5)
+        return fwd, bwd
+
+    @property
+    def _first_fp8_readers(self) -> dict[ValueKey, int]:
+        """Value -> the first fp8 linear that reads it as its input, which quantizes it
+        for all of them (once per problem and precision)."""
+        key = ("first fp8 readers", precision_key(self.options, self.setting.zero))
+        if key not in self.problem.cache:
+            out: dict[ValueKey, int] = {}
+            for d in self.problem.decisions:
+                if d.kind == "op" and self.fp8_linear(d):
+                    inputs = tensor_inputs(d.nodes[0])
+                    if inputs:
+                        out.setdefault(self.problem.value_key(inputs[0]), d.index)
+            self.problem.cache[key] = out
+        return self.problem.cache[key]
 
     def _node_named(self, name: str) -> fx.Node:
         nodes = self.problem.cache.setdefault("nodes_by_name", {

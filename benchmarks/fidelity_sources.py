@@ -170,8 +170,9 @@ def expressible(row: dict) -> str:
     if compiled(row):
         # Inductor's fusion is priced (PinnedConfig.fuse_elementwise), but what else a
         # compiled program changes is not: rows measured under it are not predicted
-        # (priced with fusion, torchtitan 2024-12's compiled bf16 rows came out +13.5% and
-        # +17.8%, its Float8 ones +27% to +52%; benchmarks/results/fused_elementwise_*.md)
+        # (priced with fusion, torchtitan 2024-12's compiled bf16 rows came out +12% and
+        # +16%, its Float8 ones +20% to +26% and its 70B 2D row not fitting;
+        # benchmarks/results/fused_elementwise_2026-11-29.md)
         return "torch.compile (its fusion is priced; the rest of what it changes is not)"
     if not any(k in model for k in ("llama", "gpt")):
         return f"model {row.get('model')!r} (only GPT and Llama rows are built)"

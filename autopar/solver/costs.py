@@ -641,11 +641,15 @@ class CostTables:
             bwd += quantize_bwd if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
+    @cached_property
+    def _casts(self) -> dict[str, tuple[Cast, ...]]:
+        return casts_of(self.problem, self.options, self.setting.zero)
+
     def _inserted_cast_time(self, d: Decision, s: Strategy) -> float:
         """Seconds of the casts the program runs for ``d``'s inputs (and a normalisation's
         output) where the precision stores them in another dtype, one kernel each
         (:mod:`autopar.solver.cast_costs`); their backward casts the gradients as long."""
-        casts = casts_of(self.problem, self.options, self.setting.zero).get(d.name)
+        casts = self._casts.get(d.name)
         if not casts:
             return 0.0
         seconds = 0.0
@@ -706,9 +710,10 @@ class CostTables:
         return self.problem.cache[key]
 
     def _node_named(self, name: str) -> fx.Node:
-        nodes = self.problem.cache.setdefault("nodes_by_name", {
-            n.name: n for n in self.problem.gm.graph.nodes})
-        return nodes[name]
+        cache = self.problem.cache
+        if "nodes_by_name" not in cache:
+            cache["nodes_by_name"] = {n.name: n for n in self.problem.gm.graph.nodes}
+        return cache["nodes_by_name"][name]
 
     def _view_times(self, d: Decision) -> tuple[float, float, float]:
         """An op that runs no kernel (a view; a dropout that returns its input): the host's

@@ -52,18 +52,17 @@ def fusable(node: fx.Node) -> bool:
     return not any(word in target for word in _NOT_FUSED)
 
 
+def _is_view(node: fx.Node) -> bool:
+    """A node that runs no kernel: a view of its input, or a getitem of a tuple."""
+    facts: NodeFacts | None = node.meta.get(META_KEY)
+    return node.op == "call_function" and (
+        node.target is operator.getitem or (facts is not None and facts.is_view))
+
+
 def through_views(node: fx.Node) -> fx.Node:
     """The node whose kernel produced ``node``'s storage: views and getitems hop back."""
-    seen = 0
-    while seen < 64:
-        facts: NodeFacts | None = node.meta.get(META_KEY)
-        viewish = node.op == "call_function" and (
-            node.target is operator.getitem
-            or (facts is not None and facts.is_view))
-        if not viewish or not node.all_input_nodes:
-            return node
+    while _is_view(node) and node.all_input_nodes:
         node = node.all_input_nodes[0]
-        seen += 1
     return node
 
 
@@ -73,10 +72,7 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     pending = list(node.users)
     while pending:
         user = pending.pop()
-        facts: NodeFacts | None = user.meta.get(META_KEY)
-        if user.op == "call_function" and (
-                user.target is operator.getitem
-                or (facts is not None and facts.is_view)):
+        if _is_view(user):
             pending.extend(user.users)
         else:
             out.append(user)

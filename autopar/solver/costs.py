@@ -660,9 +660,7 @@ class CostTables:
                 key = self.problem.value_key(self._node_named(cast.value))
                 placement = (s.inputs[cast.position] if cast.position < len(s.inputs)
                              else s.outputs[0])
-            producer = self.problem.decisions[key[0]]
-            numel = self.value_bytes(key) / self.precision.bytes_per_element(producer.name)
-            moved = numel * (BYTES[cast.have] + BYTES[cast.want]) / divisor(placement,
+            moved = self._elements(key) * (BYTES[cast.have] + BYTES[cast.want]) / divisor(placement,
                                                                              self.setting.tp)
             seconds += forward_time(0.0, moved, self.cluster.device, cast.want)
         return seconds
@@ -677,22 +675,25 @@ class CostTables:
         device, tp = self.cluster.device, self.setting.tp
         x = tensor_inputs(d.nodes[0])[0]
         key = self.problem.value_key(x)
-        producer = self.problem.decisions[key[0]]
-        x_bytes = self.precision.bytes_per_element(producer.name)
-        x_elements = self.value_bytes(key) / x_bytes / divisor(s.inputs[0], tp)
+        x_bytes = self.precision.bytes_per_element(self.problem.decisions[key[0]].name)
+        x_elements = self._elements(key) / divisor(s.inputs[0], tp)
         fwd = 0.0
         if self._first_fp8_readers.get(key) == d.index and not (
                 fused and fusable(through_views(x))):
             fwd = forward_time(0.0, fp8_quantize_bytes(x_elements, x_bytes, fused), device,
                                "fp8", kernels=1 if fused else 3)
         grad_bytes = BYTES[stored_word(self.options.precision)]
-        out_elements = (self.value_bytes((d.index, 0)) / self.precision.bytes_per_element(
-            d.name) / divisor(s.outputs[0], tp))
+        out_elements = self._elements((d.index, 0)) / divisor(s.outputs[0], tp)
         moved = fp8_quantize_bytes(out_elements, grad_bytes, fused)
         if not fused:  # transposed copies of the output gradient's and the input's fp8
             moved += 2.0 * (out_elements + x_elements)
         bwd = forward_time(0.0, moved, device, "fp8", kernels=1 if fused else 5)
         return fwd, bwd
+
+    def _elements(self, key: ValueKey) -> float:
+        """Elements of one instance of a value (whole over tp, local over dp)."""
+        producer = self.problem.decisions[key[0]]
+        return self.value_bytes(key) / self.precision.bytes_per_element(producer.name)
 
     @property
     def _first_fp8_readers(self) -> dict[ValueKey, int]:

@@ -102,6 +102,11 @@ def parse_placement(text: str) -> Placement:
     )
 
 
+def divisor(placement: Placement, n: int) -> int:
+    """How many parts ``placement`` splits a value into over a mesh axis of ``n`` ranks."""
+    return n if isinstance(placement, Shard) else 1
+
+
 def local_size(size: int, placement: Placement, axis_size: int) -> int:
     """Size of a sharded dimension on one device (even sharding only)."""
     if isinstance(placement, Shard):

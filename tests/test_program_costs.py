@@ -22,6 +22,7 @@ from autopar.precision import WORD_OF_DTYPE, assign_precision, params_word
 from autopar.solver.cast_costs import inserted_casts
 from autopar.solver.elementwise_fusion import fused_bytes
 from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.precision_costs import fp8_quantize_times, inserted_cast_time
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=100,seq=16"
 
@@ -64,7 +65,7 @@ def test_casts_make_a_bf16_step_slower_and_fusing_programs_fold_them() -> None:
         dp=1, global_batch=1, precision="bf16", recompute="none"))
     by_name = {d.name: (d, d.candidates[i]) for d, i in zip(est.problem.decisions, est.choice)}
     name = next(iter(eager))
-    assert est.tables._inserted_cast_time(*by_name[name]) > 0
+    assert inserted_cast_time(est.tables, *by_name[name]) > 0
 
 
 def test_a_fused_chain_keeps_its_middle_values_off_memory() -> None:
@@ -102,8 +103,8 @@ def test_fusing_elementwise_speeds_only_the_elementwise_ops() -> None:
         if d.kind == "op" and d.nodes[0].meta[META_KEY].fwd_flops:  # less their casts
             f_fwd, f_bwd, _ = fused.tables.times(d, d.candidates[i])
             e_fwd, e_bwd, _ = eager.tables.times(e, e.candidates[j])
-            f_cast = fused.tables._inserted_cast_time(d, d.candidates[i])
-            e_cast = eager.tables._inserted_cast_time(e, e.candidates[j])
+            f_cast = inserted_cast_time(fused.tables, d, d.candidates[i])
+            e_cast = inserted_cast_time(eager.tables, e, e.candidates[j])
             assert f_cast <= e_cast
             assert f_fwd - f_cast == pytest.approx(e_fwd - e_cast, rel=1e-9)
 
@@ -126,7 +127,7 @@ def test_fp8_linears_pay_for_quantizing() -> None:
     for fuse in (False, True):
         est = estimate_graph(gm, cluster, replace(config, fuse_elementwise=fuse))
         t = est.tables
-        costs[fuse] = {d.name: t._fp8_quantize_times(d, d.candidates[i])
+        costs[fuse] = {d.name: fp8_quantize_times(t, d, d.candidates[i])
                        for d, i in zip(est.problem.decisions, est.choice)
                        if d.kind == "op" and t.fp8_linear(d)}
     eager, fused = costs[False], costs[True]

@@ -51,22 +51,23 @@ from autopar.graph_facts import META_KEY, NodeFacts
 from autopar.knobs import RECOMPUTE_MODES
 from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
 from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
-from autopar.placements import Placement, Shard
+from autopar.placements import Placement, Shard, divisor
 from autopar.precision import (
     BYTES,
     PrecisionAssignment,
-    assign_precision,
-    params_word,
     stored_word,
 )
 from autopar.solver.batch_axis import batch_scaled
-from autopar.solver.cast_costs import Cast, fp8_quantize_bytes, inserted_casts
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
-from autopar.solver.elementwise_fusion import fusable, through_views
 from autopar.solver.options import PlanOptions
+from autopar.solver.precision_costs import (
+    fp8_quantize_times,
+    inserted_cast_time,
+    precision_assignment,
+    precision_key,
+)
 from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.strategies import Strategy
-from autopar.values import tensor_inputs
 
 _FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
 AUTOCAST_FP32_TARGETS = frozenset({
@@ -193,10 +194,6 @@ def fp8_copy(placement: Placement) -> tuple[str, Placement]:
     """The key of the fp8 copy an fp8 linear keeps of a value read in ``placement`` (a
     saved "placement" of its own: :meth:`CostTables.saved_bytes`)."""
     return (FP8_COPY, placement)
-
-
-def divisor(placement: Placement, n: int) -> int:
-    return n if isinstance(placement, Shard) else 1
 
 
 def matmul_shape(node: fx.Node) -> tuple[int, int, int] | None:
@@ -632,89 +629,14 @@ class CostTables:
                                     + weights / div) * stored, device)
             if cast:
                 bwd += forward_time(0.0, cast, device, dtype)
-        casts = self._inserted_cast_time(d, s)  # the precision's casts of its activations
+        casts = inserted_cast_time(self, d, s)  # the precision's casts of its activations
         fwd += casts
         bwd += casts if facts.requires_grad else 0.0
         if self.fp8_linear(d):
-            quantize_fwd, quantize_bwd = self._fp8_quantize_times(d, s)
+            quantize_fwd, quantize_bwd = fp8_quantize_times(self, d, s)
             fwd += quantize_fwd
             bwd += quantize_bwd if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
-
-    @cached_property
-    def _casts(self) -> dict[str, tuple[Cast, ...]]:
-        return casts_of(self.problem, self.options, self.setting.zero)
-
-    def _inserted_cast_time(self, d: Decision, s: Strategy) -> float:
-        """Seconds of the casts the program runs for ``d``'s inputs (and a normalisation's
-        output) where the precision stores them in another dtype, one kernel each
-        (:mod:`autopar.solver.cast_costs`); their backward casts the gradients as long."""
-        casts = self._casts.get(d.name)
-        if not casts:
-            return 0.0
-        seconds = 0.0
-        for cast in casts:
-            if cast.position < 0:
-                key, placement = (d.index, 0), s.outputs[0]
-            else:
-                key = self.problem.value_key(self._node_named(cast.value))
-                placement = (s.inputs[cast.position] if cast.position < len(s.inputs)
-                             else s.outputs[0])
-            moved = self._elements(key) * (BYTES[cast.have] + BYTES[cast.want]) / divisor(placement,
-                                                                             self.setting.tp)
-            seconds += forward_time(0.0, moved, self.cluster.device, cast.want)
-        return seconds
-
-    def _fp8_quantize_times(self, d: Decision, s: Strategy) -> tuple[float, float]:
-        """(forward, backward) seconds an fp8 linear spends quantizing: its input in
-        forward -- once per tensor (q, k and v share one copy), and in a fusing program
-        nothing where the elementwise kernel that makes it writes fp8 (a norm's, SwiGLU's);
-        its output gradient in backward. Eager, the backward's matmuls also copy the fp8
-        operands they read transposed (``fp8_ops._scaled_matmul``)."""
-        fused = bool(self.problem.fused_elementwise)
-        device, tp = self.cluster.device, self.setting.tp
-        x = tensor_inputs(d.nodes[0])[0]
-        key = self.problem.value_key(x)
-        x_bytes = self.precision.bytes_per_element(self.problem.decisions[key[0]].name)
-        x_elements = self._elements(key) / divisor(s.inputs[0], tp)
-        fwd = 0.0
-        if self._first_fp8_readers.get(key) == d.index and not (
-                fused and fusable(through_views(x))):
-            fwd = forward_time(0.0, fp8_quantize_bytes(x_elements, x_bytes, fused), device,
-                               "fp8", kernels=1 if fused else 3)
-        grad_bytes = BYTES[stored_word(self.options.precision)]
-        out_elements = self._elements((d.index, 0)) / divisor(s.outputs[0], tp)
-        moved = fp8_quantize_bytes(out_elements, grad_bytes, fused)
-        if not fused:  # transposed copies of the output gradient's and the input's fp8
-            moved += 2.0 * (out_elements + x_elements)
-        bwd = forward_time(0.0, moved, device, "fp8", kernels=1 if fused else 5)
-        return fwd, bwd
-
-    def _elements(self, key: ValueKey) -> float:
-        """Elements of one instance of a value (whole over tp, local over dp)."""
-        producer = self.problem.decisions[key[0]]
-        return self.value_bytes(key) / self.precision.bytes_per_element(producer.name)
-
-    @property
-    def _first_fp8_readers(self) -> dict[ValueKey, int]:
-        """Value -> the first fp8 linear that reads it as its input, which quantizes it
-        for all of them (once per problem and precision)."""
-        key = ("first fp8 readers", precision_key(self.options, self.setting.zero))
-        if key not in self.problem.cache:
-            out: dict[ValueKey, int] = {}
-            for d in self.problem.decisions:
-                if d.kind == "op" and self.fp8_linear(d):
-                    inputs = tensor_inputs(d.nodes[0])
-                    if inputs:
-                        out.setdefault(self.problem.value_key(inputs[0]), d.index)
-            self.problem.cache[key] = out
-        return self.problem.cache[key]
-
-    def _node_named(self, name: str) -> fx.Node:
-        cache = self.problem.cache
-        if "nodes_by_name" not in cache:
-            cache["nodes_by_name"] = {n.name: n for n in self.problem.gm.graph.nodes}
-        return cache["nodes_by_name"][name]
 
     def _view_times(self, d: Decision) -> tuple[float, float, float]:
         """An op that runs no kernel (a view; a dropout that returns its input): the host's
@@ -1126,7 +1048,7 @@ class CostTables:
         argument = self.problem.not_run.get(d.name)
         if argument is not None and whole:  # the kernel keeps the argument (grouped keys)
             whole = min(whole, self.value_bytes(self.problem.value_key(
-                self._node_named(argument))))
+                self.problem.node_named(argument))))
         return whole / divisor(placement, self.setting.tp)
 
     def _viewed_param(self, d: Decision) -> Decision | None:
@@ -1162,37 +1084,6 @@ _PARAM_VIEWS = {torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
                 torch.ops.aten.t.default, torch.ops.aten.view.default,
                 torch.ops.aten.reshape.default, torch.ops.aten.alias.default,
                 torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default}
-
-
-def precision_assignment(problem: Problem, options: PlanOptions,
-                         zero: int) -> PrecisionAssignment:
-    """The per-node precision of ``problem``'s graph under ``options`` at ZeRO ``zero``
-    (which decides the dtype parameters are read in), computed once per graph: the problems
-    of every tp degree share it (``Problem.graph_cache``)."""
-    key = (*precision_key(options, zero), problem.fused_attention)
-    if key not in problem.graph_cache:
-        problem.graph_cache[key] = assign_precision(problem.gm, options.precision,
-                                                    dict(options.precision_overrides), key[3],
-                                                    fused=problem.fused_attention)
-    return problem.graph_cache[key]
-
-
-def casts_of(problem: Problem, options: PlanOptions, zero: int) -> dict[str, tuple[Cast, ...]]:
-    """The casts the program inserts for ``problem``'s precision (:mod:`cast_costs`), once
-    per graph and precision."""
-    key = ("casts", *precision_key(options, zero), problem.fused_attention,
-           bool(problem.fused_elementwise))
-    if key not in problem.graph_cache:
-        problem.graph_cache[key] = inserted_casts(
-            problem.gm, precision_assignment(problem, options, zero),
-            fused=bool(problem.fused_elementwise))
-    return problem.graph_cache[key]
-
-
-def precision_key(options: PlanOptions, zero: int) -> tuple:
-    """What a problem's precision assignment depends on (its cache key)."""
-    return ("precision", options.precision, options.precision_overrides,
-            params_word(options.precision, zero, options.master_weights))
 
 
 def _param_args(node: fx.Node) -> list[tuple[fx.Node, NodeFacts]]:

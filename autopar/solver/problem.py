@@ -100,12 +100,18 @@ class Problem:
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
     # what planning derives from the graph alone, shared by the problems of every tp degree
-    # built from one skeleton (the per-node precision: costs.precision_assignment)
+    # built from one skeleton (the per-node precision: precision_costs.precision_assignment)
     graph_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def value_key(self, node: fx.Node) -> ValueKey:
         producer, index = value_of(node)
         return self.decision_of[producer.name], index
+
+    def node_named(self, name: str) -> fx.Node:
+        """The graph node called ``name`` (a map built once per problem)."""
+        if "nodes_by_name" not in self.cache:
+            self.cache["nodes_by_name"] = {n.name: n for n in self.gm.graph.nodes}
+        return self.cache["nodes_by_name"][name]
 
 
 def decision_key(node: fx.Node) -> object:

@@ -18,8 +18,9 @@ import torch.fx as fx
 
 from autopar.cost_models.comm import collective_time
 from autopar.graph_facts import META_KEY
-from autopar.placements import Placement, Replicate, Shard
-from autopar.solver.costs import CostTables, divisor, fp8_copy, precision_key
+from autopar.placements import Placement, Replicate, Shard, divisor
+from autopar.solver.costs import CostTables, fp8_copy
+from autopar.solver.precision_costs import precision_key
 from autopar.solver.problem import Problem, ValueKey
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from autopar.report.charts import GIB, TEMPLATE, title_of
 from autopar.report.facts import Candidates
-from autopar.solver.search import setting_text
+from autopar.solver.candidate import setting_text
 from autopar.units import format_bytes, format_seconds
 
 

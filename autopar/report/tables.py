@@ -10,7 +10,7 @@ from typing import Any
 from autopar.plan import Plan
 from autopar.report.facts import Candidates
 from autopar.report.measured import RunSteps
-from autopar.solver.search import setting_text
+from autopar.solver.candidate import setting_text
 from autopar.units import format_bytes, format_count, format_seconds
 
 EXAMPLES = 50

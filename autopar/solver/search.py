@@ -20,18 +20,15 @@ import torch.fx as fx
 
 from autopar import progress
 from autopar.cluster import Cluster
-from autopar.constraints import memory_cap, stage_cuts
-from autopar.cost_models.comm import axis_link, busy_latency
+from autopar.constraints import memory_cap
 from autopar.cost_models.context_parallel import CP_ALGORITHMS
-from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
-from autopar.cost_models.ground import load_ground
 from autopar.cost_models.memory import MemoryBreakdown
-from autopar.cost_models.pipeline import bubble_fraction, schedule_name
 from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import LEANNESS, RECOMPUTE_MODES
 from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.batch_coupling import Coupling, batch_couplings, coupling_refusal
+from autopar.solver.candidate import Candidate, setting_text
 from autopar.solver.context import (
     CP_LONG_CONTEXT,
     CP_SEARCH_MIN_TOKENS,
@@ -39,20 +36,22 @@ from autopar.solver.context import (
     cheapest,
     cp_refusal,
 )
-from autopar.solver.costs import CostTables, Setting, fp8_copy
+from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.cpsat import build as build_layout
 from autopar.solver.evaluate import (
-    Prediction,
-    assemble,
-    data_parallel_costs,
     evaluate,
-    stage_load,
 )
 from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
-from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
+from autopar.solver.layout_trials import (
+    least_idle,
+    lower_bounds,
+    mixing,
+    try_layout,
+    try_mixed,
+)
 from autopar.solver.options import PlanOptions
 from autopar.solver.pin_conflicts import Conflict, conflict, pinned
 from autopar.solver.problem import (
@@ -63,43 +62,8 @@ from autopar.solver.problem import (
     problem_skeleton,
 )
 from autopar.solver.solve_ahead import SolveAhead
-from autopar.solver.stages import RUNNABLE_SCHEDULES, balance
-from autopar.solver.unit_costs import UnitCosts, unit_costs
+from autopar.solver.stages import RUNNABLE_SCHEDULES
 from autopar.units import format_bytes
-
-
-@dataclass
-class Candidate:
-    setting: Setting
-    status: str  # OPTIMAL / FEASIBLE / INFEASIBLE / PRUNED(...) / SKIPPED(...)
-    prediction: Prediction | None = None
-    choice: list[int] | None = None
-    wall_s: float = 0.0
-    # The CP-SAT solves behind this candidate (``cpsat.solve_stats``): its layout's, marked
-    # "reused" when solved for another setting, and the per-layer recomputation's if any.
-    solves: tuple[dict, ...] = ()
-
-    def summary(self) -> dict:
-        s = self.setting
-        out = {
-            "pp": s.pp, "dp": s.dp, "tp": s.tp, "zero": s.zero, "microbatch": s.microbatch,
-            "microbatches": s.microbatches, "recompute": s.recompute, "status": self.status,
-            "wall_s": round(self.wall_s, 4),
-        }
-        if s.ep > 1:
-            out["ep"] = s.ep
-        if s.dp_replicate > 1:
-            out["dp_replicate"] = s.dp_replicate
-        if s.pp > 1:
-            out.update(schedule=s.schedule, virtual=s.virtual,
-                       partition=list(s.partition) if s.partition else None)
-        if self.prediction is not None:
-            out["step_time_s"] = self.prediction.step_time_s
-            out["peak_memory_bytes"] = int(self.prediction.peak_memory_bytes)
-        solved_here = [s for s in self.solves if not s.get("reused")]
-        if solved_here:
-            out["solve_stats"] = solved_here
-        return out
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -487,12 +451,12 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             if memory_floor > tables.capacity:
                 candidates.append(Candidate(setting, "PRUNED(memory lower bound)"))
                 continue
-            if best is not None and _mixing(options, setting) and options.recompute_layers is None:
+            if best is not None and mixing(options, setting) and options.recompute_layers is None:
                 # a mix recomputes only some layers: its floor is the one that keeps everything
                 keep_all = replace(setting, recompute="none")
                 time_floor = lower_bounds(CostTables(problem, cluster, options, keep_all, traced,
                                                      facts.seq_len), 1 / pp, flight / pp)[1]
-            if best is not None and time_floor / pp * (1 + _least_idle(variants, pp, m)) >= best[0]:
+            if best is not None and time_floor / pp * (1 + least_idle(variants, pp, m)) >= best[0]:
                 candidates.append(Candidate(setting, "PRUNED(time lower bound)"))
                 break
             # The tp layout solved for the same problem, recomputation, microbatch and ZeRO
@@ -505,7 +469,7 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
             if uniform:
                 # and the layouts solved for the other ZeRO stages (_reusable)
                 for key in _reusable(reuse_key, setting.zero):
-                    fastest, best = _try_layout(layouts.get(key), tables, setting, variants,
+                    fastest, best = try_layout(layouts.get(key), tables, setting, variants,
                                                 cluster, candidates, best, problem, batch,
                                                 reused=True)
                     if fastest is not None:
@@ -530,10 +494,10 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
                     continue
                 layouts[reuse_key] = result
                 if uniform:
-                    fastest, best = _try_layout(result, tables, setting, variants, cluster,
+                    fastest, best = try_layout(result, tables, setting, variants, cluster,
                                                 candidates, best, problem, batch)
-            if _mixing(options, setting):
-                step, best = _try_mixed(layouts.get(reuse_key), tables, setting, variants, cluster,
+            if mixing(options, setting):
+                step, best = try_mixed(layouts.get(reuse_key), tables, setting, variants, cluster,
                                         candidates, best, problem, batch)
                 if step is not None:
                     fastest = step if fastest is None else min(fastest, step)
@@ -576,6 +540,19 @@ def _reuse_key(problem: Problem, setting: Setting) -> tuple:
             setting.grad_group > 1, setting.cp, setting.cp_algorithm)
 
 
+def _reusable(key: tuple, zero: int) -> list[tuple]:
+    """Layout keys worth trying before a solve: this setting's, then the same one's under
+    the other ZeRO stages solved (``key[3]`` is the stage): ZeRO-0's and ZeRO-3's for stages
+    1 and 2, each other's for 0 and 3. The stage scales memory and data-parallel traffic,
+    not which op is split how; a reused layout that does not fit is solved anew (measured:
+    the same plans for the five ``benchmarks/plan_time.py`` rows, 70B on 1,024 H100s in
+    16.5 s instead of 21.2 s)."""
+    keys = [key]
+    others = {0: (3,), 1: (0, 3), 2: (0, 3), 3: (0,)}.get(zero, ())
+    keys += [(*key[:3], other, *key[4:]) for other in others]
+    return keys
+
+
 SOLVES_AHEAD = 2
 """Layout solves queued on the worker at a time (:mod:`autopar.solver.solve_ahead`)."""
 
@@ -615,303 +592,12 @@ def _solve_next(ahead: SolveAhead, problem_for, cluster: Cluster, options: PlanO
             return
 
 
-def setting_text(c: dict) -> str:
-    """A candidate's setting (``Candidate.summary()``, or a plan JSON's candidate) in a few
-    words: ``pp=2 dp=8 tp=1 ZeRO-3 microbatch 8 x 8 1f1b``."""
-    words = [f"{k}={c[k]}" for k in ("pp", "dp", "tp", "ep", "dp_replicate") if k in c]
-    words.append(f"ZeRO-{c.get('zero', 0)}")
-    words.append(f"microbatch {c.get('microbatch')} x {c.get('microbatches')}")
-    if c.get("recompute", "none") != "none":
-        words.append(f"recompute {c['recompute']}")
-    if c.get("pp", 1) > 1 and c.get("schedule"):
-        v = c.get("virtual", 1)
-        words.append(c["schedule"] + (f" v={v}" if v and v > 1 else ""))
-    return " ".join(words)
-
-
 def _best_text(best: tuple | None) -> str | None:
     if best is None or best[5].prediction is None:
         return None
     cand = best[5]
     return (f"{cand.prediction.step_time_s * 1e3:.4g} ms per step (modelled), "
             f"{setting_text(cand.summary())}")
-
-
-def _reusable(key: tuple, zero: int) -> list[tuple]:
-    """Layout keys worth trying before a solve: this setting's, then the same one's under
-    the other ZeRO stages solved (``key[3]`` is the stage): ZeRO-0's and ZeRO-3's for stages
-    1 and 2, each other's for 0 and 3. The stage scales memory and data-parallel traffic,
-    not which op is split how; a reused layout that does not fit is solved anew (measured:
-    the same plans for the five ``benchmarks/plan_time.py`` rows, 70B on 1,024 H100s in
-    16.5 s instead of 21.2 s)."""
-    keys = [key]
-    others = {0: (3,), 1: (0, 3), 2: (0, 3), 3: (0,)}.get(zero, ())
-    keys += [(*key[:3], other, *key[4:]) for other in others]
-    return keys
-
-
-def _try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
-                cluster: Cluster, candidates: list, best, problem, batch, reused: bool = False):
-    """Evaluate one solved layout under every pipeline variant of ``setting``, each with its
-    balanced cut; (fastest step that fits, or inf when the variants that might fit cannot
-    beat the best plan so far, or None when none fits; best so far)."""
-    if result is None or result.choice is None:
-        return None, best
-    pp = setting.pp
-    units = _units(tables, result.choice)
-    status = f"{result.status}(layout reused)" if reused else result.status
-    wall = 0.0 if reused else result.wall_s
-    fastest = None
-    work, dp_floor = _work(units), _dp_floor(tables, units, setting)
-    for schedule, virtual in variants:
-        variant = replace(setting, schedule=schedule, virtual=virtual)
-        if _beaten(best, work, variant, cluster, tables.options, dp_floor):
-            fastest = math.inf if fastest is None else fastest
-            continue
-        if pp > 1:
-            cut = _layout_cut(tables, result.choice, variant)
-            if cut is False:
-                continue
-            variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
-        cand = Candidate(variant, status, choice=result.choice, wall_s=wall,
-                         solves=(_layout_stats(result, reused),))
-        prediction = assemble(tables, units, variant)
-        if prediction.peak_memory_bytes > tables.capacity:
-            if not reused:  # a reused layout that does not fit is simply solved anew
-                cand.prediction = prediction
-                cand.status = "REJECTED(evaluated memory above capacity)"
-                candidates.append(cand)
-            continue
-        cand.prediction = prediction
-        candidates.append(cand)
-        step = prediction.step_time_s
-        fastest = step if fastest is None else min(fastest, step)
-        # Validated ground first: a layout beyond it must win by the model's error there.
-        key = (step * (1 + ground_margin(variant, cluster, tables.options)), pp, setting.tp,
-               setting.zero, setting.cp)
-        if best is None or key < best[:5]:
-            best = (*key, cand, problem, tables, batch)
-    return fastest, best
-
-
-def _layout_stats(result: SolveResult, reused: bool) -> dict:
-    """The layout solve's figures, marked when this candidate reuses it."""
-    return {**result.stats(), "reused": True} if reused else result.stats()
-
-
-def _stage_load(units, variant: Setting, cluster: Cluster):
-    """What the stage balancer needs of ``units``, sends priced on ``variant``'s pp links."""
-    return stage_load(units, axis_link(cluster, variant.mesh, "pp"),
-                      busy_latency(cluster, variant.mesh, "pp"))
-
-
-def _layout_cut(tables: CostTables, choice: list[int], variant: Setting
-                ) -> tuple[int, ...] | None | bool:
-    """:func:`_cut` of a solved layout's units under ``variant`` (a schedule of ``tables``'
-    setting), made once: the uniform and the per-layer pricing of a layout both ask."""
-    key = ("cut", tuple(choice), variant.schedule, variant.virtual)
-    if key not in tables.units:
-        load = _stage_load(_units(tables, choice), variant, tables.cluster)
-        tables.units[key] = _cut(load, variant, tables)
-    return tables.units[key]
-
-
-def _cut(load, variant: Setting, tables: CostTables) -> tuple[int, ...] | None | bool:
-    """``variant``'s balanced stage cut (None: none fits, equal counts are priced); False
-    when the constraints require stage boundaries and no cut with them fits."""
-    cuts = stage_cuts(tables.options.constraints)
-    cut = balance(load, variant.pp, variant.schedule, variant.virtual, variant.microbatches,
-                  tables.capacity, cuts)
-    return False if cut is None and cuts else cut
-
-
-def _mixing(options: PlanOptions, setting: Setting) -> bool:
-    """Whether to try per-layer modes from this setting's layout: always when they are
-    pinned; else when the setting recomputes and keeping everything is also allowed."""
-    if options.recompute_layers is not None:
-        return len(set(options.recompute_layers)) > 1
-    return setting.recompute != "none" and "none" in options.recompute
-
-
-def _units(tables: CostTables, choice: list[int]):
-    """``unit_costs(tables, choice)``, computed once per tables and layout."""
-    key = tuple(choice)
-    if key not in tables.units:
-        tables.units[key] = unit_costs(tables, choice)
-    return tables.units[key]
-
-
-def _try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
-               cluster: Cluster, candidates: list, best, problem, batch):
-    """Price ``result``'s layout with a mode per layer: the pinned ones, or "none" or the
-    setting's mode chosen per layer by CP-SAT (:mod:`autopar.solver.layer_recompute`);
-    (fastest step that fits, inf or None as :func:`_try_layout` says; best so far)."""
-    if result is None or result.choice is None:
-        return None, best
-    options = tables.options
-    pinned = options.recompute_layers
-    modes = sorted(set(pinned)) if pinned else ["none", setting.recompute]
-    by_mode = {}
-    for mode in modes:
-        t = tables if mode == setting.recompute else CostTables(
-            problem, cluster, options, replace(setting, recompute=mode), tables.traced_batch,
-            tables.seq_len)
-        by_mode[mode] = _units(t, result.choice)
-    pp = setting.pp
-    fastest = None
-    keep_work = 0.0 if pinned else _work(by_mode["none"])
-    dp_floor = 0.0 if pinned else _dp_floor(tables, by_mode["none"], setting)
-    keep_all = () if pinned else ("none",) * len(by_mode["none"].layers)
-    # the same for every schedule (keeping every layer's activations: the "none" units)
-    composed = compose_units(by_mode, pinned) if pinned else by_mode["none"]
-    for schedule, virtual in variants:
-        variant = replace(setting, schedule=schedule, virtual=virtual)
-        if not pinned and _beaten(best, keep_work, variant, cluster, options, dp_floor):
-            fastest = math.inf if fastest is None else fastest
-            continue  # keeping every activation is the fastest mix
-        if pp > 1:
-            if pinned:
-                cut = _cut(_stage_load(composed, variant, cluster), variant, tables)
-            else:  # the uniform layout's cut, as _try_layout made it
-                cut = _layout_cut(tables, result.choice, variant)
-            if cut is False:
-                continue
-            variant = replace(variant, partition=cut)
-        solves = [_layout_stats(result, reused=True)]  # solved for the uniform setting
-        if pinned:
-            mixed = with_modes(variant, pinned)
-            prediction = assemble(tables, composed, mixed)
-        else:
-            # Keeping every activation is the fastest mix (recomputation only adds work):
-            # when it fits it is the answer, and when even it loses to the best plan so far
-            # no mix can win; only in between is the per-layer knapsack solved.
-            if not keep_all or len(by_mode) < 2:
-                continue  # no repeated layers to mix
-            kept = assemble(tables, composed, with_modes(variant, keep_all))
-            if kept.peak_memory_bytes <= tables.capacity:
-                found = (keep_all, kept)
-            elif best is not None and kept.step_time_s * (
-                    1 + ground_margin(variant, cluster, options)) > best[0]:
-                continue
-            else:
-                found = choose_layer_modes(tables, by_mode, variant)
-            if found is None:
-                continue
-            mixed, prediction = with_modes(variant, found[0]), found[1]
-            solves += found[2:]
-        cand = Candidate(mixed, f"{result.status}(recompute per layer)", prediction=prediction,
-                         choice=result.choice, solves=tuple(solves))
-        if prediction.peak_memory_bytes > tables.capacity:
-            cand.status = "REJECTED(evaluated memory above capacity)"
-            candidates.append(cand)
-            continue
-        candidates.append(cand)
-        step = prediction.step_time_s
-        fastest = step if fastest is None else min(fastest, step)
-        key = (step * (1 + ground_margin(mixed, cluster, options)), pp, setting.tp,
-               setting.zero, setting.cp)
-        if best is None or key < best[:5]:
-            best = (*key, cand, problem, tables, batch)
-    return fastest, best
-
-
-def _least_idle(variants, pp: int, m: int) -> float:
-    """The least bubble fraction of ``variants``: exact for GPipe, 1F1B and interleaved,
-    0 for the zero-bubble schedules (theirs depends on the stage times)."""
-    if pp == 1:
-        return 0.0
-    return min((bubble_fraction(s, pp, m, v) if schedule_name(s) in ("gpipe", "1f1b", "interleaved")
-                else 0.0) for s, v in variants)
-
-
-def _work(units: UnitCosts) -> float:
-    """One microbatch's compute and tensor-parallel time, all stages together."""
-    return sum(units.fwd) + sum(units.bwd) + sum(units.tp_comm)
-
-
-def _beaten(best, work: float, variant: Setting, cluster: Cluster,
-            options: PlanOptions, dp_floor: float = 0.0) -> bool:
-    """Whether ``variant`` cannot beat the best plan so far whatever its stage cut: its step
-    is at least every microbatch's ``work`` (:func:`_work`) spread evenly over the stages
-    plus the schedule's bubble (exact for GPipe, 1F1B and interleaved, which idle
-    (pp-1)/(v·m) of the work; 0 for the zero-bubble schedules), plus ``dp_floor``
-    (:func:`_dp_floor`)."""
-    if best is None:
-        return False
-    pp, m = variant.pp, variant.microbatches
-    idle = _least_idle([(variant.schedule, variant.virtual)], pp, m)
-    floor = m * work / pp * (1 + idle) + dp_floor
-    return floor * (1 + ground_margin(variant, cluster, options)) > best[0]
-
-
-def _dp_floor(tables: CostTables, units: UnitCosts, setting: Setting) -> float:
-    """The least data-parallel time a step of ``setting`` adds, whatever its stage cut:
-    FSDP's collectives are priced unit by unit (:func:`data_parallel_costs`), so the ranks'
-    communication sums to that of all units, and even when all of it hides behind compute
-    it slows that compute by ``OVERLAP_SLOWDOWN`` of its time (all of it on gloo, which
-    does not overlap). The slowest rank adds at least the mean of that over the ranks.
-    DDP's buckets (ZeRO-0) depend on the cut; they get no floor."""
-    if setting.zero == 0 or setting.grad_group <= 1:
-        return 0.0
-    comm = data_parallel_costs(tables, setting, units, list(range(units.n_units)), 0.0,
-                               comm_only=True)[0]
-    share = 1.0 if tables.cluster.backend == "gloo" else OVERLAP_SLOWDOWN
-    return share * comm / setting.pp
-
-
-def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:
-    """The handicap of ``setting`` for being beyond validated ground (see
-    :mod:`autopar.cost_models.ground`)."""
-    return _margin(tuple(setting.mesh.items()), setting.zero,
-                   setting.schedule if setting.pp > 1 else None, cluster.backend,
-                   cluster.devices_per_node, options.extrapolation_margin)
-
-
-@functools.lru_cache(maxsize=4096)
-def _margin(mesh: tuple, zero: int, schedule: str | None, backend: str,
-            devices_per_node: int, margin: float | None) -> float:
-    """:func:`ground_margin` of one (mesh, ZeRO, schedule): the search asks for the same ones
-    thousands of times."""
-    ground = load_ground()
-    labels = ground.labels(dict(mesh), zero=zero, schedule=schedule, backend=backend,
-                           devices_per_node=devices_per_node)
-    return ground.margin(labels, margin)
-
-
-def lower_bounds(tables: CostTables, state_scale: float = 1.0,
-                 activation_scale: float = 1.0) -> tuple[float, float]:
-    """Memory and step-time floors of what the CP-SAT model counts (scaled the same way):
-    each decision at its cheapest, each kept value in its smallest placement, no
-    communication. A setting whose memory floor is over capacity needs no solve."""
-    problem, setting = tables.problem, tables.setting
-    # Activations and compute depend on the microbatch, recomputation and the context
-    # split only (states are on parameters, activations on ops): computed once per tuple.
-    key = ("floors", setting.microbatch, setting.recompute, tables.options.precision,
-           setting.cp, setting.cp_algorithm, setting.cp_layout)
-    if key not in problem.cache:
-        activations = compute = 0.0
-        for d in problem.decisions:
-            if d.kind != "param":
-                activations += min(tables.activation_memory(d, s) for s in d.candidates)
-                compute += min(sum(tables.compute(d, s)) for s in d.candidates)
-        for value, info in problem.values.items():
-            for kept, as_saved in ((tables.keeps, lambda q: q),
-                                   (tables.keeps_fp8_copy, fp8_copy)):
-                placements = {as_saved(s.inputs[use.slot])
-                              for use in info.uses if use.consumer >= 0 and kept(use, value)
-                              for s in problem.decisions[use.consumer].candidates}
-                if placements:
-                    activations += (min(tables.saved_bytes(value, q) for q in placements)
-                                    * tables.value_count(value))
-        problem.cache[key] = (activations, compute)
-    activations, compute = problem.cache[key]
-    key = ("state floor", *tables.states_key)  # not the microbatch's or the pipeline's
-    if key not in problem.cache:
-        problem.cache[key] = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
-                                 for d in problem.decisions if d.kind == "param")
-    states = problem.cache[key]
-    return (states * state_scale + activations * activation_scale,
-            compute * setting.microbatches)
 
 
 def no_plan_error(

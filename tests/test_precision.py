@@ -239,3 +239,21 @@ def test_zero3_keeps_a_16bit_residual_stream_and_norms_hand_it_back(llama) -> No
               and n.meta[META_KEY].target == "aten.mul.Tensor"]
     assert rotary and {a.nodes[n] for n in rotary} == {"bf16"}
     assert not assign_precision(llama, "bf16", params="fp32").cast_back
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_fp8_plan_peak_counts_its_weight_copies(llama, zero) -> None:
+    """The plan's peak is the largest of its memory phases, and under fp8 both count the
+    per-step fp8 weight copies (``fp8_ops.one_weight_copy_per_step``): a peak without them
+    would call a plan fitting that does not (modelled)."""
+    cluster = load_cluster("2xH100-80GB")
+    est = {p: estimate_graph(llama, cluster, PinnedConfig(
+        dp=2, zero=zero, precision=p, microbatch=2, global_batch=4)) for p in ("bf16", "fp8")}
+    for p, e in est.items():
+        pred = e.prediction
+        assert pred.peak_memory_bytes == pytest.approx(max(pred.memory_phases.values())), p
+    copies = sum(e.tables.fp8_weight_bytes(d, d.candidates[i]) * d.count
+                 for e in (est["fp8"],) for d, i in zip(e.problem.decisions, e.choice)
+                 if d.index in e.tables.fp8_readers)
+    assert copies > 0
+    assert est["fp8"].prediction.memory.buffers >= copies

@@ -237,8 +237,9 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     step = m * per_micro[slowest] + bubble + dp[tail][0] + loss_for_caller_s(tables, setting)
     peak_stage = max(range(pp), key=lambda r: stage_preds[r].memory.total + dp[r][3])
     mem = stage_preds[peak_stage].memory
+    # the stage's buffers at its peak (fp8 weight copies) and data parallelism's
     memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,
-                             dp[peak_stage][3], temporaries=mem.temporaries,
+                             mem.buffers + dp[peak_stage][3], temporaries=mem.temporaries,
                              host=total(u.host, peak_stage))
     return Prediction(
         step_time_s=step,

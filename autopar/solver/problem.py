@@ -20,7 +20,7 @@ from autopar.precision import NORM_MODULE_SUFFIXES
 from autopar.strategies import Strategy, has_rule, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.mutation import ties
-from autopar.values import is_decision, output_values, tensor_inputs, value_of
+from autopar.values import is_decision, tensor_inputs, training_output, value_of
 
 R = Replicate()
 ValueKey = tuple[int, int]  # (decision index, output index)
@@ -170,8 +170,13 @@ def problem_skeleton(gm: fx.GraphModule) -> Skeleton:
                 entry[0] += 1
                 entry[1] = entry[1] or slot in saved
                 entry[3] = entry[3] or (node, slot) in tied
-    for producer, index in output_values(gm.graph):
-        uses[(decision_of[producer.name], index)].setdefault((-1, 0), [1, False, False, False])
+    for a in tensor_inputs(gm.graph.output_node()):
+        producer, index = value_of(a)
+        key = (decision_of[producer.name], index)
+        if training_output(a):  # the loss; a training step drops the other outputs
+            uses[key].setdefault((-1, 0), [1, False, False, False])
+        else:
+            uses.setdefault(key, {})  # the value stays known, with no caller to serve
 
     values: dict[ValueKey, ValueInfo] = {}
     for key in sorted(uses):
@@ -333,6 +338,25 @@ def shard_weight_matrices(problem: Problem) -> None:
             continue
         split = [s for s in d.candidates if any(isinstance(p, Shard) for p in s.outputs)]
         d.candidates = split or d.candidates
+        if split:
+            _read_split(problem, (d.index, 0))
+
+
+def _read_split(problem: Problem, key: ValueKey) -> None:
+    """The ops that read a split weight matrix (through views) read it split: Megatron
+    never gathers a weight over tp (a linear of a large microbatch would otherwise find
+    gathering its weight cheaper than gathering its input). An op that cannot keeps its
+    candidates."""
+    for use in problem.values[key].uses if key in problem.values else ():
+        if use.consumer < 0:
+            continue
+        consumer = problem.decisions[use.consumer]
+        if consumer.facts.is_view:
+            _read_split(problem, (consumer.index, 0))
+            continue
+        split = [s for s in consumer.candidates
+                 if use.slot < len(s.inputs) and isinstance(s.inputs[use.slot], Shard)]
+        consumer.candidates = split or consumer.candidates
 
 
 def forbid_splitting_batch(problem: Problem, batch_size: int) -> None:

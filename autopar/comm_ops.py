@@ -24,7 +24,9 @@ give device ``i`` the ``i``-th of ``n`` pieces.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.distributed as dist
@@ -346,6 +348,30 @@ def keep_gathered_as_shards():
 def redistribute(x: torch.Tensor, axis: str, src: str, dst: str) -> torch.Tensor:
     """Change ``x``'s placement on mesh ``axis`` from ``src`` to ``dst`` (e.g. 'P' -> 'R')."""
     return _Redistribute.apply(x, axis, parse_placement(src), parse_placement(dst))
+
+
+_OUTPUTS_UNUSED: ContextVar[bool] = ContextVar("outputs_unused", default=False)
+
+
+@contextmanager
+def outputs_unused() -> Iterator[None]:
+    """Within it, :func:`redistribute_output` hands its input back as it is: a training
+    step reads only the loss, so the other outputs (an LM's logits, gigabytes at scale) are
+    not made whole for a caller who drops them. Every rank of a step enters it alike (the
+    collectives it skips are skipped everywhere)."""
+    token = _OUTPUTS_UNUSED.set(True)
+    try:
+        yield
+    finally:
+        _OUTPUTS_UNUSED.reset(token)
+
+
+def redistribute_output(x: torch.Tensor, axis: str, src: str, dst: str) -> torch.Tensor:
+    """:func:`redistribute` of a graph output the caller reads, which a training step does
+    not (:func:`outputs_unused`): there the local part, unchanged."""
+    if _OUTPUTS_UNUSED.get():
+        return x
+    return redistribute(x, axis, src, dst)
 
 
 def grad_all_reduce(x: torch.Tensor, axis: str, deferrable: bool = False) -> torch.Tensor:

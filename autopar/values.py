@@ -56,6 +56,15 @@ def output_values(graph: fx.Graph) -> list[Value]:
     return [value_of(a) for a in tensor_inputs(out)]
 
 
+def training_output(node: fx.Node) -> bool:
+    """Whether a graph output ``node`` is one a training step hands back: a scalar (the
+    loss). ``ParallelModule.train_step`` reads only the loss, so every other output (an
+    LM's logits) is the forward call's alone: a training step neither makes it whole for
+    the caller nor keeps it (:func:`autopar.comm_ops.outputs_unused`)."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.ndim == 0
+
+
 def is_decision(node: fx.Node) -> bool:
     """Nodes that get a strategy: ops with tensor outputs, parameters and inputs."""
     if node.op in ("placeholder", "get_attr"):

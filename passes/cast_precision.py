@@ -45,7 +45,8 @@ _UPCASTS_ITSELF = {chunked_cross_entropy, *(f for name, f in LOCAL_IMPLS.items()
 """Losses that read low-precision logits and upcast block by block."""
 
 _DTYPE_CASTS = (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default)
-_COLLECTIVES = (comm_ops.redistribute, comm_ops.gather_scatter_grad, comm_ops.grad_all_reduce)
+_COLLECTIVES = (comm_ops.redistribute, comm_ops.redistribute_output, comm_ops.gather_scatter_grad,
+                comm_ops.grad_all_reduce)
 
 
 def _cast_before_collectives(arg: fx.Node, want: str, words: Mapping[str, str],

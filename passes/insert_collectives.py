@@ -21,7 +21,7 @@ from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pa
 from autopar.passes.plan_view import PlanView
 from autopar.placements import Replicate, Shard
 from autopar.strategies.mutation import check_tied
-from autopar.values import tensor_inputs, value_of
+from autopar.values import tensor_inputs, training_output, value_of
 
 R = Replicate()
 TP = "tp"
@@ -158,9 +158,12 @@ class InsertCollectives(GraphPass):
                         )
                         needs_grad_sync = False
                     else:
-                        current = graph.call_function(
-                            comm_ops.redistribute, (current, ax, str(src), str(dst))
-                        )
+                        # an output only the forward's caller reads: a training step skips
+                        # making it whole (comm_ops.outputs_unused)
+                        op = (comm_ops.redistribute_output if all(
+                            c[0].op == "output" for c in consumers) and not training_output(a)
+                            else comm_ops.redistribute)
+                        current = graph.call_function(op, (current, ax, str(src), str(dst)))
                 current.meta["val"] = a.meta.get("val")
                 changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
             synced = current

@@ -25,7 +25,8 @@ from autopar.placements import Partial, Replicate
 from autopar.values import tensor_inputs, value_of
 
 DP = "dp"
-_COMM = (comm_ops.redistribute, comm_ops.grad_all_reduce, comm_ops.gather_scatter_grad)
+_COMM = (comm_ops.redistribute, comm_ops.redistribute_output, comm_ops.grad_all_reduce,
+         comm_ops.gather_scatter_grad)
 
 
 @register_pass

@@ -24,7 +24,9 @@ LAUNCHES = {
         {"model": "gpt", "dp": 2},
         {"model": "llama", "dp": 2},
         {"model": "gpt", "tp": 2, "cluster": FAST},
-        {"model": "llama", "tp": 2, "cluster": FAST},
+        # and its forward call returns whole logits, which train_step does not gather
+        {"model": "llama", "tp": 2, "cluster": FAST, "forward": True,
+         "count_in_code": ["redistribute_output"]},
         # ZeRO-3 (FSDP2 per outlined layer) and gradient accumulation over microbatches.
         {"model": "gpt", "dp": 2, "zero": 3, "microbatch": 1},
         # ZeRO-1 and 2 (FSDP2, weights kept whole through the step), under AdamW: its state
@@ -105,6 +107,8 @@ def test_matches_single_device(launch: str, tmp_path: Path) -> None:
             assert r["ok"], r
             if "edit" in case:  # the edit found something to edit
                 assert r["edited"], r
+            if case.get("forward"):  # logits split on tp, made whole for a forward call only
+                assert r["code_counts"]["redistribute_output"] > 0, r
             mesh = r["mesh"]
             for axis in ("dp", "tp", "pp", "cp"):
                 if axis in case:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+import autopar
 from autopar.cli.estimate_cmd import EXIT_DOES_NOT_FIT
 from autopar.cli.main import main
+from autopar.models import resolve_model
+from autopar.values import tensor_inputs
 
 ARGS = ["llama3-8b", "--cluster", "8xH100-80GB", "--tp", "1", "--pp", "1", "--dp", "8",
         "--precision", "bf16", "--global-batch", "8", "--seq", "2048"]
@@ -143,3 +147,23 @@ def test_fuse_elementwise_prices_a_fusing_program(tmp_path) -> None:
     assert fused["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
     assert (fused["predicted"]["memory"]["activations"]
             < eager["predicted"]["memory"]["activations"])
+
+
+def test_a_training_step_serves_only_the_loss_to_its_caller() -> None:
+    """``train_step`` reads only the loss: the planner gives the caller no other output (an
+    LM's logits are not made whole, nor kept, for a step that drops them), while a forward
+    call still gets them whole (tests/test_equivalence.py, ``forward``)."""
+    from autopar.solver.problem import problem_skeleton
+    from autopar.values import training_output
+
+    spec = resolve_model("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32")
+    with torch.device("meta"):
+        gm = autopar.trace(spec.build(), spec.example_inputs(2, 32))
+    outputs = tensor_inputs(gm.graph.output_node())
+    assert any(training_output(a) for a in outputs)  # the loss
+    assert any(not training_output(a) for a in outputs)  # the logits
+    skeleton = problem_skeleton(gm)
+    served = [key for key, info in skeleton.values.items()
+              if any(use.consumer < 0 for use in info.uses)]
+    groups = skeleton.groups
+    assert served and all(groups[d][0].meta["val"].ndim == 0 for d, _ in served)

@@ -209,7 +209,8 @@ class ParallelModule(nn.Module):
         if recorder is not None:
             recorder.step_begin()
         try:
-            with fp8_ops.one_weight_copy_per_step():
+            # only the loss leaves a training step: the other outputs stay local
+            with fp8_ops.one_weight_copy_per_step(), comm_ops.outputs_unused():
                 loss = self._train_step(args, kwargs)
             if self._scaler is not None:
                 self._after_backward()

@@ -332,7 +332,8 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
 
 
 def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
-    """Bytes the graph's outputs take when made whole on tp for the caller: the gathered
+    """Bytes the outputs a training step returns (:func:`autopar.values.training_output`:
+    the loss) take when made whole on tp for the caller: the gathered
     copy, the local part it was gathered from (alive until the step drops the outputs), and
     the per-rank parts while they are concatenated (any dim but the first)."""
     problem = tables.problem

@@ -34,7 +34,7 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
 MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code", "edit",
-              "scramble")
+              "scramble", "forward")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -144,6 +144,14 @@ def run_case(case: dict) -> dict:
     losses, grads = train_parallel(pm, la, lk, STEPS, optimizer)
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads,
                      rtol=case.get("rtol", 1e-5))
+    if case.get("forward"):  # a forward call still hands back whole outputs (logits),
+        # which train_step leaves local (comm_ops.outputs_unused)
+        with torch.no_grad():
+            mine, ref = _logits(pm(*la, **lk)), _logits(reference(*la, **lk))
+        err = (mine - ref).abs().max().item() if mine.shape == ref.shape else None
+        if err is None or err > 1e-4:
+            result.problems.append(f"forward logits {tuple(mine.shape)} vs {tuple(ref.shape)}: "
+                                   f"max error {err}")
     digest = hashlib.sha256()  # the exact bits of every gradient of every step
     for step in grads:
         for name in sorted(step):
@@ -170,6 +178,14 @@ def run_case(case: dict) -> dict:
             "dp_mesh_dims": max((p.device_mesh.ndim for p in pm.parameters()
                                  if isinstance(p, DTensor)), default=0),
             **result.to_dict()}
+
+
+def _logits(outputs) -> torch.Tensor:
+    """The logits of a model's outputs (``.logits``, or the first non-scalar tensor)."""
+    logits = getattr(outputs, "logits", None)
+    if logits is None:
+        logits = next(t for t in outputs if isinstance(t, torch.Tensor) and t.ndim > 0)
+    return logits
 
 
 def _layer_span(pm) -> list[int]:

@@ -89,7 +89,22 @@ _MEGATRON_CORE = {
     # (``cp_comm_type="p2p"``, its only algorithm until mid-2024 and still the default).
     "cp_algorithm": "ring",
 }
+_TORCHTITAN = {
+    # With pipeline parallelism torchtitan does not reshard after forward
+    # (``parallelize_llama.py@9dec370``: "to avoid per-microbatch all-gathers"), and
+    # ``torch.distributed.pipelining`` runs every backward but the last without gradient
+    # sync (``PipelineStage.backward_maybe_with_nosync``): weights whole through the step,
+    # whole gradients accumulated and reduce-scattered once -- ZeRO-1's program.
+    "zero_with_pp": "1",
+    # ``pipeline_parallel_microbatches`` unset: as many microbatches as pipeline ranks
+    # (``pipeline_llama.py@9dec370``).
+    "pp_microbatches": "pp",
+}
 FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
+                      "torchtitan_llama3_h100_202412": _TORCHTITAN,
+                      "torchtitan_performance_md_2024": _TORCHTITAN,
+                      "torchtitan_asynctp_h100_202506": _TORCHTITAN,
+                      "torchtitan_trainy_h200_202506": _TORCHTITAN,
                       "megatron_bridge_perf_h100": _MEGATRON_CORE,
                       "nemo_long_sequence_cp": _MEGATRON_CORE}
 """What each source's framework runs where its rows leave it unstated: ZeRO stage, and where
@@ -263,8 +278,13 @@ def predict_row(row: dict) -> Outcome:
     if not row.get("zero_stage") and "zero" in defaults:
         out.notes.append(f"ZeRO-{defaults['zero']} (the source's framework default)")
     zero = 3 if zero_text in ("fsdp", "3", "zero-3", "zero3") else int(float(zero_text or 0))
+    if zero == 3 and pp > 1 and "zero_with_pp" in defaults:
+        zero = int(defaults["zero_with_pp"])
+        out.notes.append(f"FSDP with pipeline stages runs as ZeRO-{zero} (the framework's)")
     local = int(_num(row, "local_batch", batch // dp))
-    micro = int(_num(row, "micro_batch", _num(defaults, "micro_batch", local if pp == 1 else 1)))
+    unstated = local if pp == 1 else (
+        local // pp if defaults.get("pp_microbatches") == "pp" else 1)
+    micro = int(_num(row, "micro_batch", _num(defaults, "micro_batch", unstated)))
     if micro < 1 or local < micro:
         out.skipped = f"global batch {batch} over dp {dp} leaves no {micro}-sequence microbatch"
         return out

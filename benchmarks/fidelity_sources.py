@@ -99,6 +99,9 @@ _TORCHTITAN = {
     # ``pipeline_parallel_microbatches`` unset: as many microbatches as pipeline ranks
     # (``pipeline_llama.py@9dec370``).
     "pp_microbatches": "pp",
+    # torchao's Float8Linear casts the weight where the linear runs and saves the 16-bit
+    # weight for backward (``float8_linear.py``): no fp8 weight copy outlives its layer.
+    "fp8_weight_copies": "use",
 }
 FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
                       "torchtitan_llama3_h100_202412": _TORCHTITAN,
@@ -323,7 +326,8 @@ def predict_row(row: dict) -> Outcome:
                           chunked_loss=False,
                           fuse_elementwise=compiled(row) or bool(defaults.get("fuse_elementwise")),
                           cp_algorithm=defaults.get("cp_algorithm") if cp > 1 else None,
-                          master_weights=defaults.get("master_weights", "params"))
+                          master_weights=defaults.get("master_weights", "params"),
+                          fp8_weight_copies=defaults.get("fp8_weight_copies", "step"))
     est = estimate_graph(gm, row_cluster(row, defaults.get("attention")), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

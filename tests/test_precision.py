@@ -257,3 +257,19 @@ def test_fp8_plan_peak_counts_its_weight_copies(llama, zero) -> None:
                  if d.index in e.tables.fp8_readers)
     assert copies > 0
     assert est["fp8"].prediction.memory.buffers >= copies
+
+
+def test_fp8_weight_copies_made_per_use_are_not_kept(llama) -> None:
+    """A program that casts each weight where its linear runs (torchao's Float8Linear) keeps
+    no fp8 weight copy across the step: ``fp8_weight_copies="use"`` prices it so, and an
+    unknown lifetime is refused naming the field (modelled)."""
+    cluster = load_cluster("2xH100-80GB")
+
+    def buffers(copies: str) -> float:
+        return estimate_graph(llama, cluster, PinnedConfig(
+            dp=2, zero=3, precision="fp8", microbatch=2, global_batch=4,
+            fp8_weight_copies=copies)).prediction.memory.buffers
+
+    assert buffers("use") < buffers("step")
+    with pytest.raises(AutoparError, match="fp8_weight_copies"):
+        PinnedConfig(fp8_weight_copies="forever")

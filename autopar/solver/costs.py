@@ -800,6 +800,8 @@ class CostTables:
         the memory model counts it beside the weights, not per microbatch in flight. Its
         input's copy is a value's (:meth:`keeps_fp8_copy`). Measured on CPU with
         ``autopar.calibrate.live_bytes`` (tests/test_activation_memory.py)."""
+        if self.options.fp8_weight_copies == "use":  # made where it runs, not kept
+            return 0.0
         total = 0.0
         for slot, param in self._fp8_weights.get(d.index, {}).items():
             total += (param.facts.param.numel / self.expert_divisor(param)
@@ -837,7 +839,7 @@ class CostTables:
         caches of state sums: the microbatch and the pipeline do not change them)."""
         o, st = self.options, self.setting
         return (st.zero, st.shard_group, st.ep, st.offload, o.precision, o.optimizer,
-                o.master_weights)
+                o.master_weights, o.fp8_weight_copies)
 
     def states(self, d: Decision, s: Strategy) -> StateBytes:
         """Parameter, gradient and optimizer bytes of one instance of a parameter."""

@@ -26,6 +26,9 @@ ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
 """The ZeRO stages the runtime executes (DDP; FSDP2: :mod:`autopar.runtime.data_parallel`)."""
 
 
+FP8_WEIGHT_COPIES = ("step", "use")
+"""How long an fp8 linear's fp8 weight copy lives (``PlanOptions.fp8_weight_copies``)."""
+
 @dataclass(frozen=True)
 class PlanOptions:
     """Knobs of one planning run. ``None`` means "let the solver choose".
@@ -86,6 +89,11 @@ class PlanOptions:
     # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS); the runtime
     # executes "params" (and ZeRO-3's gathered 16-bit parameters); "optimizer" is priced only
     master_weights: str = "params"
+    # how long an fp8 linear's fp8 weight copy lives (FP8_WEIGHT_COPIES): "step", one copy
+    # for the whole step shared by its microbatches (autopar's runtime, Transformer
+    # Engine's weight workspaces); "use", made where the linear runs and not kept (torchao's
+    # Float8Linear, which saves the 16-bit weight for backward); priced only
+    fp8_weight_copies: str = "step"
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE_MODES
@@ -183,6 +191,10 @@ class PlanOptions:
             raise AutoparError(f"unknown master_weights {self.master_weights!r}",
                                where="PlanOptions.master_weights",
                                fix=f"use one of {', '.join(MASTER_WEIGHTS)}")
+        if self.fp8_weight_copies not in FP8_WEIGHT_COPIES:
+            raise AutoparError(f"unknown fp8_weight_copies {self.fp8_weight_copies!r}",
+                               where="PlanOptions.fp8_weight_copies",
+                               fix=f"use one of {', '.join(FP8_WEIGHT_COPIES)}")
         if self.optimizer not in OPTIMIZERS:
             raise AutoparError(
                 f"unknown optimizer {self.optimizer!r}",

@@ -32,7 +32,7 @@ from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate
 from autopar.solver.layer_recompute import compose_units, with_modes
-from autopar.solver.options import PlanOptions
+from autopar.solver.options import FP8_WEIGHT_COPIES, PlanOptions
 from autopar.solver.problem import (
     Problem,
     build_problem,
@@ -70,6 +70,8 @@ class PinnedConfig:
     # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS): "optimizer"
     # prices 16-bit parameters as Megatron-LM keeps them
     master_weights: str = "params"
+    # how long an fp8 weight copy lives: PlanOptions.fp8_weight_copies
+    fp8_weight_copies: str = "step"
     zero: int = 0
     optimizer: str = "adamw"
     schedule: str = "1f1b"
@@ -104,9 +106,11 @@ class PinnedConfig:
                                    f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
                                    fix=f"pass {name}=True or {name}=False")
         for name, allowed in (("recompute", RECOMPUTE_MODES), ("precision", PRECISIONS),
-                              ("optimizer", OPTIMIZERS), ("layout", ("auto", "megatron"))):
+                              ("optimizer", OPTIMIZERS), ("layout", ("auto", "megatron")),
+                              ("fp8_weight_copies", FP8_WEIGHT_COPIES)):
             if getattr(self, name) not in allowed:
-                where = "PinnedConfig.layout" if name == "layout" else f"--{name}"
+                where = (f"PinnedConfig.{name}" if name in ("layout", "fp8_weight_copies")
+                         else f"--{name}")
                 raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
                                    fix=f"use one of {', '.join(allowed)}")
         if any(m not in RECOMPUTE_MODES for m in self.recompute_layers):
@@ -234,6 +238,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     options = PlanOptions(precision=config.precision,
                           precision_overrides=config.precision_overrides,
                           master_weights=config.master_weights,
+                          fp8_weight_copies=config.fp8_weight_copies,
                           optimizer=config.optimizer,
                           zero=(config.zero,), recompute=(base,), cp=config.cp,
                           cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,

@@ -50,12 +50,6 @@ def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return tensor_nodes((node.args, node.kwargs))
 
 
-def output_values(graph: fx.Graph) -> list[Value]:
-    """The tensor values the graph returns."""
-    out = graph.output_node()
-    return [value_of(a) for a in tensor_inputs(out)]
-
-
 def training_output(node: fx.Node) -> bool:
     """Whether a graph output ``node`` is one a training step hands back: a scalar (the
     loss). ``ParallelModule.train_step`` reads only the loss, so every other output (an

@@ -156,7 +156,7 @@ def _value_vars(model, tables: CostTables, x, key, info, moves: list, backs: lis
     # third of this function's time
     new_bool, add, total = model.new_bool_var, model.add, cp_model.LinearExpr.sum
     for use in info.uses:
-        if use.consumer < 0:  # the graph output must be whole
+        if use.consumer < 0:  # the loss a training step returns is whole
             need = {(R, False): [model.new_constant(1)]}
         else:
             need = {}

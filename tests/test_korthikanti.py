@@ -171,3 +171,24 @@ def test_megatron_layout_on_llama_pairs_linears_and_splits_the_stream(sp: bool) 
             assert s.outputs[0] == (Shard(1) if sp else Replicate()), d.name
             adds += facts.target == "aten.add.Tensor"
     assert (rows, cols, adds) == (2, 5, 2)  # per repeated layer: one decision for all
+
+
+def test_megatron_layout_never_gathers_a_weight_for_a_large_microbatch() -> None:
+    """With 16 x 8,192 tokens a microbatch (torchtitan's Llama 3 70B 2D run), gathering a
+    q/k/v or gate/up weight over tp is cheaper than gathering the layer's input, and the
+    pinned "megatron" estimate once priced that program instead (whole weights, whole fp8
+    copies of them). Megatron's linears read their weights split: column-parallel q, k, v,
+    gate and up, row-parallel o and down."""
+    spec = resolve_model("llama:layers=2,hidden=8192,heads=64,kv_heads=8,ffn=28672,"
+                         "vocab=128256,seq=8192")
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(16, 8192))
+    config = PinnedConfig(tp=8, dp=1, sp=True, microbatch=16, global_batch=16, zero=3,
+                          precision="fp8", recompute="full", layout="megatron")
+    est = estimate_graph(gm, load_cluster("8xH100-80GB"), config)
+    weights = sorted(str(d.candidates[i].inputs[1])
+                     for d, i in zip(est.problem.decisions, est.choice)
+                     if d.kind == "op" and d.facts.layer is not None
+                     and d.facts.target == "aten.linear.default")
+    assert weights == ["S(0)"] * 5 + ["S(1)"] * 2

@@ -28,8 +28,10 @@ empty.
 
 from __future__ import annotations
 
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +83,7 @@ def measure_op_rates(
         step()
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in _OPS}
     for _ in range(steps):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _kineto_quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
         for name, times in profiled_passes(prof.events(), "op::")[0].items():
             samples[name].append(tuple(times))
@@ -89,6 +91,22 @@ def measure_op_rates(
     return {name: tuple(max(statistics.median(t[i] for t in got) - floor, 0.0) / elements
                         for i in (0, 1))
             for name, got in samples.items() if got}
+
+
+@contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """The profiler's own log lines (``USDT: ... profiler_start`` / ``profiler_stop``, on
+    stderr at every start and stop: 14 pairs in ``autopar demo``'s first minute) off while
+    calibration profiles, unless the user set ``KINETO_LOG_LEVEL``: 6 is past kineto's
+    highest level (with torch 2.13, 5 still prints the USDT lines and 6 nothing)."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        yield
+    finally:
+        del os.environ["KINETO_LOG_LEVEL"]
 
 
 def measure_view_seconds(device: torch.device, *, repeats: int, ops: int = 64) -> float:

@@ -96,7 +96,7 @@ def measure_op_rates(
 @contextmanager
 def _kineto_quiet() -> Iterator[None]:
     """The profiler's own log lines (``USDT: ... profiler_start`` / ``profiler_stop``, on
-    stderr at every start and stop: 14 pairs in ``autopar demo``'s first minute) off while
+    stderr at every start and stop: 42 lines in a first ``autopar demo``) off while
     calibration profiles, unless the user set ``KINETO_LOG_LEVEL``: 6 is past kineto's
     highest level (with torch 2.13, 5 still prints the USDT lines and 6 nothing)."""
     if "KINETO_LOG_LEVEL" in os.environ:

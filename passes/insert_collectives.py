@@ -146,6 +146,11 @@ class InsertCollectives(GraphPass):
             needs_grad_sync = TP in axes and requires_grad and bool(sharded_users) and (
                 need[axes.index(TP)] == R
             )
+            # an output only the forward's caller reads: a training step skips making it
+            # whole (comm_ops.outputs_unused)
+            move = (comm_ops.redistribute_output
+                    if all(c[0].op == "output" for c in consumers) and not training_output(a)
+                    else comm_ops.redistribute)
             for ax, src, dst in redistribution_steps(axes, have, need):
                 fused = (
                     ax == TP and needs_grad_sync and isinstance(src, Shard)
@@ -158,12 +163,7 @@ class InsertCollectives(GraphPass):
                         )
                         needs_grad_sync = False
                     else:
-                        # an output only the forward's caller reads: a training step skips
-                        # making it whole (comm_ops.outputs_unused)
-                        op = (comm_ops.redistribute_output if all(
-                            c[0].op == "output" for c in consumers) and not training_output(a)
-                            else comm_ops.redistribute)
-                        current = graph.call_function(op, (current, ax, str(src), str(dst)))
+                        current = graph.call_function(move, (current, ax, str(src), str(dst)))
                 current.meta["val"] = a.meta.get("val")
                 changes.append(f"{a.name}: {src} -> {dst} on {ax} ({current.name})")
             synced = current

@@ -173,7 +173,6 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     p2p = [0.0] * pp
     link = axis_link(tables.cluster, setting.mesh, "pp") if pp > 1 else None
     busy = busy_latency(tables.cluster, setting.mesh, "pp")
-    holds_last = rank_of_chunk(chunks - 1, pp, schedule)
     for c, (first, last) in enumerate(bounds):
         r = rank_of_chunk(c, pp, schedule)
         rank_units[r].extend(range(first, last + 1))
@@ -200,7 +199,6 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
                                total(u.opt, r), act * flight, transient,
                                max((u.largest[i] for i in units), default=0.0),
                                total(u.trainable_numel, r),
-                               u.gathered_outputs if r == holds_last else 0.0,
                                total(u.fp8_weights, r))
         memory = max(phases.values(), key=lambda b: b.total)
         fwd, bwd, comm = total(u.fwd, r), total(u.bwd, r), total(u.tp_comm, r)
@@ -262,14 +260,14 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
 
 def memory_phases(tables: CostTables, setting: Setting, params: float, grads: float,
                   optimizer: float, activations: float, recompute_transient: float,
-                  largest: float, trainable_numel: float, gathered_outputs: float,
+                  largest: float, trainable_numel: float,
                   fp8_weights: float = 0.0) -> dict[str, MemoryBreakdown]:
     """The peaks of a training step, with what is alive at each (the largest is the step's).
 
-    - When forward ends: weights, optimizer states, every kept activation, and the graph's
-      outputs gathered whole for the caller (e.g. logits sharded over tp).
+    - When forward ends: weights, optimizer states, every kept activation (a training step
+      makes no output but the scalar loss whole for its caller: ``comm_ops.outputs_unused``).
     - When backward starts: the same, with the gradient of the loss's input plus one working
-      copy (twice the largest activation) instead of the gathered outputs; later, a fully
+      copy (twice the largest activation); later, a fully
       recomputed layer's activations come back one layer at a time (not at the same time).
     - In both, the fp8 copies of the weights fp8 linears read (``fp8_weights``, buffers):
       one per weight for the whole step, gone by the optimizer step.
@@ -282,8 +280,7 @@ def memory_phases(tables: CostTables, setting: Setting, params: float, grads: fl
     grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
     return {
-        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights,
-                                       temporaries=gathered_outputs),
+        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights),
         "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights,
                                           temporaries=max(2 * largest, recompute_transient)),
         "optimizer_step": MemoryBreakdown(

@@ -29,6 +29,7 @@ ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
 FP8_WEIGHT_COPIES = ("step", "use")
 """How long an fp8 linear's fp8 weight copy lives (``PlanOptions.fp8_weight_copies``)."""
 
+
 @dataclass(frozen=True)
 class PlanOptions:
     """Knobs of one planning run. ``None`` means "let the solver choose".

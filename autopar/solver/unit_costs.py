@@ -81,7 +81,6 @@ class UnitCosts:
     layer_plain: list[float]  # activations without recomputation (layer units)
     cut_fwd: list[float]  # bytes crossing the cut after unit i, forward
     cut_bwd: list[float]  # ... and their gradients, backward
-    gathered_outputs: float = 0.0  # the graph's outputs made whole for the caller
     # the part of ``weights`` and ``grad_bytes`` that is expert weights held by one ep
     # group's block (ZeRO-3 gathers and reduces them over edp, not dp)
     expert_weights: list[float] = field(default_factory=list)
@@ -162,7 +161,6 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         setattr(u, name, values.tolist())
     u.largest, u.cut_fwd, u.cut_bwd = (list(layout[k]) for k in ("largest", "cut_fwd",
                                                                    "cut_bwd"))
-    u.gathered_outputs = layout["gathered_outputs"]
     return u
 
 
@@ -282,7 +280,6 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
     layout = {name: summed[:, j].copy() for j, name in enumerate(_LAYOUT)}
     layout["largest"] = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
     layout["cut_fwd"], layout["cut_bwd"] = _cuts(tables, choice, counts.shape[1])
-    layout["gathered_outputs"] = _gathered_outputs(tables, choice)
     return layout
 
 
@@ -329,21 +326,3 @@ def _cuts(tables: CostTables, choice: list[int], n_units: int
         return np.cumsum(steps)[:n_units].tolist()
 
     return crossing(fwd), crossing(bwd)
-
-
-def _gathered_outputs(tables: CostTables, choice: list[int]) -> float:
-    """Bytes the outputs a training step returns (:func:`autopar.values.training_output`:
-    the loss) take when made whole on tp for the caller: the gathered
-    copy, the local part it was gathered from (alive until the step drops the outputs), and
-    the per-rank parts while they are concatenated (any dim but the first)."""
-    problem = tables.problem
-    total = 0.0
-    for key, info in problem.values.items():
-        if not any(use.consumer < 0 for use in info.uses):
-            continue
-        src = chosen(problem, choice, key[0]).outputs[key[1]]
-        n = tables.setting.tp
-        if isinstance(src, Shard) and n > 1:
-            whole = tables.value_bytes(key)
-            total += whole * (1 + 1 / n + (0 if src.dim == 0 and src.groups == 1 else 1))
-    return total

@@ -20,11 +20,17 @@ reduction), checked against it in tests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
-CHUNK_ELEMENTS = 1 << 22
-"""Logit elements one block holds (4 Mi: 16 MiB in fp32); at least one token per block."""
+CHUNK_ELEMENTS = 1 << 24
+"""Logit elements one block holds (16 Mi: 64 MiB in fp32); at least one token per block.
+Blocks of 4 Mi elements (32 tokens of Llama 3's 128,256 classes) left an H200 idle between
+their ~17 small kernels each: 512 blocks a step at 16,384 tokens, 2,639 copies, a third of
+the loss's time in launches, and row reductions over 32 rows filling few SMs
+(``benchmarks/results/h200_2026-11-29.md``)."""
 
 REDUCTIONS = ("none", "mean", "sum")
 """``aten.cross_entropy_loss``'s reduction argument 0, 1, 2, by name."""
@@ -45,6 +51,48 @@ def chunked_working_bytes(tokens: int, vocab: int) -> int:
     """The temporary backward holds beside the logits' gradient, in bytes: one block's fp32
     softmax, turned into its gradient in place."""
     return min(tokens, chunk_rows(vocab)) * vocab * 4
+
+
+@dataclass(frozen=True)
+class BlockPasses:
+    """What the chunked cross-entropy below costs, counted from its code: bytes of memory
+    traffic per logit element and kernel launches per block of tokens, in forward and in
+    backward. The plan's step time prices these (``solver/loss_costs.py``); change them
+    with the code."""
+
+    forward_bytes: float
+    backward_bytes: float
+    forward_kernels: int
+    backward_kernels: int
+
+
+def block_passes(logit_bytes: int, smoothing: bool = False) -> BlockPasses:
+    """The passes of one block, for logits of ``logit_bytes`` per element.
+
+    Forward: the fp32 copy (none when the logits are fp32: ``.float()`` returns them),
+    ``logsumexp`` (a max, ``x - max``, ``exp_``, a sum: read 4 + 8 + 8 + 4 bytes; and five
+    per-token kernels: the infinity check's abs, eq and masked fill, the log, the add), the
+    lse and the picked logit written into their token vectors, the gather; with label
+    smoothing a sum and its write more. Backward: the fp32 copy, ``sub_``, ``exp_`` and
+    ``mul_`` in place (8 bytes each), the target weights' negation and ``scatter_add_``,
+    with label smoothing an ``addr_`` (and its two token- and class-sized factors), and the
+    block written back in the logits' dtype.
+    (The kernels are those torch.profiler counted per block on an H200, torch 2.11.)
+
+    >>> block_passes(2)
+    BlockPasses(forward_bytes=30, backward_bytes=36, forward_kernels=13, backward_kernels=7)
+    """
+    cast = logit_bytes != 4
+    forward = (logit_bytes + 4 if cast else 0) + 24 + (4 if smoothing else 0)
+    backward = (logit_bytes + 4) + 24 + (8 if smoothing else 0) + (4 + logit_bytes)
+    return BlockPasses(forward, backward,
+                       int(cast) + LOGSUMEXP_KERNELS + 3 + (2 if smoothing else 0),
+                       1 + 3 + 2 + (3 if smoothing else 0) + 1)
+
+
+LOGSUMEXP_KERNELS = 9
+"""Kernels one ``torch.logsumexp`` call launches on CUDA (amax, abs, eq, masked_fill_, sub,
+exp_, sum, log_, add_: torch.profiler on an H200, torch 2.11); one op at the dispatcher."""
 
 
 def chunkable(logits_ndim: int, target_ndim: int, target_is_float: bool) -> bool:

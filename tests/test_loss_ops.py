@@ -109,3 +109,41 @@ def test_vocab_parallel_cross_entropy_equals_one_device(tmp_path) -> None:
     for rank in results:
         for record in rank:
             assert record["ok"], record
+
+
+_NO_KERNEL = {"slice", "unsqueeze", "squeeze", "expand", "view", "detach", "t", "alias"}
+
+
+class _Kernels(torch.utils._python_dispatch.TorchDispatchMode):
+    """Ops that launch a kernel, ``logsumexp`` counted as the kernels it launches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name not in _NO_KERNEL:
+            self.count += loss_ops.LOGSUMEXP_KERNELS if name == "logsumexp" else 1
+        return func(*args, **(kwargs or {}))
+
+
+def _kernels(blocks: int, dtype: torch.dtype, smoothing: float) -> tuple[int, int]:
+    logits = torch.randn(4 * blocks, 16, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, 16, (4 * blocks,), generator=torch.Generator().manual_seed(0))
+    with _Kernels() as forward:
+        loss = chunked_cross_entropy(logits, target, label_smoothing=smoothing)
+    with _Kernels() as backward:
+        loss.backward()
+    return forward.count, backward.count
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_plan_prices_the_kernels_each_block_launches(monkeypatch, dtype, smoothing):
+    """block_passes (what the plan's step time charges per block) follows the code: the
+    kernels one more block of tokens adds, in forward and in backward."""
+    monkeypatch.setattr(loss_ops, "CHUNK_ELEMENTS", 64)  # 4 tokens of 16 classes a block
+    (f2, b2), (f5, b5) = _kernels(2, dtype, smoothing), _kernels(5, dtype, smoothing)
+    passes = loss_ops.block_passes(torch.finfo(dtype).bits // 8, smoothing > 0)
+    assert ((f5 - f2) / 3, (b5 - b2) / 3) == (passes.forward_kernels, passes.backward_kernels)

@@ -59,6 +59,7 @@ from autopar.precision import (
 )
 from autopar.solver.batch_axis import batch_scaled
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
+from autopar.solver.loss_costs import chunked_loss_times
 from autopar.solver.options import PlanOptions
 from autopar.solver.precision_costs import (
     fp8_quantize_times,
@@ -591,6 +592,9 @@ class CostTables:
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
         custom = op_cost_for(facts.target)
+        chunked = self._chunked_loss(d)
+        if chunked is not None and custom is None:  # as the runtime runs it, block by block
+            return chunked_loss_times(self, d, s, chunked)
         if custom is not None:  # a plugin's cost (cost_models/op_costs.py)
             fwd, bwd = custom(OpCostQuery(flops, moved, device, dtype, shape,
                                           facts.requires_grad))

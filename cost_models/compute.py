@@ -362,6 +362,8 @@ def op_time(
         per_call = flops / max(kernels, 1)
         rate = (peak_flops(device, dtype) * efficiency_scale
                 * matmul_efficiency(device, shape, flops=per_call, loop_depth=loop_depth))
+        if dtype == "fp8":  # fp8 GEMMs reach less of their peak than bf16's do of theirs
+            rate *= float(getattr(device, "fp8_matmul_efficiency", 1.0))
         compute = flops / rate
     memory = 0.0
     if bytes_moved > 0:

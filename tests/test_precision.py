@@ -163,10 +163,12 @@ def test_cost_model_prices_each_precision(llama) -> None:
         return {p: estimate_graph(gm, cluster, PinnedConfig(
             precision=p, microbatch=batch, global_batch=batch)) for p in ("fp32", "bf16", "fp8")}
 
-    spec = resolve_model("llama:layers=2,hidden=2048,heads=16,kv_heads=4,ffn=5632,vocab=1024,"
-                         "seq=2048")
+    # Llama 3 8B's layer widths: fp8's matmuls reach 0.9 of bf16's efficiency on Hopper
+    # (measured), so narrower layers barely gain from fp8 once quantization is paid
+    spec = resolve_model("llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=1024,"
+                         "seq=4096")
     with torch.device("meta"):
-        large = autopar.trace(spec.build(), spec.example_inputs(1, 2048))
+        large = autopar.trace(spec.build(), spec.example_inputs(1, 4096))
     est = computes(large, 1)
     compute = {p: e.prediction.compute_s for p, e in est.items()}
     assert compute["fp8"] < compute["bf16"] < compute["fp32"], compute

@@ -59,7 +59,7 @@ _DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
 _OP_RATES = "op_s_per_element"
 _DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency",
                      "attention_efficiency", "attention_efficiency_curve", "memory_overlap",
-                     "corun_slowdown")
+                     "corun_slowdown", "fp8_matmul_efficiency")
 
 
 # --- fitting -----------------------------------------------------------------------------------

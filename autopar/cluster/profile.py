@@ -82,6 +82,7 @@ _DEVICE_KINDS = {
     "allocation_s_per_byte": "nonnegative",
     "corun_slowdown": "nonnegative",
     "memory_overlap": "share",
+    "fp8_matmul_efficiency": "fraction",
     "sharded_host_s_per_tensor": "nonnegative",
     "sharded_optimizer_s_per_tensor": "nonnegative",
     "op_s_per_element": "op_rates",

@@ -63,6 +63,8 @@ def format_cluster(cluster: Cluster) -> str:
          src("device.allocation_s_per_byte")),
         ("  co-run slowdown/proc", _num(d.corun_slowdown), "", src("device.corun_slowdown")),
         ("  memory overlap", _num(d.memory_overlap), "", src("device.memory_overlap")),
+        ("  fp8 matmul eff./bf16", _num(d.fp8_matmul_efficiency), "",
+         src("device.fp8_matmul_efficiency")),
         ("  FSDP2 host/tensor", _num(d.sharded_host_s_per_tensor * 1e6), "µs",
          src("device.sharded_host_s_per_tensor")),
         ("  DTensor opt/tensor", _num(d.sharded_optimizer_s_per_tensor * 1e6), "µs",

@@ -287,6 +287,10 @@ class DeviceSpec:
     # van de Geijn 2008): time = max + (1 - overlap) * min. Fitted by ``autopar calibrate``
     # from matmuls too skinny for their arithmetic to hide their traffic.
     memory_overlap: float = 1.0
+    # The share of bf16's matmul efficiency an fp8 matmul (``torch._scaled_mm``, cuBLASLt)
+    # reaches at the same shape: fp8 GEMMs fall further short of their datasheet peak. 1
+    # where unmeasured; Hopper presets carry an H200's measurement (``cluster/presets.py``).
+    fp8_matmul_efficiency: float = 1.0
     # The share of its own speed a device gets while every device of its node computes: 1 for
     # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
     # and ``corun_slowdown``). Every device time term is divided by it.
@@ -343,6 +347,8 @@ class DeviceSpec:
         _check("nonnegative", self.corun_slowdown, "corun_slowdown",
                "DeviceSpec.corun_slowdown")
         _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
+        _check("fraction", self.fp8_matmul_efficiency, "fp8_matmul_efficiency",
+               "DeviceSpec.fp8_matmul_efficiency")
         for field_name in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor",
                            "view_s"):
             _check("nonnegative", getattr(self, field_name), field_name,
@@ -523,6 +529,7 @@ class Cluster:
                 "allocation_s_per_byte": d.allocation_s_per_byte,
                 "corun_slowdown": d.corun_slowdown,
                 "memory_overlap": d.memory_overlap,
+                "fp8_matmul_efficiency": d.fp8_matmul_efficiency,
                 "sharded_host_s_per_tensor": d.sharded_host_s_per_tensor,
                 "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
                 "op_s_per_element": {op: list(r) for op, r in d.op_s_per_element.items()},
@@ -579,6 +586,7 @@ _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
            "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
+           "device.fp8_matmul_efficiency",
            "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
            "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",

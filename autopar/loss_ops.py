@@ -53,6 +53,11 @@ def chunked_working_bytes(tokens: int, vocab: int) -> int:
     return min(tokens, chunk_rows(vocab)) * vocab * 4
 
 
+LOGSUMEXP_KERNELS = 9
+"""Kernels one ``torch.logsumexp`` call launches on CUDA (amax, abs, eq, masked_fill_, sub,
+exp_, sum, log_, add_: torch.profiler on an H200, torch 2.11); one op at the dispatcher."""
+
+
 @dataclass(frozen=True)
 class BlockPasses:
     """What the chunked cross-entropy below costs, counted from its code: bytes of memory
@@ -89,10 +94,6 @@ def block_passes(logit_bytes: int, smoothing: bool = False) -> BlockPasses:
                        int(cast) + LOGSUMEXP_KERNELS + 3 + (2 if smoothing else 0),
                        1 + 3 + 2 + (3 if smoothing else 0) + 1)
 
-
-LOGSUMEXP_KERNELS = 9
-"""Kernels one ``torch.logsumexp`` call launches on CUDA (amax, abs, eq, masked_fill_, sub,
-exp_, sum, log_, add_: torch.profiler on an H200, torch 2.11); one op at the dispatcher."""
 
 
 def chunkable(logits_ndim: int, target_ndim: int, target_is_float: bool) -> bool:

@@ -59,7 +59,7 @@ def generation_seconds() -> list[tuple[str, float]]:
     return out
 
 
-def _cuda_seconds(fn, repeats: int = 10) -> float:
+def cuda_seconds(fn, repeats: int = 10) -> float:
     """Median wall time of ``fn`` on the GPU (CUDA events; measured)."""
     fn()
     torch.cuda.synchronize()
@@ -83,9 +83,9 @@ def _cuda_row(seq: int, d: int, causal: bool) -> list[tuple[float, float]]:
     fwd_flops, bwd_flops = attention_flops(b, h, seq, seq, d, causal)
     row = []
     for fn in (lambda: attention(q, k, v, causal=causal), lambda: _sdpa_flash(q, k, v, causal)):
-        fwd = _cuda_seconds(fn)
+        fwd = cuda_seconds(fn)
         out = fn()
-        bwd = _cuda_seconds(lambda out=out: torch.autograd.grad(out, (q, k, v), do,
+        bwd = cuda_seconds(lambda out=out: torch.autograd.grad(out, (q, k, v), do,
                                                                  retain_graph=True))
         row.append((fwd_flops / fwd / 1e12, bwd_flops / bwd / 1e12))
     return row

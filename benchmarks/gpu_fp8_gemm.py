@@ -7,7 +7,7 @@ and fp8 rows of every fidelity source but one came out optimistic (issue 11). Th
 measures it: the linear layers of Llama 3 8B and 70B at 8,192 tokens, forward shapes
 (tokens x in -> out) and the two backward ones, each as a bf16 ``mm`` and an fp8
 ``_scaled_mm``, plus what quantizing one bf16 operand to fp8 costs (amax, scale, cast), and
-prints measured TFLOP/s next to :func:`cost_models.compute.op_time`'s modelled ones.
+prints measured TFLOP/s next to :func:`autopar.cost_models.compute.op_time`'s modelled ones.
 
     python benchmarks/gpu_fp8_gemm.py                  # needs a GPU with fp8 (sm_89+); ~20 s
     python benchmarks/gpu_fp8_gemm.py --device-preset H200 --json fp8.json
@@ -21,9 +21,11 @@ import statistics
 import sys
 
 import torch
+from attention import cuda_seconds  # benchmarks/attention.py (this script's folder)
 
 from autopar.cluster import load_cluster
-from cost_models.compute import op_time
+from autopar.cost_models.compute import op_time
+from autopar.fp8_ops import E4M3, quantize
 
 LINEARS = {  # name: (in features, out features)
     "8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B up+gate": (4096, 28672),
@@ -31,29 +33,6 @@ LINEARS = {  # name: (in features, out features)
     "70B qkv": (8192, 10240), "70B o": (8192, 8192), "70B up+gate": (8192, 57344),
     "70B down": (28672, 8192),
 }
-FP8 = torch.float8_e4m3fn
-
-
-def _time(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` by CUDA events, after warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tensorwise e4m3 quantization, as Float8Linear does it: scale = max / amax."""
-    amax = x.abs().amax().float().clamp(min=1e-12)
-    scale = torch.finfo(FP8).max / amax
-    return (x.float() * scale).clamp(-448, 448).to(FP8), scale.reciprocal()
 
 
 def measure(m: int, k: int, n: int, repeats: int) -> dict:
@@ -61,12 +40,12 @@ def measure(m: int, k: int, n: int, repeats: int) -> dict:
     column-major, as ``_scaled_mm`` needs its second operand."""
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    bf16_s = _time(lambda: a @ w.t(), repeats)
-    qa, sa = quantize(a)
-    qw, sw = quantize(w)
-    fp8_s = _time(lambda: torch._scaled_mm(qa, qw.t(), scale_a=sa, scale_b=sw,
-                                           out_dtype=torch.bfloat16), repeats)
-    cast_s = _time(lambda: quantize(a), repeats)
+    bf16_s = cuda_seconds(lambda: a @ w.t(), repeats)
+    (qa, sa), (qw, sw) = quantize(a, E4M3), quantize(w, E4M3)  # autopar's runtime cast
+    fp8_s = cuda_seconds(lambda: torch._scaled_mm(qa, qw.t(), scale_a=sa.reciprocal(),
+                                                  scale_b=sw.reciprocal(),
+                                                  out_dtype=torch.bfloat16), repeats)
+    cast_s = cuda_seconds(lambda: quantize(a, E4M3), repeats)
     return {"m": m, "k": k, "n": n, "flops": 2.0 * m * n * k, "bf16_s": bf16_s,
             "fp8_s": fp8_s, "quantize_a_s": cast_s}
 

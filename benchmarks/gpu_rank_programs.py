@@ -194,7 +194,8 @@ def profile_steps(step, steps: int, device: torch.device) -> dict:
             per_kernel[e.key] = per_kernel.get(e.key, 0.0) + us / 1e3 / steps
     classes: dict[str, float] = {}
     for name, ms in per_kernel.items():
-        classes[kernel_class(name)] = classes.get(kernel_class(name), 0.0) + ms
+        cls = kernel_class(name)
+        classes[cls] = classes.get(cls, 0.0) + ms
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25]
     return {"kernel_ms_by_class": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
             "kernel_ms_total": sum(per_kernel.values()),

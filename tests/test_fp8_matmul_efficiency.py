@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autopar.cluster import load_cluster
+from autopar.cost_models.compute import op_time
 from autopar.errors import AutoparError
-from cost_models.compute import op_time
 
 SHAPE = (8192, 14336, 4096)
 FLOPS = 2.0 * 8192 * 14336 * 4096

@@ -562,6 +562,10 @@ class CostTables:
             return 0.0, 0.0, 0.0
         if facts.is_view or identity_dropout(d.nodes[0]):  # no kernel: its dispatch only
             return self._view_times(d)
+        custom = op_cost_for(facts.target)
+        chunked = self._chunked_loss(d)
+        if chunked is not None and custom is None:  # as the runtime runs it, block by block
+            return chunked_loss_times(self, d, s, chunked)
         div = self.setting.tp if s.splits_work else 1
         scale = self._scale(d) / div
         dtype = self.dtype(d)
@@ -591,10 +595,6 @@ class CostTables:
         flops = facts.fwd_flops * scale * work
         if d.name in self.problem.fused_attention:
             return self._fused_times(d, flops, moved, shape)
-        custom = op_cost_for(facts.target)
-        chunked = self._chunked_loss(d)
-        if chunked is not None and custom is None:  # as the runtime runs it, block by block
-            return chunked_loss_times(self, d, s, chunked)
         if custom is not None:  # a plugin's cost (cost_models/op_costs.py)
             fwd, bwd = custom(OpCostQuery(flops, moved, device, dtype, shape,
                                           facts.requires_grad))

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten
 
 Value = tuple[fx.Node, int]
 
@@ -65,5 +64,18 @@ def is_decision(node: fx.Node) -> bool:
         return isinstance(node.meta.get("val"), torch.Tensor)
     if node.op != "call_function" or is_getitem(node):
         return False
-    vals = tree_flatten(node.meta.get("val"))[0]
-    return any(isinstance(v, torch.Tensor) for v in vals)
+    return holds_tensor(node.meta.get("val"))
+
+
+def holds_tensor(value: Any) -> bool:
+    """Whether ``value`` (a node's ``val``: a tensor, or tuples, lists and dicts of them) holds
+    a tensor. Walked here rather than with ``torch.utils._pytree.tree_flatten``, whose
+    recursive closure is a reference cycle per call: 10,000 of them per plan of a 70B model
+    left 100,000 objects for the cycle collector (0.2-0.7 s)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(holds_tensor(v) for v in value.values())
+    return False

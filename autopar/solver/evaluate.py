@@ -390,17 +390,27 @@ def data_parallel_costs(
         """One microbatch's collectives: its gathers (ZeRO-3: again in backward), its
         reduce-scatters; under HSDP only the last all-reduces the shards across replica
         groups (``ParallelModule`` sets FSDP2's ``set_requires_all_reduce``)."""
-        per_unit = [
-            Unit(gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
-                 + edp_time("all_gather", u.expert_weights[i]) + host_s(i) if gather else 0.0,
-                 reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
-                 + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i)
-                 + (replica_time(u.grad_bytes[i]) if last else 0.0) + copies[i][1]
-                 if reduce else 0.0,
-                 forward_s=u.fwd[i] + u.tp_comm[i] / 2,
-                 backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=zero3 and 0 < i <= n_layers)
-            for i in sorted(units)
-        ]
+        def unit(i: int) -> Unit:
+            return Unit(
+                gather_s=dp_time("all_gather", u.weights[i] - u.expert_weights[i])
+                + edp_time("all_gather", u.expert_weights[i]) + host_s(i) if gather else 0.0,
+                reduce_s=dp_time("reduce_scatter", u.grad_bytes[i] - u.expert_grad_bytes[i])
+                + edp_time("reduce_scatter", u.expert_grad_bytes[i]) + host_s(i)
+                + (replica_time(u.grad_bytes[i]) if last else 0.0) + copies[i][1]
+                if reduce else 0.0,
+                forward_s=u.fwd[i] + u.tp_comm[i] / 2,
+                backward_s=u.bwd[i] + u.tp_comm[i] / 2, regather=zero3 and 0 < i <= n_layers)
+
+        # alike layers make alike units: each is priced once (an 80-layer model has ~3 kinds)
+        made: dict[tuple, Unit] = {}
+        per_unit = []
+        for i in sorted(units):
+            key = (u.weights[i], u.expert_weights[i], u.grad_bytes[i], u.expert_grad_bytes[i],
+                   u.trainable_numel[i], u.fwd[i], u.bwd[i], u.tp_comm[i], 0 < i <= n_layers)
+            found = made.get(key)
+            if found is None:
+                found = made[key] = unit(i)
+            per_unit.append(found)
         if comm_only:
             return CommTime(fsdp_comm(per_unit), 0.0)
         return fsdp_step(per_unit, overlap=overlap)

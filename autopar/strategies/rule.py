@@ -94,6 +94,14 @@ class Strategy:
     # vocabulary-parallel embedding); None means "run the same op on local tensors".
     local_impl: str | None = None
 
+    def __hash__(self) -> int:
+        """Hashed once: strategies key the cost tables' caches, ~10^6 lookups a plan."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.inputs, self.outputs, self.local_impl))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def __str__(self) -> str:
         ins = ",".join(str(p) for p in self.inputs)
         outs = ",".join(str(p) for p in self.outputs)

@@ -95,6 +95,7 @@ def plan(
     recompute_layers: tuple[str, ...] | None = None,
     tp_splits_batch: bool | None = None,
     fuse_attention: bool = True,
+    attention_kernel: str = "generated",
     chunked_loss: bool = True,
     batch_coupling: str = "exact",
     memory_fraction: float = 0.9,
@@ -157,6 +158,10 @@ def plan(
     they leave no plan the error names the smallest set of them that conflict.
     ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
     tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
+    ``attention_kernel`` says what the fused attention sites are priced as: "generated"
+    (autopar's own kernels, which its program runs on GPUs, at the device's
+    ``generated_attention_forward``/``_backward``) or "device" (the kernel the cluster's
+    ``attention_efficiency`` describes: to price a run by another framework).
     Keyword names are those of :mod:`autopar.knobs`. A pinned ``tp`` is Megatron's
     tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
     plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
@@ -213,6 +218,7 @@ def plan(
         recompute_layers=recompute_layers,
         tp_splits_batch=tp_splits_batch,
         fuse_attention=fuse_attention,
+        attention_kernel=attention_kernel,
         chunked_loss=chunked_loss,
         batch_coupling=batch_coupling,
         memory_fraction=memory_fraction,

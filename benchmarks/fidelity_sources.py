@@ -327,7 +327,10 @@ def predict_row(row: dict) -> Outcome:
                           fuse_elementwise=compiled(row) or bool(defaults.get("fuse_elementwise")),
                           cp_algorithm=defaults.get("cp_algorithm") if cp > 1 else None,
                           master_weights=defaults.get("master_weights", "params"),
-                          fp8_weight_copies=defaults.get("fp8_weight_copies", "step"))
+                          fp8_weight_copies=defaults.get("fp8_weight_copies", "step"),
+                          # the run's own attention kernel (SDPA's flash backend, cuDNN),
+                          # which the cluster's attention_efficiency describes
+                          attention_kernel="device")
     est = estimate_graph(gm, row_cluster(row, defaults.get("attention")), config)
     step = est.prediction.step_time_s
     unit = row["throughput_unit"].lower()

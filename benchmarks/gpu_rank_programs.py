@@ -95,13 +95,14 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     a, k = spec.example_inputs(args.batch, args.seq, "cpu")
     cluster = f"{devices}x{args.cluster_device}"
     started = time.perf_counter()
+    fused = args.device.startswith("cuda")  # the AdamW built below, priced as it runs
     pm = autopar.parallelize(model, cluster, (a, k), **{
-        "precision": args.precision, "recompute": (args.recompute,), **keywords})
+        "precision": args.precision, "recompute": (args.recompute,),
+        "optimizer": "adamw_fused" if fused else "adamw", **keywords})
     plan_s = time.perf_counter() - started
     del model
     device = torch.device(args.device)
-    opt = torch.optim.AdamW(pm.parameters(), lr=1e-5,
-                            **({"fused": True} if device.type == "cuda" else {}))
+    opt = torch.optim.AdamW(pm.parameters(), lr=1e-5, **({"fused": True} if fused else {}))
     la, lk = pm.shard_batch(*a, **k)
     if hasattr(pm.wrapped, "register_comm_hook"):
         pm.wrapped.register_comm_hook(pm.wrapped.process_group, _fake_all_reduce)

@@ -374,13 +374,14 @@ def op_time(
 
 def attention_time(
     flops: float, bytes_moved: float, device: DeviceSpec, dtype: str,
-    *, shape: Sequence[int] | None = None,
+    *, shape: Sequence[int] | None = None, kernel_speed: float = 1.0,
 ) -> float:
     """Seconds of one pass of a fused attention kernel: :func:`op_time` at the device's
     :func:`attention_efficiency`, with ``shape`` one of its two matmuls' ``(m, n, k)``. A
     query tile fills its load pipeline once and then sweeps every key, so its loop depth is
     the key length (``n`` of the scores matmul, ``k`` of the one that weights the values),
-    not the head dim they contract.
+    not the head dim they contract. ``kernel_speed``: the kernel that runs against the one
+    ``attention_efficiency`` describes (``DeviceSpec.generated_attention_forward``).
 
     >>> from autopar.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device
@@ -391,7 +392,8 @@ def attention_time(
     """
     depth = max(shape[-2], shape[-1]) if shape is not None else None
     return op_time(flops, bytes_moved, device, dtype, shape=shape,
-                   efficiency_scale=attention_efficiency(device, shape), loop_depth=depth)
+                   efficiency_scale=attention_efficiency(device, shape) * kernel_speed,
+                   loop_depth=depth)
 
 
 def aten_name(target: str) -> str:
@@ -525,8 +527,11 @@ def efficiency_from_measurement(
 # (measured on this project's CI machine: 5 ns/param at its ~19 GB/s); momentum SGD reads
 # weight, gradient and buffer and writes two (20 B); plain SGD 12 B; Adafactor's factored
 # statistics cost about as much as Adam's; 8-bit Adam adds (de)quantization to Adam's passes.
-OPTIMIZER_STEP_BYTES = {"adamw": 96, "adam": 96, "momentum": 20, "sgd": 12, "adafactor": 96,
-                        "adam8bit": 112}
+# Fused Adam/AdamW (``fused=True``: one kernel reads weight, gradient and both moments and
+# writes weight and moments) moves 28 B/param, its floor; measured on an H200: 1.5 B
+# parameters in 13.1 ms, 3.2 TB/s (benchmarks/results/h200_2026-11-29.md).
+OPTIMIZER_STEP_BYTES = {"adamw": 96, "adam": 96, "adamw_fused": 28, "adam_fused": 28,
+                        "momentum": 20, "sgd": 12, "adafactor": 96, "adam8bit": 112}
 
 
 def optimizer_step_time(numel: float, optimizer: str, device: DeviceSpec) -> float:

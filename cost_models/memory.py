@@ -15,7 +15,7 @@ Optimizer state bytes per trainable parameter (fp32 states, on top of the master
 =========== ============================================================================
 sgd         0 (plain SGD keeps nothing)
 momentum    4 (one fp32 velocity)
-adam/adamw  8 (fp32 first and second moments)
+adam/adamw  8 (fp32 first and second moments); adam_fused/adamw_fused (fused=True) alike
 adam8bit    2 + 2*4/2048: both moments in 8 bits, each with one fp32 absmax per block of
             2048 values (Dettmers et al., "8-bit Optimizers via Block-wise Quantization",
             ICLR'22; bitsandbytes' default block size)
@@ -67,6 +67,8 @@ def adam8bit_state_bytes(block_size: int = ADAM8BIT_BLOCK_SIZE) -> float:
 OPTIMIZER_STATE_BYTES: dict[str, float] = {
     "adamw": 8,
     "adam": 8,
+    "adamw_fused": 8,  # torch.optim.AdamW(fused=True): the same states, one kernel a step
+    "adam_fused": 8,
     "momentum": 4,
     "sgd": 0,
     "adam8bit": adam8bit_state_bytes(),

@@ -59,7 +59,8 @@ _DEVICE_RATE_KEYS = ("memory_bandwidth_bytes_per_s",)
 _OP_RATES = "op_s_per_element"
 _DEVICE_KEPT_KEYS = ("matmul_efficiency", "matmul_efficiency_curve", "memory_efficiency",
                      "attention_efficiency", "attention_efficiency_curve", "memory_overlap",
-                     "corun_slowdown", "fp8_matmul_efficiency")
+                     "corun_slowdown", "fp8_matmul_efficiency", "generated_attention_forward",
+                     "generated_attention_backward")
 
 
 # --- fitting -----------------------------------------------------------------------------------

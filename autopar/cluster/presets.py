@@ -110,6 +110,18 @@ H200's tensor cores and clocks; its figure is this one, not measured apart. Othe
 keep 1 (unmeasured)."""
 
 
+HOPPER_GENERATED_ATTENTION = (0.86, 0.58)
+"""autopar's generated attention kernels (Triton) on Hopper, forward and backward, as a share
+of SDPA's flash backend's speed (the kernel ``attention_efficiency`` describes): causal, head
+dim 128, bf16, the medians over 1,024, 4,096 and 16,384 tokens of ``benchmarks/attention.py``
+on an H100 (forward 0.59 / 0.86 / 0.90, backward 0.62 / 0.58 / 0.53;
+``benchmarks/results/h100_2026-11-26.md``). A training step on an H200 agreed: its attention
+kernels took 45-48 ms where SDPA's efficiency priced 28.5 (1.6-1.7x; these give 1.56x,
+``benchmarks/results/h200_2026-11-29.md``). At head dim 64 the backward is closer to SDPA's
+(0.68-0.82), non-causal at 128 alike (0.60-0.66): one pair for the case LLMs run. The H200
+and H100-96GB have the H100's SMs; other GPUs keep 1 (unmeasured)."""
+
+
 def _preset(
     name: str,
     *,
@@ -131,6 +143,7 @@ def _preset(
     sharded_host_us_per_tensor: float = 0.0,
     sharded_optimizer_us_per_tensor: float = 0.0,
     fp8_matmul_efficiency: float = 1.0,
+    generated_attention: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -149,6 +162,8 @@ def _preset(
             "corun_slowdown": corun_slowdown,
             "memory_overlap": memory_overlap,
             "fp8_matmul_efficiency": fp8_matmul_efficiency,
+            "generated_attention_forward": generated_attention[0],
+            "generated_attention_backward": generated_attention[1],
             "sharded_host_s_per_tensor": sharded_host_us_per_tensor / 1e6,
             "sharded_optimizer_s_per_tensor": sharded_optimizer_us_per_tensor / 1e6,
         },
@@ -175,7 +190,8 @@ _TABLE = [
     _preset("H100-80GB", memory_gib=80,
             tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
             hbm_gb_per_s=3350, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8),
-            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY),
+            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY,
+            generated_attention=HOPPER_GENERATED_ATTENTION),
     # H100 with 96 GB HBM2e at 2.4 TB/s, as in Meta's Grand Teton hosts (torchtitan's
     # benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"): run at a 500 W limit, its
     # peak "is between SXM and NVL" (ibid., footnote 2), so bf16 is the midpoint of the SXM5
@@ -184,12 +200,17 @@ _TABLE = [
     _preset("H100-96GB", memory_gib=96,
             tflops={"fp32": 61.2, "tf32": 456.2, "bf16": 912.4, "fp16": 912.4, "fp8": 1824.9},
             hbm_gb_per_s=2400, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8),
-            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY),
+            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY,
+            generated_attention=HOPPER_GENERATED_ATTENTION),
     # H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; NVLink4; DGX H200: 8 x NDR.
+    # matmul_efficiency measured: cuBLAS bf16 mm at Llama 3 8B/70B layer shapes, 8,192
+    # tokens, 741 TFLOP/s median (686-790) of 989.4 (benchmarks/gpu_fp8_gemm.py,
+    # benchmarks/results/h200_2026-11-29.md), where 0.7 priced them at 674-691.
     _preset("H200", memory_gib=141,
             tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-            hbm_gb_per_s=4800, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8),
-            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY),
+            hbm_gb_per_s=4800, matmul_efficiency=0.75, intra=(450, 3), inter=(50, 8),
+            fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY,
+            generated_attention=HOPPER_GENERATED_ATTENTION),
     # HGX B200 datasheet per GPU (sparse/2): 180 GB, 7.7 TB/s; NVLink5 1.8 TB/s bidir; 8 x NDR.
     _preset("B200", memory_gib=180,
             tflops={"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},

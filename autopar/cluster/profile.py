@@ -83,6 +83,8 @@ _DEVICE_KINDS = {
     "corun_slowdown": "nonnegative",
     "memory_overlap": "share",
     "fp8_matmul_efficiency": "fraction",
+    "generated_attention_forward": "positive",
+    "generated_attention_backward": "positive",
     "sharded_host_s_per_tensor": "nonnegative",
     "sharded_optimizer_s_per_tensor": "nonnegative",
     "op_s_per_element": "op_rates",

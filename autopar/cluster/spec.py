@@ -291,6 +291,13 @@ class DeviceSpec:
     # reaches at the same shape: fp8 GEMMs fall further short of their datasheet peak. 1
     # where unmeasured; Hopper presets carry an H200's measurement (``cluster/presets.py``).
     fp8_matmul_efficiency: float = 1.0
+    # autopar's generated attention kernels (``autopar.kernels``, Triton), which the program
+    # runs at every fused attention site on a GPU, against the kernel ``attention_efficiency``
+    # describes (SDPA's flash backend in the presets): their speed relative to it in the
+    # forward and the backward pass. 1 where unmeasured; Hopper presets carry an H100's
+    # measurement (``cluster/presets.py``).
+    generated_attention_forward: float = 1.0
+    generated_attention_backward: float = 1.0
     # The share of its own speed a device gets while every device of its node computes: 1 for
     # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
     # and ``corun_slowdown``). Every device time term is divided by it.
@@ -349,6 +356,9 @@ class DeviceSpec:
         _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
         _check("fraction", self.fp8_matmul_efficiency, "fp8_matmul_efficiency",
                "DeviceSpec.fp8_matmul_efficiency")
+        for field_name in ("generated_attention_forward", "generated_attention_backward"):
+            _check("positive", getattr(self, field_name), field_name,
+                   f"DeviceSpec.{field_name}")
         for field_name in ("sharded_host_s_per_tensor", "sharded_optimizer_s_per_tensor",
                            "view_s"):
             _check("nonnegative", getattr(self, field_name), field_name,
@@ -530,6 +540,8 @@ class Cluster:
                 "corun_slowdown": d.corun_slowdown,
                 "memory_overlap": d.memory_overlap,
                 "fp8_matmul_efficiency": d.fp8_matmul_efficiency,
+                "generated_attention_forward": d.generated_attention_forward,
+                "generated_attention_backward": d.generated_attention_backward,
                 "sharded_host_s_per_tensor": d.sharded_host_s_per_tensor,
                 "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
                 "op_s_per_element": {op: list(r) for op, r in d.op_s_per_element.items()},
@@ -586,7 +598,8 @@ _ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
 _ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
 _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
            "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
-           "device.fp8_matmul_efficiency",
+           "device.fp8_matmul_efficiency", "device.generated_attention_forward",
+           "device.generated_attention_backward",
            "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
            "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",

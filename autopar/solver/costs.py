@@ -283,7 +283,7 @@ class CostTables:
         # pipeline schedule, which the search varies most).
         self.layout_key = (setting.tp, setting.microbatch, setting.recompute, setting.cp,
                            setting.cp_layout, precision_key(options, setting.zero), cluster,
-                           self.tp_link)
+                           self.tp_link, options.attention_kernel)
         """What an op's times, a value's redistributions and saved bytes depend on."""
         self._times: dict[tuple, tuple[float, float, float]] = problem.cache.setdefault(
             ("times", *self.layout_key), {})
@@ -601,7 +601,9 @@ class CostTables:
             bwd = bwd if facts.requires_grad else 0.0
             return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
         attention = "scaled_dot_product" in facts.target
-        fwd = attention_time(flops, moved, device, dtype, shape=shape) if attention else (
+        speed = self.attention_speed(d)
+        fwd = attention_time(flops, moved, device, dtype, shape=shape,
+                             kernel_speed=speed[0]) if attention else (
             forward_time(flops, moved, device, dtype, shape=shape, kernels=kernels))
         fwd += allocation_time(written * scale * stored, device)
         cast = self._weight_cast_bytes(d) / div
@@ -611,7 +613,7 @@ class CostTables:
         if facts.requires_grad and attention:
             # Fused attention's backward: the FLOPs the trace counted, in one kernel.
             bwd = attention_time(facts.bwd_flops * scale * work, 2 * moved, device, dtype,
-                                 shape=shape)
+                                 shape=shape, kernel_speed=speed[1])
         elif facts.requires_grad:
             # The trace measured which gradients autograd computes (a frozen weight has no
             # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
@@ -666,12 +668,24 @@ class CostTables:
         device, dtype = self.cluster.device, self.dtype(d)
         moved = min(facts.bytes_read, facts.bytes_written) / (facts.bytes_read + facts.bytes_written
                                                               or 1) * moved
-        fwd = attention_time(flops, moved, device, dtype, shape=shape)
+        speed = self.attention_speed(d)
+        fwd = attention_time(flops, moved, device, dtype, shape=shape, kernel_speed=speed[0])
         bwd = 0.0
         if facts.requires_grad:
             bwd = attention_time(flops * facts.bwd_flops / facts.fwd_flops, 2 * moved, device,
-                                 dtype, shape=shape)
+                                 dtype, shape=shape, kernel_speed=speed[1])
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
+
+    def attention_speed(self, d: Decision) -> tuple[float, float]:
+        """(forward, backward) speed of the kernel that runs attention node ``d`` against
+        the one the device's ``attention_efficiency`` describes: autopar's generated kernel
+        where the program runs it -- a fused site, on a GPU (on a CPU it falls back to
+        SDPA) -- unless ``PlanOptions.attention_kernel`` says another framework's runs."""
+        device = self.cluster.device
+        if (d.name not in self.problem.kernel_attention or self.cluster.backend == "gloo"
+                or self.options.attention_kernel != "generated"):
+            return 1.0, 1.0
+        return device.generated_attention_forward, device.generated_attention_backward
 
     def _local_matmul(self, d: Decision, scale: float) -> tuple[int, int, int] | None:
         """(m, n, k) of this device's part of a matmul: the batch scale shrinks m, sharding

@@ -43,6 +43,7 @@ class Fusion:
 
     def apply(self, problem: Problem) -> Problem:
         problem.fused_attention = self.eager_nodes
+        problem.kernel_attention = self.site_nodes
         problem.dead = self.dead_nodes - self.derived_nodes
         # the kernels read the arguments these were made from: what they keep for backward
         # stands for what the kernel keeps (the argument), and they take no time

@@ -20,6 +20,8 @@ from autopar.precision import MASTER_WEIGHTS
 from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
 OFFLOADS_RUNNABLE = ("none", "optimizer+params")
+ATTENTION_KERNELS = ("generated", "device")
+"""What runs the fused attention sites, as the cost model prices them (PlanOptions)."""
 """Offload modes the runtime executes ("optimizer+params": FSDP2's CPUOffloadPolicy)."""
 
 ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
@@ -107,6 +109,11 @@ class PlanOptions:
     tp_splits_batch: bool | None = None
     # Replace attention sites with the generated fused kernels (autopar.kernels.attention).
     fuse_attention: bool = True
+    # Which kernel the fused sites are priced as (ATTENTION_KERNELS): "generated", autopar's
+    # own, which its program runs on GPUs (DeviceSpec.generated_attention_*); "device", the
+    # kernel the cluster's attention_efficiency describes -- another framework's run
+    # (SDPA's flash backend, cuDNN), as benchmarks/fidelity_sources.py prices published ones.
+    attention_kernel: str = "generated"
     chunked_loss: bool = True
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
@@ -230,6 +237,10 @@ class PlanOptions:
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"{name} must be True or False, got {getattr(self, name)!r}",
                                    where=f"PlanOptions.{name}", fix=f"pass {name}=True or False")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise AutoparError(f"unknown attention_kernel {self.attention_kernel!r}",
+                               where="PlanOptions.attention_kernel",
+                               fix=f"use one of {', '.join(ATTENTION_KERNELS)}")
         for name in ("memory_fraction", "time_limit_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(

@@ -32,7 +32,7 @@ from autopar.solver.expert_axis import check_ep
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate
 from autopar.solver.layer_recompute import compose_units, with_modes
-from autopar.solver.options import FP8_WEIGHT_COPIES, PlanOptions
+from autopar.solver.options import ATTENTION_KERNELS, FP8_WEIGHT_COPIES, PlanOptions
 from autopar.solver.problem import (
     Problem,
     build_problem,
@@ -83,6 +83,9 @@ class PinnedConfig:
     # Model eager attention as the fused kernel the program runs (no sequence-squared
     # tensors kept); False models it op by op, as Megatron-LM ran it in 2021.
     fuse_attention: bool = True
+    # The kernel the fused sites run: PlanOptions.attention_kernel ("device" for a run by
+    # another framework, whose own kernel the cluster's attention_efficiency describes)
+    attention_kernel: str = "generated"
     # Model a program that fuses its elementwise chains (Transformer Engine's kernels,
     # torch.compile): autopar.solver.elementwise_fusion. autopar's runtime runs them eagerly.
     fuse_elementwise: bool = False
@@ -107,9 +110,11 @@ class PinnedConfig:
                                    fix=f"pass {name}=True or {name}=False")
         for name, allowed in (("recompute", RECOMPUTE_MODES), ("precision", PRECISIONS),
                               ("optimizer", OPTIMIZERS), ("layout", ("auto", "megatron")),
-                              ("fp8_weight_copies", FP8_WEIGHT_COPIES)):
+                              ("fp8_weight_copies", FP8_WEIGHT_COPIES),
+                              ("attention_kernel", ATTENTION_KERNELS)):
             if getattr(self, name) not in allowed:
-                where = (f"PinnedConfig.{name}" if name in ("layout", "fp8_weight_copies")
+                where = (f"PinnedConfig.{name}"
+                         if name in ("layout", "fp8_weight_copies", "attention_kernel")
                          else f"--{name}")
                 raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
                                    fix=f"use one of {', '.join(allowed)}")
@@ -242,7 +247,8 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
                           optimizer=config.optimizer,
                           zero=(config.zero,), recompute=(base,), cp=config.cp,
                           cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,
-                          chunked_loss=config.chunked_loss)
+                          chunked_loss=config.chunked_loss,
+                          attention_kernel=config.attention_kernel)
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)

@@ -85,6 +85,9 @@ class Problem:
     # nodes inside attention the program fuses into one kernel (eager chains): their
     # sequence-squared tensors are recomputed inside the kernel's backward, never kept
     fused_attention: frozenset[str] = frozenset()
+    # nodes of every fused attention site (SDPA calls included): the program runs each
+    # site through autopar's generated kernel on a GPU (autopar.kernels.attention)
+    kernel_attention: frozenset[str] = frozenset()
     # nodes the fused program never runs (causal masks the kernels replace by a flag)
     dead: frozenset[str] = frozenset()
     # nodes the fused program does not run whose values stand for the kernels' arguments

@@ -360,7 +360,7 @@ PLAN = obj(
         "explanation": EXPLANATION,
         "attention": list_of(obj({"node": text(), "pattern": text(), "layer": nullable(SIZE),
                                   "what": text(), "fused": flag, "reason": text(empty=True)},
-                                 {"causal": flag})),
+                                 {"causal": flag, "kernel": text()})),
         # context parallelism (mesh.cp > 1): the attention algorithm, the sequence layout,
         # each algorithm's modelled seconds per step (or why it cannot run), and why
         "context": empty_or(CONTEXT),

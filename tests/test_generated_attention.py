@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import autopar
+from autopar.cli.summary import format_attention
 from autopar.cluster import load_cluster
 from autopar.errors import AutoparError
 from autopar.models import resolve_model
+from autopar.plan import Plan
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
@@ -72,3 +75,16 @@ def test_a_bad_speed_or_kernel_is_refused_naming_it():
         _cluster("H100-80GB", generated_attention_backward=0)
     with pytest.raises(AutoparError, match="attention_kernel"):
         PinnedConfig(attention_kernel="flash")
+
+
+@pytest.mark.parametrize(("cluster", "says"), [("1xH100-80GB", "0.58x (backward)"),
+                                               ("1xcpu", "CPU fallback")])
+def test_a_plan_says_what_its_fused_attention_is_priced_as(cluster, says):
+    spec = resolve_model("llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=128,seq=64")
+    model = spec.build()
+    args, kwargs = spec.example_inputs(2, 64, "cpu")
+    plan = autopar.plan(model, cluster, (args, kwargs))
+    fused = [site for site in plan.attention if site["fused"]]
+    assert fused and all(says in site["kernel"] for site in fused)
+    assert Plan.from_json(plan.to_json()).attention == plan.attention
+    assert any(says in line for line in format_attention(plan.attention))

@@ -259,6 +259,9 @@ def format_attention(sites: list[dict]) -> list[str]:
     if kinds:
         line += f" into generated kernels ({'; '.join(kinds)})"
     lines = [line]
+    priced = sorted({s["kernel"] for s in fused if s.get("kernel")})
+    if priced:
+        lines.append(f"  priced as {'; '.join(priced)} (modelled)")
     for s in sites:
         if not s["fused"]:
             lines.append(f"  kept {s['node']} (layer {s['layer']}): {s['reason']}")

@@ -258,6 +258,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def runs_generated_attention(cluster: Cluster, options: PlanOptions) -> bool:
+    """Whether fused attention sites run (and are priced as) autopar's generated kernel: on
+    GPUs, unless ``options.attention_kernel`` prices another framework's run; a CPU (gloo)
+    falls back to torch SDPA (``autopar.kernels.attention``)."""
+    return cluster.backend != "gloo" and options.attention_kernel == "generated"
+
 class CostTables:
     def __init__(
         self,
@@ -682,8 +688,8 @@ class CostTables:
         where the program runs it -- a fused site, on a GPU (on a CPU it falls back to
         SDPA) -- unless ``PlanOptions.attention_kernel`` says another framework's runs."""
         device = self.cluster.device
-        if (d.name not in self.problem.kernel_attention or self.cluster.backend == "gloo"
-                or self.options.attention_kernel != "generated"):
+        if (d.name not in self.problem.kernel_attention
+                or not runs_generated_attention(self.cluster, self.options)):
             return 1.0, 1.0
         return device.generated_attention_forward, device.generated_attention_backward
 

@@ -17,7 +17,7 @@ from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.batch_coupling import splits_exactly
 from autopar.solver.context import algorithm_costs, cp_strategies
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables, Setting, runs_generated_attention
 from autopar.solver.evaluate import Prediction
 from autopar.solver.explain_experts import experts_entry
 from autopar.solver.explain_tp import explain_tp
@@ -154,7 +154,7 @@ def make_plan(
         },
         layers=layer_rows(gm, _layer_summary(result), setting),
         unruled_ops=dict(sorted(unruled.items())),
-        attention=attention_entries(gm, options),
+        attention=attention_entries(gm, options, cluster),
         explanation=_explanation(gm, result, cluster, options),
         context=context_entry(result, options),
         precision={n: w for n, w in precision.nodes.items() if n in strategies},
@@ -245,9 +245,12 @@ def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
     check_tied(gm.graph, have, need, "tp", problem.graph_cache.get("ties"))
 
 
-def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:
-    """The model's attention sites, and whether the program fuses each (and why not)."""
+def attention_entries(gm: fx.GraphModule, options: PlanOptions,
+                      cluster: Cluster | None = None) -> list[dict]:
+    """The model's attention sites, whether the program fuses each (and why not), and what
+    kernel a fused one is priced as."""
     entries = []
+    kernel = attention_pricing(cluster, options) if cluster is not None else None
     for site in find_attention_sites(gm):
         facts = site.output.meta.get(META_KEY)
         fused = options.fuse_attention and site.fusable
@@ -259,8 +262,21 @@ def attention_entries(gm: fx.GraphModule, options: PlanOptions) -> list[dict]:
             "fused": fused,
             "causal": site.causal,
             "reason": "" if fused else (site.reason or "fusion turned off (fuse_attention=False)"),
+            **({"kernel": kernel} if fused and kernel else {}),
         })
     return entries
+
+
+def attention_pricing(cluster: Cluster, options: PlanOptions) -> str:
+    """What a fused attention site is priced as (:meth:`CostTables.attention_speed`)."""
+    device = cluster.device
+    rate = f"attention efficiency {device.attention_efficiency:g}"
+    if not runs_generated_attention(cluster, options):
+        return (f"torch SDPA (the generated kernel's CPU fallback), {rate}"
+                if cluster.backend == "gloo" else f"the cluster's own attention kernel, {rate}")
+    return (f"autopar's generated kernel, {device.generated_attention_forward:g}x (forward) "
+            f"and {device.generated_attention_backward:g}x (backward) the speed of the "
+            f"device's attention kernel ({rate})")
 
 
 def pipeline_entry(setting: Setting, prediction: Prediction) -> dict:

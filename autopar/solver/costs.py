@@ -264,6 +264,7 @@ def runs_generated_attention(cluster: Cluster, options: PlanOptions) -> bool:
     falls back to torch SDPA (``autopar.kernels.attention``)."""
     return cluster.backend != "gloo" and options.attention_kernel == "generated"
 
+
 class CostTables:
     def __init__(
         self,
@@ -607,7 +608,7 @@ class CostTables:
             bwd = bwd if facts.requires_grad else 0.0
             return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
         attention = "scaled_dot_product" in facts.target
-        speed = self.attention_speed(d)
+        speed = self.attention_speed(d) if attention else (1.0, 1.0)
         fwd = attention_time(flops, moved, device, dtype, shape=shape,
                              kernel_speed=speed[0]) if attention else (
             forward_time(flops, moved, device, dtype, shape=shape, kernels=kernels))

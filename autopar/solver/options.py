@@ -20,9 +20,10 @@ from autopar.precision import MASTER_WEIGHTS
 from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 
 OFFLOADS_RUNNABLE = ("none", "optimizer+params")
+"""Offload modes the runtime executes ("optimizer+params": FSDP2's CPUOffloadPolicy)."""
+
 ATTENTION_KERNELS = ("generated", "device")
 """What runs the fused attention sites, as the cost model prices them (PlanOptions)."""
-"""Offload modes the runtime executes ("optimizer+params": FSDP2's CPUOffloadPolicy)."""
 
 ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
 """The ZeRO stages the runtime executes (DDP; FSDP2: :mod:`autopar.runtime.data_parallel`)."""

@@ -246,11 +246,11 @@ def _check_in_place_writes(gm: fx.GraphModule, problem, choice: list[int],
 
 
 def attention_entries(gm: fx.GraphModule, options: PlanOptions,
-                      cluster: Cluster | None = None) -> list[dict]:
+                      cluster: Cluster) -> list[dict]:
     """The model's attention sites, whether the program fuses each (and why not), and what
     kernel a fused one is priced as."""
     entries = []
-    kernel = attention_pricing(cluster, options) if cluster is not None else None
+    kernel = attention_pricing(cluster, options)
     for site in find_attention_sites(gm):
         facts = site.output.meta.get(META_KEY)
         fused = options.fuse_attention and site.fusable
@@ -262,7 +262,7 @@ def attention_entries(gm: fx.GraphModule, options: PlanOptions,
             "fused": fused,
             "causal": site.causal,
             "reason": "" if fused else (site.reason or "fusion turned off (fuse_attention=False)"),
-            **({"kernel": kernel} if fused and kernel else {}),
+            **({"kernel": kernel} if fused else {}),
         })
     return entries
 

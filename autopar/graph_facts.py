@@ -49,6 +49,10 @@ class NodeFacts:
     dtypes: tuple[str, ...] = ()
     fwd_flops: int = 0
     bwd_flops: int = 0
+    # what autograd's backward of this op runs, measured on fake tensors: bytes its kernels
+    # move (None: not measured) and how many kernels
+    bwd_bytes: int | None = None
+    bwd_kernels: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
     is_view: bool = False

@@ -41,6 +41,7 @@ from autopar.cost_models.compute import (
     causal_fraction,
     compute_share,
     forward_time,
+    op_time,
 )
 from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
@@ -564,11 +565,39 @@ class CostTables:
         return f + extra.forward_s, b + extra.backward_s, r + (extra.forward_s if r else 0.0)
 
     def _compute_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
-        facts = d.facts
         if d.kind != "op" or d.name in self.problem.dead or d.name in self.problem.not_run:
             return 0.0, 0.0, 0.0
-        if facts.is_view or identity_dropout(d.nodes[0]):  # no kernel: its dispatch only
-            return self._view_times(d)
+        if d.facts.is_view or identity_dropout(d.nodes[0]):  # no kernel: its dispatch only
+            f, b, r = self._view_times(d)
+        else:
+            f, b, r = self._kernel_times(d, s)
+        return f, b + self._gradient_sums(d, s), r
+
+    def _gradient_sums(self, d: Decision, s: Strategy) -> float:
+        """Backward seconds autograd spends summing ``d``'s output gradients: a value read
+        by k differentiable ops gets k gradients, added into one buffer (k - 1 kernels, each
+        reading two and writing one value-sized tensor) before ``d``'s own backward runs --
+        the residual stream, a norm's output feeding q, k and v. A fusing program
+        (``PlanOptions.fuse_elementwise``) folds the sums into its backward kernels."""
+        facts = d.facts
+        if (not facts.requires_grad or not facts.shapes or facts.dtypes[0] not in _FLOAT_DTYPES
+                or self.problem.fused_elementwise):
+            return 0.0
+        info = self.problem.values.get((d.index, 0))
+        if info is None:
+            return 0.0
+        decisions = self.problem.decisions
+        edges = sum(u.count for u in info.uses
+                    if u.consumer >= 0 and decisions[u.consumer].facts.requires_grad)
+        extra = edges / d.count - 1
+        if extra <= 0:
+            return 0.0
+        div = self.setting.tp if s.splits_work else 1
+        value = self._bytes(facts, 0) * self._scale(d) / div
+        return extra * op_time(0.0, 3 * value, self.cluster.device, self.dtype(d))
+
+    def _kernel_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
+        facts = d.facts
         custom = op_cost_for(facts.target)
         chunked = self._chunked_loss(d)
         if chunked is not None and custom is None:  # as the runtime runs it, block by block
@@ -626,8 +655,9 @@ class CostTables:
             # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
             both = facts.bwd_flops >= 1.5 * max(facts.fwd_flops, 1)
             bwd = backward_time(flops, moved, device, dtype, shape=shape,
-                                weight_grad=both) if facts.fwd_flops else backward_time(
-                0.0, moved, device, dtype, kernels=kernels)
+                                weight_grad=both) if facts.fwd_flops else (
+                self._memory_bound_backward(d, moved) if inside is None else backward_time(
+                    0.0, moved, device, dtype, kernels=kernels))
         if not facts.fwd_flops and facts.shapes:  # its arithmetic, where that bounds it
             elements = _numel(facts.shapes[0]) * scale
             arith_fwd, arith_bwd = arithmetic_times(facts.target, elements, device)
@@ -650,6 +680,21 @@ class CostTables:
             fwd += quantize_fwd
             bwd += quantize_bwd if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
+
+    def _memory_bound_backward(self, d: Decision, moved: float) -> float:
+        """Seconds of a memory-bound op's backward run op by op: the kernels autograd
+        launches for it and their bytes, as the trace measured them
+        (``NodeFacts.bwd_bytes``, :mod:`autopar.trace.backward_kernels`), scaled as its
+        forward's ``moved`` bytes are -- none for an ``add``, whose gradient passes through;
+        three for ``pow``. Unmeasured, ``BACKWARD_BYTES_FACTOR`` x its forward's."""
+        facts, device = d.facts, self.cluster.device
+        traced = facts.bytes_read + facts.bytes_written
+        if facts.bwd_bytes is None or traced <= 0:
+            return backward_time(0.0, moved, device, self.dtype(d))
+        if not facts.bwd_kernels:
+            return 0.0
+        return op_time(0.0, moved * facts.bwd_bytes / traced, device, self.dtype(d),
+                       kernels=facts.bwd_kernels)
 
     def _view_times(self, d: Decision) -> tuple[float, float, float]:
         """An op that runs no kernel (a view; a dropout that returns its input): the host's

@@ -187,6 +187,7 @@ def _annotate(gm: fx.GraphModule) -> None:
             if meter is not None:
                 m = meter.measure(node, input_grads)
                 facts.fwd_flops, facts.bwd_flops = m.fwd_flops, m.bwd_flops
+                facts.bwd_bytes, facts.bwd_kernels = m.bwd_bytes, m.bwd_kernels
                 if requires_grad[node]:
                     facts.saved_inputs = m.saved_inputs
                     facts.saves_output = m.saves_output

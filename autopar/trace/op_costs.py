@@ -22,6 +22,8 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from autopar.trace.backward_kernels import BackwardKernels
+
 _aten = torch.ops.aten
 
 
@@ -71,6 +73,10 @@ def register_custom_op_flops() -> None:
 class OpMeasure:
     fwd_flops: int = 0
     bwd_flops: int = 0
+    # the kernels autograd runs for its backward and the bytes they move (backward_kernels);
+    # None where the backward was not replayed
+    bwd_bytes: int | None = None
+    bwd_kernels: int = 0
     saved_inputs: tuple[int, ...] = ()  # indices into the node's flattened tensor inputs
     saves_output: bool = False
     extra_saved_bytes: int = 0
@@ -192,17 +198,15 @@ class OpCostMeter:
                     out = _measured_target(node.target, args, kwargs)
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             bwd_flops = 0
+            bwd_bytes, bwd_kernels = None, 0
             diff_outs = [t for t in outs if t.requires_grad]
             diff_ins = [t for t in inputs if t.requires_grad]
             if diff_outs and diff_ins:
-                with FlopCounterMode(display=False) as bwd_counter:
-                    torch.autograd.grad(
-                        diff_outs,
-                        diff_ins,
-                        [torch.empty_like(t) for t in diff_outs],
-                        allow_unused=True,
-                    )
+                grads = [torch.empty_like(t) for t in diff_outs]
+                with FlopCounterMode(display=False) as bwd_counter, BackwardKernels() as run:
+                    torch.autograd.grad(diff_outs, diff_ins, grads, allow_unused=True)
                 bwd_flops = bwd_counter.get_total_flops()
+                bwd_bytes, bwd_kernels = run.bytes_moved, run.kernels
                 if bwd_flops == 0 and fwd_counter.get_total_flops() > 0:
                     # An opaque backward (a custom op's): a matmul's backward costs twice
                     # its forward (input and weight gradients).
@@ -211,6 +215,8 @@ class OpCostMeter:
         return OpMeasure(
             fwd_flops=fwd_counter.get_total_flops(),
             bwd_flops=bwd_flops,
+            bwd_bytes=bwd_bytes,
+            bwd_kernels=bwd_kernels,
             **_classify_saved(saved, inputs, outs),
         )
 

@@ -16,7 +16,6 @@ from autopar.cost_models.compute import op_time
 from autopar.graph_facts import META_KEY
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 
-
 WHOLE = PinnedConfig(dp=1, global_batch=32, microbatch=32, precision="fp32", recompute="none")
 """The traced batch in one microbatch, in fp32: the tensors the trace measured."""
 
@@ -88,3 +87,26 @@ def test_a_fusing_program_folds_the_sums(traced) -> None:
     d, i = next((d, i) for d, i in zip(est.problem.decisions, est.choice)
                 if d.kind == "op" and d.name == "linear")
     assert est.tables._gradient_sums(d, d.candidates[i]) == 0.0
+
+
+def test_measured_op_rates_bound_only_backwards_that_run() -> None:
+    """A CPU's measured per-element rate for ``add`` (a bias broadcast, whose backward sums
+    into the bias) bounds a broadcast add's backward; a same-shape add, whose gradient
+    passes through, still costs nothing in backward."""
+
+    class Adds(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(64))
+
+        def forward(self, x):
+            return ((x + self.bias) + x).sum()
+
+    gm = autopar.trace(Adds(), (torch.randn(32, 64),))
+    cluster = load_cluster({"name": "c", "nodes": 1, "devices_per_node": 1, "device": {
+        "preset": "cpu", "op_ns_per_element": {"add": [2, 3]}}})
+    est = estimate_graph(gm, cluster, WHOLE)
+    times = {d.name: est.tables.times(d, d.candidates[i])
+             for d, i in zip(est.problem.decisions, est.choice) if d.kind == "op"}
+    assert times["add"][1] >= 32 * 64 * 3e-9  # the bias's gradient: a sum over rows
+    assert times["add_1"][1] == 0.0

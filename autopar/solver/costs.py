@@ -662,7 +662,9 @@ class CostTables:
             elements = _numel(facts.shapes[0]) * scale
             arith_fwd, arith_bwd = arithmetic_times(facts.target, elements, device)
             fwd = max(fwd, arith_fwd)
-            bwd = max(bwd, arith_bwd) if facts.requires_grad else bwd
+            # (a same-shape add's gradient passes through: no backward kernel to bound)
+            runs = facts.bwd_bytes is None or facts.bwd_kernels > 0
+            bwd = max(bwd, arith_bwd) if facts.requires_grad and runs else bwd
         elif shape is not None and _has_bias(d.nodes[0]):
             bias_fwd, bias_bwd = bias_times(_numel(facts.shapes[0]) * scale, device)
             fwd += bias_fwd

@@ -81,10 +81,11 @@ TFLOP/s). Efficiency carries a factor k / (k + 64): 0.5 at k = 64, 0.98 at k = 4
 
 # --- Backward -----------------------------------------------------------------------------
 BACKWARD_BYTES_FACTOR = 2.0
-"""Bytes a memory-bound op's backward moves relative to its forward: the backward of an
-elementwise op reads the output gradient and the saved input and writes the input gradient
-(3 tensors against the forward's 2), and a norm's backward adds reductions for its weight
-gradients; 2x covers both."""
+"""Bytes a memory-bound op's backward moves relative to its forward, where the trace did not
+measure them (``NodeFacts.bwd_bytes``: an op it could not replay) or a fused chain runs it:
+the backward of an elementwise op reads the output gradient and the saved input and writes
+the input gradient (3 tensors against the forward's 2), and a norm's backward adds
+reductions for its weight gradients; 2x covers both."""
 
 
 def peak_flops(device: DeviceSpec, dtype: str) -> float:

@@ -110,3 +110,24 @@ def test_measured_op_rates_bound_only_backwards_that_run() -> None:
              for d, i in zip(est.problem.decisions, est.choice) if d.kind == "op"}
     assert times["add"][1] >= 32 * 64 * 3e-9  # the bias's gradient: a sum over rows
     assert times["add_1"][1] == 0.0
+
+
+def test_each_piece_of_a_split_sums_its_own_gradients() -> None:
+    """``a, b = h.split(32, -1)`` with ``b`` read twice: one sum, of ``b``'s size."""
+
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            a, b = self.proj(x).split(32, -1)
+            return (b * b.sin() + a).sum()
+
+    gm = autopar.trace(Split(), (torch.randn(32, 64),))
+    cluster = load_cluster("1xH100-80GB")
+    est = estimate_graph(gm, cluster, WHOLE)
+    d, i = next((d, i) for d, i in zip(est.problem.decisions, est.choice)
+                if d.kind == "op" and d.facts.target == "aten.split.Tensor")
+    assert est.tables._gradient_sums(d, d.candidates[i]) == pytest.approx(
+        op_time(0.0, 3 * 32 * 32 * 4, cluster.device, "fp32"))

@@ -580,21 +580,21 @@ class CostTables:
         the residual stream, a norm's output feeding q, k and v. A fusing program
         (``PlanOptions.fuse_elementwise``) folds the sums into its backward kernels."""
         facts = d.facts
-        if (not facts.requires_grad or not facts.shapes or facts.dtypes[0] not in _FLOAT_DTYPES
-                or self.problem.fused_elementwise):
+        if not facts.requires_grad or self.problem.fused_elementwise:
             return 0.0
-        info = self.problem.values.get((d.index, 0))
-        if info is None:
-            return 0.0
-        decisions = self.problem.decisions
-        edges = sum(u.count for u in info.uses
-                    if u.consumer >= 0 and decisions[u.consumer].facts.requires_grad)
-        extra = edges / d.count - 1
-        if extra <= 0:
-            return 0.0
+        decisions, total = self.problem.decisions, 0.0
         div = self.setting.tp if s.splits_work else 1
-        value = self._bytes(facts, 0) * self._scale(d) / div
-        return extra * op_time(0.0, 3 * value, self.cluster.device, self.dtype(d))
+        for output, dtype in enumerate(facts.dtypes):  # a split's pieces each
+            info = self.problem.values.get((d.index, output))
+            if info is None or dtype not in _FLOAT_DTYPES:
+                continue
+            edges = sum(u.count for u in info.uses
+                        if u.consumer >= 0 and decisions[u.consumer].facts.requires_grad)
+            extra = edges / d.count - 1
+            if extra > 0:
+                value = self._bytes(facts, output) * self._scale(d, output) / div
+                total += extra * op_time(0.0, 3 * value, self.cluster.device, self.dtype(d))
+        return total
 
     def _kernel_times(self, d: Decision, s: Strategy) -> tuple[float, float, float]:
         facts = d.facts

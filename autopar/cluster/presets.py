@@ -122,6 +122,21 @@ kernels took 45-48 ms where SDPA's efficiency priced 28.5 (1.6-1.7x; these give 
 and H100-96GB have the H100's SMs; other GPUs keep 1 (unmeasured)."""
 
 
+H100_TFLOPS = {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}
+"""H100 SXM5 dense peaks (Hopper whitepaper), at its 700 W board power."""
+
+H100_500W_SHARE = (835.5 + (500 - 400) / (700 - 400) * (989.4 - 835.5)) / 989.4
+"""An H100's share of its SXM5 peak when its board power is capped at 500 W (torchtitan's
+Grand Teton H100s): interpolated by power between the two datasheet points of the same
+132-SM chip, the NVL (835.5 dense bf16 TFLOP/s at 400 W) and the SXM5 (989.4 at 700 W):
+886.8, 0.896 of the SXM5's. Clocks fall with the power limit, not with the name: a
+power-law fit (power ~ clock^3) through the SXM5 point puts the NVL at 0.83 of it where the
+datasheet says 0.844, so a straight line between the two is within a percent or two of
+either rule at 500 W. torchtitan's eager FSDP runs of Llama 3 8B on A100s are priced
+within 4% (``torchtitan_performance_md_2024``); on these H100s they were 9-13% optimistic
+with the earlier midpoint of the two peaks (0.922), a placing by name, not by power."""
+
+
 def _preset(
     name: str,
     *,
@@ -187,18 +202,16 @@ _TABLE = [
             tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
             hbm_gb_per_s=2039, matmul_efficiency=0.75, intra=(300, 3), inter=(25, 10), attention_efficiency=AMPERE_ATTENTION_EFFICIENCY),
     # H100 SXM5 (Hopper whitepaper, dense); NVLink4 900 GB/s bidir; DGX H100: 8 x NDR 400 Gb/s.
-    _preset("H100-80GB", memory_gib=80,
-            tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
+    _preset("H100-80GB", memory_gib=80, tflops=H100_TFLOPS,
             hbm_gb_per_s=3350, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8),
             fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY,
             generated_attention=HOPPER_GENERATED_ATTENTION),
     # H100 with 96 GB HBM2e at 2.4 TB/s, as in Meta's Grand Teton hosts (torchtitan's
     # benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"): run at a 500 W limit, its
-    # peak "is between SXM and NVL" (ibid., footnote 2), so bf16 is the midpoint of the SXM5
-    # (989.4) and NVL (835.5 dense) datasheet figures, every dtype scaled alike (x0.922);
-    # NVLink4; 400 Gb/s RDMA per GPU.
+    # peak "is between SXM and NVL" (ibid., footnote 2): placed there by its power limit
+    # (H100_500W_SHARE, below), every dtype scaled alike; NVLink4; 400 Gb/s RDMA per GPU.
     _preset("H100-96GB", memory_gib=96,
-            tflops={"fp32": 61.2, "tf32": 456.2, "bf16": 912.4, "fp16": 912.4, "fp8": 1824.9},
+            tflops={k: round(v * H100_500W_SHARE, 1) for k, v in H100_TFLOPS.items()},
             hbm_gb_per_s=2400, matmul_efficiency=0.7, intra=(450, 3), inter=(50, 8),
             fp8_matmul_efficiency=HOPPER_FP8_MATMUL_EFFICIENCY,
             generated_attention=HOPPER_GENERATED_ATTENTION),

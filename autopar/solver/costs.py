@@ -592,7 +592,7 @@ class CostTables:
                         if u.consumer >= 0 and decisions[u.consumer].facts.requires_grad)
             extra = edges / d.count - 1
             if extra > 0:
-                value = self._bytes(facts, output) * self._scale(d, output) / div
+                value = self.value_bytes((d.index, output)) / div
                 total += extra * op_time(0.0, 3 * value, self.cluster.device, self.dtype(d))
         return total
 
@@ -654,10 +654,12 @@ class CostTables:
             # The trace measured which gradients autograd computes (a frozen weight has no
             # weight gradient): 2x the forward's FLOPs means both matmuls, 1x only one.
             both = facts.bwd_flops >= 1.5 * max(facts.fwd_flops, 1)
-            bwd = backward_time(flops, moved, device, dtype, shape=shape,
-                                weight_grad=both) if facts.fwd_flops else (
-                self._memory_bound_backward(d, moved) if inside is None else backward_time(
-                    0.0, moved, device, dtype, kernels=kernels))
+            if facts.fwd_flops:
+                bwd = backward_time(flops, moved, device, dtype, shape=shape, weight_grad=both)
+            elif inside is None:  # op by op, as the trace measured its backward
+                bwd = self._memory_bound_backward(d, moved, dtype)
+            else:  # inside a fused chain
+                bwd = backward_time(0.0, moved, device, dtype, kernels=kernels)
         if not facts.fwd_flops and facts.shapes:  # its arithmetic, where that bounds it
             elements = _numel(facts.shapes[0]) * scale
             arith_fwd, arith_bwd = arithmetic_times(facts.target, elements, device)
@@ -683,7 +685,7 @@ class CostTables:
             bwd += quantize_bwd if facts.requires_grad else 0.0
         return fwd, bwd, fwd if (self.recomputed(d) and facts.requires_grad) else 0.0
 
-    def _memory_bound_backward(self, d: Decision, moved: float) -> float:
+    def _memory_bound_backward(self, d: Decision, moved: float, dtype: str) -> float:
         """Seconds of a memory-bound op's backward run op by op: the kernels autograd
         launches for it and their bytes, as the trace measured them
         (``NodeFacts.bwd_bytes``, :mod:`autopar.trace.backward_kernels`), scaled as its
@@ -692,10 +694,10 @@ class CostTables:
         facts, device = d.facts, self.cluster.device
         traced = facts.bytes_read + facts.bytes_written
         if facts.bwd_bytes is None or traced <= 0:
-            return backward_time(0.0, moved, device, self.dtype(d))
+            return backward_time(0.0, moved, device, dtype)
         if not facts.bwd_kernels:
             return 0.0
-        return op_time(0.0, moved * facts.bwd_bytes / traced, device, self.dtype(d),
+        return op_time(0.0, moved * facts.bwd_bytes / traced, device, dtype,
                        kernels=facts.bwd_kernels)
 
     def _view_times(self, d: Decision) -> tuple[float, float, float]:

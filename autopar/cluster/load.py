@@ -79,6 +79,7 @@ _DEVICE_UNITS = {
     "sharded_optimizer_s_per_tensor": ("sharded_optimizer_s_per_tensor", "nonnegative", None),
     "view_us": ("view_s", "nonnegative", lambda v: v / 1e6),
     "view_s": ("view_s", "nonnegative", None),
+    "speed_spread": ("speed_spread", "share", None),
 }
 _CURVE = "matmul_efficiency_curve"
 _CURVES = (_CURVE, "attention_efficiency_curve")
@@ -116,6 +117,7 @@ _DEFAULTS = {
     "device.attention_efficiency_curve": (),
     "device.op_s_per_element": {},
     "device.view_s": 0.0,
+    "device.speed_spread": 0.0,
     "intra_node.busy_latency_s": 0.0,
     "inter_node.busy_latency_s": 0.0,
 }
@@ -502,6 +504,7 @@ def _from_mapping(data: Mapping[str, Any], origin: _Origin) -> Cluster:
         sharded_optimizer_s_per_tensor=values["device.sharded_optimizer_s_per_tensor"],
         op_s_per_element=values["device.op_s_per_element"],
         view_s=values["device.view_s"],
+        speed_spread=values["device.speed_spread"],
     )
     return Cluster(
         nodes=values["nodes"],

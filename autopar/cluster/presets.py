@@ -137,6 +137,19 @@ within 4% (``torchtitan_performance_md_2024``); on these H100s they were 9-13% o
 with the earlier midpoint of the two peaks (0.922), a placing by name, not by power."""
 
 
+GPU_SPEED_SPREAD = 0.08 / (4 * 1.349)
+"""Chip-to-chip speed spread of a GPU fleet, as a coefficient of variation: 1.5%. Sinha et
+al. ("Not All GPUs Are Created Equal", SC'22) ran the same kernels and training iterations
+on over 90% of the GPUs of five clusters (V100s on Summit, Longhorn and Vortex, Quadro RTX
+5000s on Frontera, MI60s on Corona) and found an average performance variation of 8% (max
+22%) between chips of one SKU, whatever the application, vendor or cooling. Their variation
+is the box plot's whisker span over the median, (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR
+(``plot_script/plot_aggregated.py`` of their artifact, hal-uw/gpu_variability_sc22_artifact);
+for normally spread speeds IQR = 1.349 sigma, so sigma = 8% / 5.4. Measured on those
+fleets, not on A100s or H100s: every GPU preset carries it unmeasured. CPU processes on one
+machine share one chip: 0."""
+
+
 def _preset(
     name: str,
     *,
@@ -159,6 +172,7 @@ def _preset(
     sharded_optimizer_us_per_tensor: float = 0.0,
     fp8_matmul_efficiency: float = 1.0,
     generated_attention: tuple[float, float] = (1.0, 1.0),
+    speed_spread: float = GPU_SPEED_SPREAD,
 ) -> dict[str, Any]:
     """One preset as a cluster dict in base units; links are (GB/s, µs)."""
     return {
@@ -181,6 +195,7 @@ def _preset(
             "generated_attention_backward": generated_attention[1],
             "sharded_host_s_per_tensor": sharded_host_us_per_tensor / 1e6,
             "sharded_optimizer_s_per_tensor": sharded_optimizer_us_per_tensor / 1e6,
+            "speed_spread": speed_spread,
         },
         "intra_node_link": {"bandwidth_bytes_per_s": intra[0] * GB, "latency_s": intra[1] / 1e6,
                             "busy_latency_s": busy_latency_us / 1e6},
@@ -241,7 +256,8 @@ _TABLE = [
             curve=((2.5e5, 0.59), (4e6, 0.74), (1.7e7, 0.81), (3.4e7, 0.89), (2.7e8, 0.97),
                    (2e9, 1.0)),
             allocation_ns_per_byte=0.3, busy_latency_us=1000, memory_overlap=0.0,
-            sharded_host_us_per_tensor=430, sharded_optimizer_us_per_tensor=600),
+            sharded_host_us_per_tensor=430, sharded_optimizer_us_per_tensor=600,
+            speed_spread=0.0),
 ]
 # fmt: on
 

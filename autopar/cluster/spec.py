@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
+import statistics
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -88,6 +90,26 @@ _RULES = {
     "fraction": "a number in (0, 1]",
     "share": "a number in [0, 1]",
 }
+
+
+@functools.lru_cache(maxsize=256)
+def slowest_of(devices: int) -> float:
+    """How many standard deviations of chip speed the slowest of ``devices`` chips falls below
+    the median: the expected largest of that many standard normal draws, integrated
+    numerically (n x phi(x) Phi(x)^(n-1) over x). A step of synchronous devices waits for the
+    slowest (``DeviceSpec.speed_spread``); one device waits for none.
+
+    >>> [round(slowest_of(n), 2) for n in (1, 2, 8, 128, 1024)]
+    [0.0, 0.56, 1.42, 2.59, 3.25]
+    """
+    if devices <= 1:
+        return 0.0
+    normal, step = statistics.NormalDist(), 0.01
+    total = 0.0
+    for i in range(-1000, 1001):  # x from -10 to 10
+        x = i * step
+        total += x * devices * normal.pdf(x) * normal.cdf(x) ** (devices - 1) * step
+    return total
 
 
 def _finite(value: int | float) -> bool:
@@ -298,9 +320,16 @@ class DeviceSpec:
     # measurement (``cluster/presets.py``).
     generated_attention_forward: float = 1.0
     generated_attention_backward: float = 1.0
-    # The share of its own speed a device gets while every device of its node computes: 1 for
-    # GPUs; less for CPU processes (``Cluster.cores_per_node``, which sets it from the cores
-    # and ``corun_slowdown``). Every device time term is divided by it.
+    # How much the speed of devices of this kind varies from one chip to the next (the
+    # coefficient of variation: manufacturing spread under each chip's power management). A
+    # synchronous step runs at its slowest device's pace, so a cluster of N runs slower than
+    # one median chip (``slowest_of``). 0 where every device is the same chip (CPU
+    # processes on one machine); GPU presets carry a fleet measurement (``presets.py``).
+    speed_spread: float = 0.0
+    # The share of its own speed a device gets while every device of the job computes: CPU
+    # processes outnumbering cores (``Cluster.cores_per_node``, with ``corun_slowdown``),
+    # and the wait for the slowest of the job's devices (``speed_spread``). Set by
+    # ``Cluster``; every device time term is divided by it.
     compute_share: float = 1.0
     # Host work FSDP2 adds per parameter tensor per step, beyond its collectives and copies
     # (its hooks, DTensor wrapping, parameter swaps; one gather and one reduce-scatter), and
@@ -354,6 +383,7 @@ class DeviceSpec:
         _check("nonnegative", self.corun_slowdown, "corun_slowdown",
                "DeviceSpec.corun_slowdown")
         _check("share", self.memory_overlap, "memory_overlap", "DeviceSpec.memory_overlap")
+        _check("share", self.speed_spread, "speed_spread", "DeviceSpec.speed_spread")
         _check("fraction", self.fp8_matmul_efficiency, "fp8_matmul_efficiency",
                "DeviceSpec.fp8_matmul_efficiency")
         for field_name in ("generated_attention_forward", "generated_attention_backward"):
@@ -491,14 +521,15 @@ class Cluster:
                 where="Cluster.intra_node_uncontended",
                 fix="pass a LinkSpec, or build the cluster with load_cluster()",
             )
+        share = 1.0 / (1.0 + self.device.speed_spread * slowest_of(self.world_size))
         if self.cores_per_node is not None:
             at_once = min(self.devices_per_node, self.cores_per_node)
-            share = min(1.0, self.cores_per_node / self.devices_per_node) / (
+            share *= min(1.0, self.cores_per_node / self.devices_per_node) / (
                 1.0 + self.device.corun_slowdown * (at_once - 1))
-            if self.device.compute_share != share:
-                object.__setattr__(self, "device", replace(self.device, compute_share=share))
             if uncontended is not None and self.devices_per_node <= self.cores_per_node:
                 object.__setattr__(self, "intra_node", uncontended)
+        if self.device.compute_share != share:
+            object.__setattr__(self, "device", replace(self.device, compute_share=share))
         _check_text(self.name, "name", "Cluster.name", empty_ok=True)
         _check_backend(self.backend, "Cluster.backend")
         if not isinstance(self.sources, Mapping) or not all(
@@ -546,6 +577,7 @@ class Cluster:
                 "sharded_optimizer_s_per_tensor": d.sharded_optimizer_s_per_tensor,
                 "op_s_per_element": {op: list(r) for op, r in d.op_s_per_element.items()},
                 "view_s": d.view_s,
+                "speed_spread": d.speed_spread,
             },
             "intra_node_link": _link_dict(self.intra_node),
             "inter_node_link": _link_dict(self.inter_node),
@@ -601,7 +633,8 @@ _ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.me
            "device.fp8_matmul_efficiency", "device.generated_attention_forward",
            "device.generated_attention_backward",
            "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
-           "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s"]
+           "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s",
+           "device.speed_spread"]
 _ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
                                                      "busy_latency_s")]
 

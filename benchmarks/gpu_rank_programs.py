@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 import autopar
+from autopar.cluster import load_cluster
 from autopar.models import resolve_model
 
 LLAMA3_8B_LAYERS = ("llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,"
@@ -93,7 +94,10 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model = spec.build()
     a, k = spec.example_inputs(args.batch, args.seq, "cpu")
-    cluster = f"{devices}x{args.cluster_device}"
+    # one chip runs every rank's program in turn: no slower chip for a step to wait for
+    cluster = load_cluster({"nodes": 1, "devices_per_node": devices, "name": f"{devices}x"
+                            f"{args.cluster_device}", "device": {"preset": args.cluster_device,
+                                                                  "speed_spread": 0.0}})
     started = time.perf_counter()
     fused = args.device.startswith("cuda")  # the AdamW built below, priced as it runs
     pm = autopar.parallelize(model, cluster, (a, k), **{
@@ -131,7 +135,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     p = pm.plan.predicted
     mem = p["memory"]
     row = {
-        "variant": name, "cluster": cluster, "precision": pm.plan.precision_policy, "mesh": dict(pm.plan.mesh),
+        "variant": name, "cluster": cluster.name, "precision": pm.plan.precision_policy, "mesh": dict(pm.plan.mesh),
         "zero": pm.plan.training.get("zero", 0), "recompute": pm.plan.training["recompute"],
         "microbatches": pm.plan.batch["microbatches"], "plan_s": plan_s,
         "predicted_step_s": p["step_time_s"],

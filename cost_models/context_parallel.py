@@ -10,7 +10,9 @@ one rank; modelled):
   runs on the block it holds, and partial results merge by log-sum-exp. Backward sends the
   K/V blocks around again with their dK/dV, which end on the block's owner. The transfer
   hides behind the step's compute when the backend overlaps (NCCL); on gloo, whose
-  transfers run on the cores that compute, it does not.
+  transfers run on the cores that compute, it does not. The merges are memory-bound
+  kernels of their own, which nothing hides (:func:`ring_merge_bytes`; priced when the
+  device is given).
 - ``all_gather`` (Llama 3, Dubey et al. 2024 §3.3.2): gather every K/V before the kernel
   and reduce-scatter dK/dV after backward's; nothing overlaps, but with grouped-query
   attention K/V are a fraction of the queries, and the kernel runs once, unsplit. Backward
@@ -39,8 +41,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.cluster import LinkSpec
+from autopar.cluster import DeviceSpec, LinkSpec
 from autopar.cost_models.comm import collective_time, send_recv_time
+from autopar.cost_models.compute import op_time
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN, with_contention
 
 CP_ALGORITHMS = ("ring", "all_gather", "ulysses")
@@ -71,8 +74,9 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionComm:
-    """Exposed seconds an algorithm adds to one call's forward and backward, the bytes it
-    sends per rank, and the largest buffer it holds beside the local tensors."""
+    """Exposed seconds an algorithm adds to one call's forward and backward (its
+    communication, and a ring's merges), the bytes it sends per rank, and the largest
+    buffer it holds beside the local tensors."""
 
     forward_s: float
     backward_s: float
@@ -94,6 +98,28 @@ def unsupported(algorithm: str, shape: AttentionShape, cp: int) -> str:
     return ""
 
 
+def ring_merge_bytes(shape: AttentionShape, cp: int) -> tuple[float, float]:
+    """(forward, backward) bytes one rank's ring moves outside its attention kernels.
+
+    Forward: each of the ``cp - 1`` visiting blocks' partial output and log-sum-exp merges
+    into the running fp32 output (read it, read the partial in the kernel's dtype, write it
+    back), and the last merged output is cast to the kernel's dtype. Backward: each block's
+    fp32 dQ is added into the running dQ (read both, write one), and its dK and dV into the
+    ones travelling with the block. Every block counted whole: the slowest rank's share
+    (with a causal mask some blocks touch half the rows). The log-sum-exps are one value
+    per row: left out.
+
+    >>> s = AttentionShape(batch=1, heads=8, kv_heads=8, seq=4096, head_dim=128, element_bytes=2)
+    >>> [round(b / 2**20) for b in ring_merge_bytes(s, 2)]   # 2,048 rows x 1,024 per rank
+    [32, 72]
+    """
+    q = shape.local_bytes(cp, shape.heads) / shape.element_bytes  # elements
+    kv = shape.local_bytes(cp, shape.kv_heads) / shape.element_bytes
+    forward = (cp - 1) * (4 + shape.element_bytes + 4) * q + (4 + shape.element_bytes) * q
+    backward = (cp - 1) * (3 * 4 * q + 2 * 3 * 4 * kv)
+    return forward, backward
+
+
 def attention_comm(
     algorithm: str,
     shape: AttentionShape,
@@ -106,6 +132,7 @@ def attention_comm(
     busy_s: float = 0.0,
     backend: str = "nccl",
     contention: float = OVERLAP_SLOWDOWN,
+    device: DeviceSpec | None = None,
 ) -> AttentionComm:
     """Modelled cost of ``algorithm`` for one attention call (see the module's docstring).
 
@@ -113,7 +140,8 @@ def attention_comm(
     steps hide behind when ``overlap``; ``busy_s``: the extra wait of an asynchronous
     message on a busy host (a ring step is one); ``backend``: see
     :func:`~autopar.cost_models.comm.collective_time`; ``contention``: how much slower the
-    kernel runs beside a ring step (:func:`~autopar.cost_models.data_parallel.with_contention`)."""
+    kernel runs beside a ring step (:func:`~autopar.cost_models.data_parallel.with_contention`);
+    ``device``: where the ring's merges run (:func:`ring_merge_bytes`; None leaves them out)."""
     if cp <= 1:
         return AttentionComm(0.0, 0.0, 0.0, 0.0)
     why = unsupported(algorithm, shape, cp)
@@ -132,6 +160,10 @@ def attention_comm(
                                   contention)
         else:
             fwd, bwd = (cp - 1) * step, (cp - 1) * back + step
+        if device is not None:
+            merge_fwd, merge_bwd = ring_merge_bytes(shape, cp)
+            fwd += op_time(0.0, merge_fwd, device, "fp32")
+            bwd += op_time(0.0, merge_bwd, device, "fp32")
         return AttentionComm(fwd, bwd, (cp - 1) * kv + (cp - 1) * 2 * kv + kv, 3 * kv)
     if algorithm == "all_gather":
         gathered = cp * kv

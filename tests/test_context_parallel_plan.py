@@ -101,6 +101,34 @@ def test_ring_hides_behind_compute_unless_the_backend_cannot_overlap() -> None:
     assert causal_imbalance(8, "contiguous", True) == pytest.approx(15 / 8)
 
 
+def test_ring_merges_are_memory_bound_kernels_nothing_hides() -> None:
+    """Each visiting block's partial output merges into the running one (and its dQ, dK, dV
+    into theirs): fp32 traffic at the device's bandwidth, added whole even where the
+    transfers hide; the other algorithms run the kernel once and merge nothing."""
+    from autopar.cluster import load_cluster
+    from autopar.cost_models.compute import op_time
+    from autopar.cost_models.context_parallel import ring_merge_bytes
+
+    device = load_cluster("1xH100-80GB").device
+    shape = AttentionShape(1, 32, 8, 65536, 128, 2)
+    link = LinkSpec(4.5e11, 1e-5)
+    kw = {"compute_fwd_s": 0.1, "compute_bwd_s": 0.2, "contention": 0.0}
+    alone = attention_comm("ring", shape, 4, link, **kw)
+    merged = attention_comm("ring", shape, 4, link, device=device, **kw)
+    fwd_bytes, bwd_bytes = ring_merge_bytes(shape, 4)
+    assert merged.forward_s - alone.forward_s == pytest.approx(
+        op_time(0.0, fwd_bytes, device, "fp32"))
+    assert merged.backward_s - alone.backward_s == pytest.approx(
+        op_time(0.0, bwd_bytes, device, "fp32"))
+    # per rank: 16,384 rows of 32 x 128 query and 8 x 128 key/value elements; 3 merges
+    q, kv = 16384 * 32 * 128, 16384 * 8 * 128
+    assert fwd_bytes == 3 * 10 * q + 6 * q and bwd_bytes == 3 * (12 * q + 24 * kv)
+    assert ring_merge_bytes(shape, 8)[1] > ring_merge_bytes(shape, 4)[1]  # more blocks
+    for other in ("all_gather", "ulysses"):
+        assert attention_comm(other, shape, 4, link, device=device) == attention_comm(
+            other, shape, 4, link)
+
+
 def test_hf_llama_computed_mask_is_recognised_as_causal(llama) -> None:
     sites = find_attention_sites(llama)
     assert sites and all(s.causal and not s.terms for s in sites)

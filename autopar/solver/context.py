@@ -168,7 +168,7 @@ def site_comm(tables, site: ContextSite, algorithm: str, compute_fwd_s: float,
         algorithm, site_shape(site, tables), setting.cp, axis_link(cluster, setting.mesh, "cp"),
         compute_fwd_s=compute_fwd_s, compute_bwd_s=compute_bwd_s,
         overlap=cluster.backend != "gloo", busy_s=busy_latency(cluster, setting.mesh, "cp"),
-        backend=cluster.backend)
+        backend=cluster.backend, device=cluster.device)
 
 
 def algorithm_costs(tables, allowed: tuple[str, ...] = CP_ALGORITHMS) -> dict[str, float | str]:

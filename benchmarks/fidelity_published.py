@@ -64,8 +64,11 @@ def row_cluster(row: dict):
                          "device": {"preset": "A100-80GB"}})
 
 
-def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, float, dict]:
-    """(predicted hardware TFLOP/s per GPU, seconds spent, details) for one table row."""
+def predict(row: dict, gm: torch.fx.GraphModule | None = None,
+            program: dict | None = None) -> tuple[float, float, dict]:
+    """(predicted hardware TFLOP/s per GPU, seconds spent, details) for one table row, as
+    Megatron's program (``MEGATRON_PRECISION``) unless ``program`` gives other precision
+    options (``{}``: autopar's own program, autocast's fp32 softmax and normalisations)."""
     started = time.perf_counter()
     layers = int(row["layers"])
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["gpus"])
@@ -81,7 +84,7 @@ def predict(row: dict, gm: torch.fx.GraphModule | None = None) -> tuple[float, f
         schedule="interleaved" if virtual > 1 else "1f1b", virtual=virtual,
         fuse_attention=False,  # Megatron-LM's 2021 attention: op by op
         chunked_loss=False,  # its vocabulary-parallel loss: whole logits, fp32
-        **MEGATRON_PRECISION,
+        **(MEGATRON_PRECISION if program is None else program),
     )
     est = estimate_graph(gm, cluster, config)
     facts = graph_facts(gm)

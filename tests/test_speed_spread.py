@@ -88,3 +88,15 @@ def test_a_cluster_file_sets_the_spread_and_a_bad_one_is_refused_by_name(tmp_pat
     with pytest.raises(ClusterError) as err:
         load_cluster(path)
     assert "speed_spread" in str(err.value) and "device.speed_spread" in err.value.where
+
+
+def test_the_plan_says_how_long_it_waits_for_the_slowest_chip(llama):
+    import autopar
+    from autopar.cli.summary import format_plan
+
+    many = format_plan(autopar.plan(llama, "8xH100-80GB", global_batch=16, dp=8, tp=1, pp=1),
+                       "llama")
+    wait = GPU_SPEED_SPREAD * slowest_of(8)
+    assert f"the slowest of 8 chips: +{wait:.1%}" in many
+    one = format_plan(autopar.plan(llama, "1xH100-80GB", global_batch=2), "llama")
+    assert "slowest of" not in one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autopar.cluster.spec import slowest_of
 from autopar.plan import Plan
 from autopar.units import format_bytes, format_count, format_seconds
 
@@ -162,6 +163,11 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"  throughput   {p['tokens_per_s']:,.0f} tokens/s, {p['tflops_per_device']:.1f} TFLOP/s "
         f"per device (model FLOPs), MFU {p['mfu']:.1%}",
     ]
+    spread = cluster.get("device", {}).get("speed_spread", 0.0)
+    if spread and cluster["devices"] > 1:
+        lines.append(f"  device times include the wait for the slowest of {cluster['devices']} "
+                     f"chips: +{spread * slowest_of(cluster['devices']):.1%} (chip speed spread "
+                     f"{spread:.1%})")
     if plan.pipeline:
         lines += ["", *format_pipeline(plan.pipeline)]
     if p.get("ground"):

@@ -67,9 +67,13 @@ class AttentionShape:
     head_dim: int
     element_bytes: int
 
+    def local_elements(self, cp: int, heads: int) -> float:
+        """Elements of one ``(batch, heads, seq / cp, head_dim)`` tensor."""
+        return self.batch * heads * self.seq / cp * self.head_dim
+
     def local_bytes(self, cp: int, heads: int) -> float:
         """Bytes of one ``(batch, heads, seq / cp, head_dim)`` tensor."""
-        return self.batch * heads * self.seq / cp * self.head_dim * self.element_bytes
+        return self.local_elements(cp, heads) * self.element_bytes
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,7 @@ def ring_merge_bytes(shape: AttentionShape, cp: int) -> tuple[float, float]:
     >>> [round(b / 2**20) for b in ring_merge_bytes(s, 2)]   # 2,048 rows x 1,024 per rank
     [32, 72]
     """
-    q = shape.local_bytes(cp, shape.heads) / shape.element_bytes  # elements
-    kv = shape.local_bytes(cp, shape.kv_heads) / shape.element_bytes
+    q, kv = shape.local_elements(cp, shape.heads), shape.local_elements(cp, shape.kv_heads)
     forward = (cp - 1) * (4 + shape.element_bytes + 4) * q + (4 + shape.element_bytes) * q
     backward = (cp - 1) * (3 * 4 * q + 2 * 3 * 4 * kv)
     return forward, backward

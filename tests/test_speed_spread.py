@@ -8,16 +8,14 @@ import dataclasses
 import math
 
 import pytest
-import torch
 
+from autopar.cli.load import trace_model
 from autopar.cluster import load_cluster
 from autopar.cluster.presets import GPU_SPEED_SPREAD, PRESETS
 from autopar.cluster.show import format_cluster
 from autopar.cluster.spec import slowest_of
 from autopar.errors import ClusterError
-from autopar.models import resolve_model
 from autopar.solver.pinned import PinnedConfig, estimate_graph
-from autopar.trace import trace
 
 
 def _gpus(count: int, preset: str = "H100-80GB", **device):
@@ -58,10 +56,8 @@ def test_more_gpus_run_each_at_the_pace_of_the_slowest():
 
 @pytest.fixture(scope="module")
 def llama():
-    spec = resolve_model("llama:layers=2,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=512,seq=512")
-    with torch.device("meta"):
-        model = spec.build()
-    return trace(model, spec.example_inputs(2, 512))
+    return trace_model("llama:layers=2,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=512,seq=512",
+                       2, 512).gm
 
 
 def test_the_same_work_per_gpu_takes_longer_on_more_gpus(llama):
@@ -100,3 +96,7 @@ def test_the_plan_says_how_long_it_waits_for_the_slowest_chip(llama):
     assert f"the slowest of 8 chips: +{wait:.1%}" in many
     one = format_plan(autopar.plan(llama, "1xH100-80GB", global_batch=2), "llama")
     assert "slowest of" not in one
+    # a plan on 4 of the cluster's 8 GPUs waits for the slowest of the 4 it uses
+    four = format_plan(autopar.plan(llama, "8xH100-80GB", global_batch=16, devices=4, tp=1,
+                                    pp=1), "llama")
+    assert f"the slowest of 4 chips: +{GPU_SPEED_SPREAD * slowest_of(4):.1%}" in four

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopar.cluster.spec import slowest_of
+from autopar.cluster.spec import slowest_chip_delay
 from autopar.plan import Plan
 from autopar.units import format_bytes, format_count, format_seconds
 
@@ -164,10 +164,10 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"per device (model FLOPs), MFU {p['mfu']:.1%}",
     ]
     spread = cluster.get("device", {}).get("speed_spread", 0.0)
-    if spread and cluster["devices"] > 1:
-        lines.append(f"  device times include the wait for the slowest of {cluster['devices']} "
-                     f"chips: +{spread * slowest_of(cluster['devices']):.1%} (chip speed spread "
-                     f"{spread:.1%})")
+    used = plan.explanation.get("devices", {}).get("used", cluster["devices"])
+    if spread and used > 1:
+        lines.append(f"  device times include the wait for the slowest of {used} chips: "
+                     f"+{slowest_chip_delay(spread, used):.1%} (chip speed spread {spread:.1%})")
     if plan.pipeline:
         lines += ["", *format_pipeline(plan.pipeline)]
     if p.get("ground"):

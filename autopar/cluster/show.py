@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autopar.cluster.presets import DTYPES, GB, GIB, TFLOPS
-from autopar.cluster.spec import Cluster, slowest_of
+from autopar.cluster.spec import Cluster, slowest_chip_delay
 
 if TYPE_CHECKING:
     pass
@@ -64,7 +64,7 @@ def format_cluster(cluster: Cluster) -> str:
         ("  co-run slowdown/proc", _num(d.corun_slowdown), "", src("device.corun_slowdown")),
         ("  memory overlap", _num(d.memory_overlap), "", src("device.memory_overlap")),
         ("  chip speed spread", f"{_num(d.speed_spread)} (the slowest of {c.world_size}: "
-         f"{d.speed_spread * slowest_of(c.world_size):.1%} slower)", None,
+         f"{slowest_chip_delay(d.speed_spread, c.world_size):.1%} slower)", None,
          src("device.speed_spread")),
         ("  fp8 matmul eff./bf16", _num(d.fp8_matmul_efficiency), "",
          src("device.fp8_matmul_efficiency")),

@@ -112,6 +112,13 @@ def slowest_of(devices: int) -> float:
     return total
 
 
+def slowest_chip_delay(speed_spread: float, devices: int) -> float:
+    """How much slower a step of ``devices`` synchronous chips runs than one median chip, as
+    a fraction: the slowest chip's shortfall (``DeviceSpec.speed_spread`` sigmas times
+    :func:`slowest_of`)."""
+    return speed_spread * slowest_of(devices)
+
+
 def _finite(value: int | float) -> bool:
     """Finite as a float too: the cost models compute in floats (10**400 overflows them)."""
     try:
@@ -525,7 +532,7 @@ class Cluster:
                 where="Cluster.intra_node_uncontended",
                 fix="pass a LinkSpec, or build the cluster with load_cluster()",
             )
-        share = 1.0 / (1.0 + self.device.speed_spread * slowest_of(self.world_size))
+        share = 1.0 / (1.0 + slowest_chip_delay(self.device.speed_spread, self.world_size))
         if self.cores_per_node is not None:
             at_once = min(self.devices_per_node, self.cores_per_node)
             share *= min(1.0, self.cores_per_node / self.devices_per_node) / (

@@ -106,8 +106,10 @@ def test_cli_devices_flag(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fewer_devices_train_like_one_device(tmp_path: Path) -> None:
     """2 processes on the slow-links cluster: rank 0 trains alone (equal to one device, every
-    gradient), rank 1 idles and reads the same losses; a pinned devices=1 plan of Llama too."""
-    cases = [{"model": "gpt", "cluster": SLOW}, {"model": "llama", "devices": 1}]
+    gradient), rank 1 idles and reads the same losses; a pinned devices=1 plan of Llama too,
+    its gradients clipped (the idle rank takes part in the norm and reads it)."""
+    cases = [{"model": "gpt", "cluster": SLOW},
+             {"model": "llama", "devices": 1, "clip": 0.05}]
     results = run_cases(2, tmp_path, cases, worker="fewer_devices.py")
     for rank, records in enumerate(results):
         for r in records:

@@ -19,6 +19,7 @@ from torch import nn
 
 from autopar.errors import RuntimeSetupError
 from autopar.plan import Plan
+from autopar.runtime.grad_clip import clip_grad_norm_
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.parallel_module import ParallelModule, scaler_for
 
@@ -80,6 +81,11 @@ class IdleRank(nn.Module):
         if self._scaler is not None:
             self._scaler.update(self._scaler.unscale_and_check([]))
         return share_loss(torch.zeros((), device=self.mesh_context.device))
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """No gradient here; takes part in the training ranks' norm (one all-reduce) and
+        returns it."""
+        return clip_grad_norm_(self, max_norm, norm_type)
 
     def record_run(self, directory: str | os.PathLike[str]) -> NoRecording:
         """Nothing to record: this rank runs no part of the plan. The ranks that run it write

@@ -19,6 +19,7 @@ from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
 from autopar.runtime.experts import expert_parameters, reduce_expert_grads
+from autopar.runtime.grad_clip import clip_grad_norm_
 from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.pipeline import PipelineRunner
@@ -105,6 +106,13 @@ class ParallelModule(nn.Module):
             return False
         optimizer.step()
         return True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients ``train_step`` left by the norm of the whole model's gradient
+        (every shard, stage and replica counted once, as on one device); the norm before
+        clipping. ``torch.nn.utils.clip_grad_norm_(pm.parameters())`` would take only this
+        rank's share. Every launched rank calls it (:mod:`autopar.runtime.grad_clip`)."""
+        return clip_grad_norm_(self, max_norm, norm_type)
 
     def _after_backward(self) -> None:
         """Unscale, agree on overflow over every rank, drop the gradients if so, update."""

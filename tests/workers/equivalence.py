@@ -34,7 +34,7 @@ from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
 STEPS = int(os.environ.get("AUTOPAR_TEST_STEPS", 3))
 MODEL_KEYS = ("model", "layers", "tied", "cluster", "rtol", "optimizer", "count_in_code", "edit",
-              "scramble", "forward")
+              "scramble", "forward", "clip")
 
 
 def build(name: str, layers: int = 2, tied: bool | None = None):
@@ -121,7 +121,9 @@ def cluster_for(path: str | None, world: int):
 def run_case(case: dict) -> dict:
     model, (a, k) = build(case["model"], case.get("layers", 2), case.get("tied"))
     optimizer = case.get("optimizer", "sgd")
-    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS, optimizer=optimizer)
+    clip, ref_norms, norms = case.get("clip"), [], []  # gradients clipped to this norm
+    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS, optimizer=optimizer,
+                                                       clip=clip, norms=ref_norms)
     options = {key: v for key, v in case.items() if key not in MODEL_KEYS}
     if "zero" in options and isinstance(options["zero"], list):
         options["zero"] = tuple(options["zero"])
@@ -141,9 +143,14 @@ def run_case(case: dict) -> dict:
         options = {"plan": plan}
     pm = autopar.parallelize(model, cluster, (a, k), **options)
     la, lk = pm.shard_batch(*a, **k)
-    losses, grads = train_parallel(pm, la, lk, STEPS, optimizer)
+    losses, grads = train_parallel(pm, la, lk, STEPS, optimizer, clip=clip, norms=norms)
     result = compare(pm, reference, losses, ref_losses, grads, ref_grads,
                      rtol=case.get("rtol", 1e-5))
+    for step, (mine, theirs) in enumerate(zip(norms, ref_norms)):  # the norm it clipped by
+        if abs(mine - theirs) > case.get("rtol", 1e-5) * abs(theirs):
+            result.problems.append(f"step {step + 1}: gradient norm {mine} != {theirs}")
+        if mine <= clip:  # the case clips: a norm under max_norm would test nothing
+            result.problems.append(f"step {step + 1}: norm {mine} <= clip {clip}")
     if case.get("forward"):  # a forward call still hands back whole outputs (logits),
         # which train_step leaves local (comm_ops.outputs_unused)
         with torch.no_grad():

@@ -33,11 +33,21 @@ from autopar.calibrate.run_files import read_run  # noqa: E402
 STEPS = 3
 
 
+def _norm_problems(norms: list[float], ref_norms: list[float]) -> list[str]:
+    """Each step's clipped-by norm against one device's (none when the case does not clip)."""
+    if len(norms) != len(ref_norms):
+        return [f"{len(norms)} gradient norms for {len(ref_norms)} steps"]
+    return [f"step {i + 1}: gradient norm {x} != {y}" for i, (x, y) in
+            enumerate(zip(norms, ref_norms)) if abs(x - y) > 1e-5 * abs(y)]
+
+
 def run_case(case: dict) -> dict:
     model, (a, k) = build(case["model"], case.get("layers", 2), case.get("tied"))
-    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
+    clip, ref_norms, norms = case.get("clip"), [], []  # gradients clipped to this norm
+    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS, clip=clip,
+                                                       norms=ref_norms)
     options = {key: v for key, v in case.items() if key not in ("model", "layers", "tied",
-                                                                  "cluster")}
+                                                                  "cluster", "clip")}
     options.setdefault("recompute", ("none",))
     cluster = case.get("cluster") or f"{os.environ['WORLD_SIZE']}xcpu"
     pm = autopar.parallelize(model, cluster, (a, k), **options)
@@ -50,8 +60,9 @@ def run_case(case: dict) -> dict:
     run_dir = Path(os.environ["AUTOPAR_TEST_OUT"]) / f"run-{name}"
     if record["active"]:
         with pm.record_run(run_dir):
-            losses, grads = train_parallel(pm, la, lk, STEPS)
+            losses, grads = train_parallel(pm, la, lk, STEPS, clip=clip, norms=norms)
         result = compare(pm, reference, losses, ref_losses, grads, ref_grads, rtol=1e-5)
+        result.problems += _norm_problems(norms, ref_norms)
         dist.barrier()  # every rank's file written
         if rank == 0:
             run = read_run(run_dir)
@@ -67,10 +78,13 @@ def run_case(case: dict) -> dict:
             losses.append(pm.train_step(*la, **lk).item())
             problems += [f"{n} has a gradient" for n, p in pm.named_parameters()
                          if p.grad is not None]
+            if clip is not None:  # takes part in the training ranks' norm, and reads it
+                norms.append(pm.clip_grad_norm_(clip).item())
             opt.step()
     dist.barrier()
     problems += [f"{n} changed" for n, p in pm.named_parameters()
                  if not torch.equal(p, before[n])]
+    problems += _norm_problems(norms, ref_norms)
     losses_ok = all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(losses, ref_losses))
     if not losses_ok:
         problems.append(f"losses {losses} != reference {ref_losses}")

@@ -51,9 +51,12 @@ def whole(grad: torch.Tensor) -> torch.Tensor:
 
 
 def train_reference(model: nn.Module, args: tuple, kwargs: dict, steps: int,
-                    loss_of: Callable[[Any], torch.Tensor] = find_loss, optimizer: str = "sgd"
+                    loss_of: Callable[[Any], torch.Tensor] = find_loss, optimizer: str = "sgd",
+                    clip: float | None = None, norms: list[float] | None = None
                     ) -> tuple[nn.Module, list[float], list[dict[str, torch.Tensor]]]:
-    """A copy of ``model`` trained on one device: (the copy, losses, gradients per step)."""
+    """A copy of ``model`` trained on one device: (the copy, losses, gradients per step).
+    ``clip``: gradients clipped to that norm (torch's ``clip_grad_norm_``), each step's norm
+    appended to ``norms``."""
     reference = copy.deepcopy(model)
     opt = make_optimizer(reference.parameters(), optimizer)
     losses, grads = [], []
@@ -62,21 +65,31 @@ def train_reference(model: nn.Module, args: tuple, kwargs: dict, steps: int,
         loss = loss_of(reference(*args, **kwargs))
         loss.backward()
         losses.append(loss.item())
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)
+            if norms is not None:
+                norms.append(norm.item())
         grads.append({n: p.grad.clone() for n, p in reference.named_parameters()
                       if p.grad is not None})
         opt.step()
     return reference, losses, grads
 
 
-def train_parallel(pm: nn.Module, args: tuple, kwargs: dict, steps: int, optimizer: str = "sgd"
+def train_parallel(pm: nn.Module, args: tuple, kwargs: dict, steps: int, optimizer: str = "sgd",
+                   clip: float | None = None, norms: list[float] | None = None
                    ) -> tuple[list[float], list[dict[str, torch.Tensor | None]]]:
     """``pm`` (what ``autopar.parallelize`` returned) trained on this rank's share of the batch
-    (``args``/``kwargs``: ``pm.shard_batch``'s output): losses and this rank's gradients."""
+    (``args``/``kwargs``: ``pm.shard_batch``'s output): losses and this rank's gradients
+    (clipped by ``pm.clip_grad_norm_(clip)``, its norms appended to ``norms``)."""
     opt = make_optimizer(pm.parameters(), optimizer)
     losses, grads = [], []
     for _ in range(steps):
         opt.zero_grad()
         losses.append(pm.train_step(*args, **kwargs).item())
+        if clip is not None:
+            norm = pm.clip_grad_norm_(clip)
+            if norms is not None:
+                norms.append(norm.item())
         grads.append({n: None if p.grad is None else whole(p.grad)
                       for n, p in pm.named_parameters()})
         opt.step()

@@ -88,6 +88,9 @@ _MEGATRON_CORE = {
     # Megatron-Core's context parallelism passes keys and values around a ring
     # (``cp_comm_type="p2p"``, its only algorithm until mid-2024 and still the default).
     "cp_algorithm": "ring",
+    # The output layer is a plain ColumnParallelLinear outside Transformer Engine's fp8
+    # autocast: it runs bf16 in an fp8 run (autopar's fp8 policy would convert it).
+    "fp8_head": "bf16",
 }
 _TORCHTITAN = {
     # With pipeline parallelism torchtitan does not reshard after forward
@@ -102,6 +105,8 @@ _TORCHTITAN = {
     # torchao's Float8Linear casts the weight where the linear runs and saves the 16-bit
     # weight for backward (``float8_linear.py``): no fp8 weight copy outlives its layer.
     "fp8_weight_copies": "use",
+    # Its float8 conversion skips the output layer (``filter_fqns = ["output"]``): bf16.
+    "fp8_head": "bf16",
 }
 FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
                       "torchtitan_llama3_h100_202412": _TORCHTITAN,
@@ -303,6 +308,13 @@ def predict_row(row: dict) -> Outcome:
         out.notes.append(f"{', '.join(row['filled'])} from the released config")
     vpp = int(_num(row, "vpp", 1))
     schedule = (row.get("schedule") or ("interleaved" if vpp > 1 else "1f1b")) if pp > 1 else None
+    overrides: tuple[tuple[str, str], ...] = ()
+    if PRECISION[row["precision"].lower()] == "fp8" and "fp8_head" in defaults:
+        overrides = (("lm_head", defaults["fp8_head"]),)
+        out.notes.append(f"output layer {defaults['fp8_head']} (the framework's)")
+    tp_overlap = tp > 1 and row.get("tp_comm_overlap") == "yes"
+    if tp_overlap:
+        out.notes.append("tp collectives pipelined with the matmuls (the recipe's)")
     spec_text = model_spec(row)
     seq = int(_num(row, "seq_len"))
     key = (spec_text, micro)
@@ -315,6 +327,7 @@ def predict_row(row: dict) -> Outcome:
     config = PinnedConfig(tp=tp, pp=pp, dp=dp, cp=cp, sp=tp > 1, microbatch=micro, global_batch=batch,
                           recompute=recompute, recompute_layers=layer_modes,
                           precision=PRECISION[row["precision"].lower()], zero=zero,
+                          precision_overrides=overrides, tp_overlap=tp_overlap,
                           optimizer="adamw", schedule=schedule or "1f1b",
                           virtual=vpp if pp > 1 else 1,
                           # Megatron-style tensor parallelism (column/row pairs, sequence

@@ -43,6 +43,7 @@ CHOICES = {
     "throughput_unit": {"tokens/s/GPU", "TFLOPS/GPU", "MFU", "samples/s"},
     "recompute": {"", "none", "selective-op", "selective-layer", "full"},
     "compile": {"", "yes", "no"},
+    "tp_comm_overlap": {"", "yes", "no"},
     "memory_kind": {"", "reserved", "active", "reserved_inferred", "unknown"},
 }
 

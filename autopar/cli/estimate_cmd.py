@@ -99,6 +99,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
             "chunked_loss": c.chunked_loss, "fuse_elementwise": c.fuse_elementwise,
+            "tp_overlap": c.tp_overlap,
         },
         "predicted": {
             "step_time_s": step,
@@ -143,7 +144,9 @@ def format_report(r: dict) -> str:
                                        else "")
         + (f", LoRA rank {a['lora_rank']}" if a["lora_rank"] else "")
         + ("" if a["chunked_loss"] else ", torch's cross-entropy (--no-chunked-loss)")
-        + (", elementwise ops fused (--fuse-elementwise)" if a.get("fuse_elementwise") else ""),
+        + (", elementwise ops fused (--fuse-elementwise)" if a.get("fuse_elementwise") else "")
+        + (", tp collectives pipelined with the matmuls (--tp-overlap)" if a.get("tp_overlap")
+           else ""),
         "",
         "memory per device (the fullest stage)",
     ]
@@ -187,7 +190,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         master_weights=args.master_weights,
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
-        fuse_elementwise=args.fuse_elementwise,
+        fuse_elementwise=args.fuse_elementwise, tp_overlap=args.tp_overlap,
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="price a program that fuses its elementwise ops (Transformer Engine's "
                    "kernels, torch.compile): chains between matmuls run as one kernel, their "
                    "middle values never written; autopar's own programs run them eagerly")
+    p.add_argument("--tp-overlap", action="store_true",
+                   help="price a program that pipelines its tensor-parallel all-gathers and "
+                   "reduce-scatters with the matmuls beside them (Transformer Engine's "
+                   "userbuffers, PyTorch's async TP); autopar's own programs issue them whole")
     flags.add_microbatch(p, default=1)
     flags.add_recompute(p, default="none")
     flags.add_precision(p)

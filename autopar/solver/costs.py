@@ -1059,6 +1059,13 @@ class CostTables:
             self._moves[memo] = self._redistribution(key, src, dst)
         return self._moves[memo]
 
+    def redistribution_forward(self, key: ValueKey, src: Placement, dst: Placement) -> float:
+        """The forward collectives' part of :meth:`redistribution` (a recomputed layer's
+        rerun included): what runs beside the forward matmuls."""
+        nbytes = self.value_bytes(key) * self._wire_fraction(key)
+        reruns = 2 if self.in_recomputed_layer(self.problem.decisions[key[0]]) else 1
+        return reruns * self._move_time(src, dst, nbytes, False)
+
     def _redistribution(self, key: ValueKey, src: Placement, dst: Placement) -> float:
         nbytes = self.value_bytes(key) * self._wire_fraction(key)
         t = self._move_time(src, dst, nbytes, self.requires_grad(key))

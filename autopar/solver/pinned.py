@@ -91,6 +91,10 @@ class PinnedConfig:
     fuse_elementwise: bool = False
     # Cross-entropy a block of tokens at a time (autopar.loss_ops), as the runtime runs it.
     chunked_loss: bool = True
+    # Model a program that pipelines its tensor-parallel collectives with the matmuls beside
+    # them (Transformer Engine's userbuffers, PyTorch's async TP): autopar.solver.tp_overlap.
+    # autopar's runtime issues them whole.
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "dp_replicate", "microbatch", "virtual",
@@ -103,7 +107,7 @@ class PinnedConfig:
                 raise AutoparError(f"PinnedConfig.{name} must be a positive integer, got "
                                    f"{value!r}", where=f"--{flag}",
                                    fix=f"pass --{flag} N with N >= 1")
-        for name in ("sp", "fuse_attention", "fuse_elementwise", "chunked_loss"):
+        for name in ("sp", "fuse_attention", "fuse_elementwise", "chunked_loss", "tp_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"PinnedConfig.{name} must be True or False, got "
                                    f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
@@ -254,6 +258,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         Fusion.of(gm).apply(problem)
     if config.fuse_elementwise:
         problem.fused_elementwise = fused_bytes(gm, skip=problem.fused_attention)
+    problem.tp_overlap = config.tp_overlap
     if config.tp > 1:
         # Tensor parallelism splits the work within each sequence; splitting the batch is
         # data parallelism's job. Without --sp it does not split the sequence either

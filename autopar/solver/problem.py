@@ -100,6 +100,9 @@ class Problem:
     # nodes of elementwise chains a fusing program runs as one kernel -> the bytes they do
     # not move there (autopar.solver.elementwise_fusion; empty: eager, op by op)
     fused_elementwise: dict = field(default_factory=dict)
+    # tensor-parallel collectives pipelined with the matmuls beside them, as another
+    # framework's program runs them (autopar.solver.tp_overlap; False: issued whole)
+    tp_overlap: bool = False
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
     # what planning derives from the graph alone, shared by the problems of every tp degree

@@ -22,6 +22,7 @@ from autopar.placements import Placement, Replicate, Shard, divisor
 from autopar.solver.costs import CostTables, fp8_copy
 from autopar.solver.precision_costs import precision_key
 from autopar.solver.problem import Problem, ValueKey
+from autopar.solver.tp_overlap import exposed_s, paired_matmul_s
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of
 
@@ -258,20 +259,27 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
                 sp = q == R and isinstance(src, Shard) and flags["only_sharded"]
                 plain_saved += tables.saved_bytes(key, src if sp else q)
         for q, flags in needed_placements(problem, choice, key, tables).items():
+            comm_fwd = comm_bwd = 0.0
             if q != src:
-                per_instance_comm += tables.redistribution(key, src, q)
+                comm_fwd = tables.redistribution_forward(key, src, q)
+                comm_bwd = tables.redistribution(key, src, q) - comm_fwd
             if flags["partial_grad"]:
-                per_instance_comm += tables.partial_grad(key, src)
+                comm_bwd += tables.partial_grad(key, src)
             if flags["saved"]:
                 if q == R and isinstance(src, Shard) and flags["only_sharded"]:
                     # Sequence parallelism: the gathered copy is kept as its shard and
                     # gathered again in backward.
                     per_instance_saved += tables.saved_bytes(key, src)
-                    per_instance_comm += collective_time(
+                    comm_bwd += collective_time(
                         "all_gather", tables.value_bytes(key), n_tp, tables.tp_link,
                         backend=tables.cluster.backend)
                 else:
                     per_instance_saved += tables.saved_bytes(key, q)
+            if problem.tp_overlap and (comm_fwd or comm_bwd):  # hidden behind the matmuls
+                matmul_fwd, matmul_bwd = paired_matmul_s(tables, choice, key, src, q)
+                comm_fwd = exposed_s(comm_fwd, matmul_fwd, n_tp)
+                comm_bwd = exposed_s(comm_bwd, matmul_bwd, n_tp)
+            per_instance_comm += comm_fwd + comm_bwd
             if flags["fp8_copy"]:
                 per_instance_saved += tables.saved_bytes(key, fp8_copy(q))
         values[key[0]] += (per_instance_saved, plain_saved, per_instance_comm)

@@ -72,6 +72,7 @@ def main() -> None:
     while step < STEPS:
         inputs, kwargs = module.shard_batch(*get_batch(data, config.block_size, step))
         loss = module.train_step(*inputs, **kwargs)  # forward + backward over the microbatches
+        module.clip_grad_norm_(1.0)  # by the whole model's gradient norm, as on one device
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1

@@ -88,6 +88,10 @@ _MEGATRON_CORE = {
     # Megatron-Core's context parallelism passes keys and values around a ring
     # (``cp_comm_type="p2p"``, its only algorithm until mid-2024 and still the default).
     "cp_algorithm": "ring",
+    # Under its interleaved schedule Megatron-Core posts pipeline sends and receives ahead
+    # of the chunk they run beside (``overlap_p2p_comm``: NeMo's launcher configs set it,
+    # NeMo 2 / Megatron-Bridge's comm-overlap callback turns it on whenever vp > 1).
+    "p2p_overlap_interleaved": True,
     # The output layer is a plain ColumnParallelLinear outside Transformer Engine's fp8
     # autocast: it runs bf16 in an fp8 run (autopar's fp8 policy would convert it).
     "fp8_head": "bf16",
@@ -313,6 +317,9 @@ def predict_row(row: dict) -> Outcome:
         overrides = (("lm_head", defaults["fp8_head"]),)
         out.notes.append(f"output layer {defaults['fp8_head']} (the framework's)")
     tp_overlap = tp > 1 and row.get("tp_comm_overlap") == "yes"
+    p2p_overlap = pp > 1 and vpp > 1 and bool(defaults.get("p2p_overlap_interleaved"))
+    if p2p_overlap:
+        out.notes.append("pipeline sends overlapped (the framework's, interleaved)")
     if tp_overlap:
         out.notes.append("tp collectives pipelined with the matmuls (the recipe's)")
     spec_text = model_spec(row)
@@ -328,6 +335,7 @@ def predict_row(row: dict) -> Outcome:
                           recompute=recompute, recompute_layers=layer_modes,
                           precision=PRECISION[row["precision"].lower()], zero=zero,
                           precision_overrides=overrides, tp_overlap=tp_overlap,
+                          p2p_overlap=p2p_overlap,
                           optimizer="adamw", schedule=schedule or "1f1b",
                           virtual=vpp if pp > 1 else 1,
                           # Megatron-style tensor parallelism (column/row pairs, sequence

@@ -21,6 +21,7 @@ from autopar.cost_models.comm import (
 )
 from autopar.cost_models.compute import compute_share, optimizer_step_time
 from autopar.cost_models.data_parallel import (
+    OVERLAP_SLOWDOWN,
     CommTime,
     Unit,
     bucketed_step,
@@ -182,6 +183,11 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
             p2p[r] += u.cut_fwd[last] / link.bandwidth_bytes_per_s + link.latency_s + busy
         if c > 0 and u.cut_bwd[first - 1]:  # send gradients back
             p2p[r] += u.cut_bwd[first - 1] / link.bandwidth_bytes_per_s + link.latency_s + busy
+    if tables.problem.p2p_overlap:
+        # Megatron-Core's interleaved schedule (overlap_p2p_comm) posts each send and receive
+        # before the chunk it runs beside: the transfers hide, slowing that chunk's compute
+        # as any collective beside a kernel does. autopar's stages block on their receives.
+        p2p = [OVERLAP_SLOWDOWN * t for t in p2p]
 
     def total(values: list[float], r: int) -> float:
         return sum(values[i] for i in rank_units[r])

@@ -95,6 +95,9 @@ class PinnedConfig:
     # them (Transformer Engine's userbuffers, PyTorch's async TP): autopar.solver.tp_overlap.
     # autopar's runtime issues them whole.
     tp_overlap: bool = False
+    # Model a pipeline whose sends and receives run beside the compute (Megatron-Core's
+    # overlap_p2p_comm, on under its interleaved schedule); autopar's stages wait for them.
+    p2p_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "dp_replicate", "microbatch", "virtual",
@@ -107,7 +110,8 @@ class PinnedConfig:
                 raise AutoparError(f"PinnedConfig.{name} must be a positive integer, got "
                                    f"{value!r}", where=f"--{flag}",
                                    fix=f"pass --{flag} N with N >= 1")
-        for name in ("sp", "fuse_attention", "fuse_elementwise", "chunked_loss", "tp_overlap"):
+        for name in ("sp", "fuse_attention", "fuse_elementwise", "chunked_loss", "tp_overlap",
+                     "p2p_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"PinnedConfig.{name} must be True or False, got "
                                    f"{getattr(self, name)!r}", where=f"PinnedConfig.{name}",
@@ -259,6 +263,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     if config.fuse_elementwise:
         problem.fused_elementwise = fused_bytes(gm, skip=problem.fused_attention)
     problem.tp_overlap = config.tp_overlap
+    problem.p2p_overlap = config.p2p_overlap
     if config.tp > 1:
         # Tensor parallelism splits the work within each sequence; splitting the batch is
         # data parallelism's job. Without --sp it does not split the sequence either

@@ -103,6 +103,9 @@ class Problem:
     # tensor-parallel collectives pipelined with the matmuls beside them, as another
     # framework's program runs them (autopar.solver.tp_overlap; False: issued whole)
     tp_overlap: bool = False
+    # pipeline sends and receives posted ahead, beside the compute (Megatron-Core's
+    # overlap_p2p_comm under interleaving; autopar.solver.evaluate; False: on the path)
+    p2p_overlap: bool = False
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
     # what planning derives from the graph alone, shared by the problems of every tp degree

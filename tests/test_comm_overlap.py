@@ -1,5 +1,7 @@
-"""Tensor-parallel collectives pipelined with their matmuls (``PinnedConfig.tp_overlap``, the
-program Transformer Engine's userbuffers and PyTorch's async TP run): what hides, what
+"""Communication another framework's program overlaps, priced as it runs: tensor-parallel
+collectives pipelined with their matmuls (``PinnedConfig.tp_overlap``: Transformer Engine's
+userbuffers, PyTorch's async TP) and pipeline sends posted beside the compute
+(``PinnedConfig.p2p_overlap``: Megatron-Core's interleaved schedule). What hides, what
 cannot, and that nothing else of the estimate moves."""
 
 from __future__ import annotations
@@ -81,3 +83,22 @@ def test_estimate_cli_prices_and_says_it(tmp_path, capsys) -> None:
     assert out[True]["predicted"]["step_time_s"] < out[False]["predicted"]["step_time_s"]
     assert main(args + ["--tp-overlap"]) == 0
     assert "pipelined with the matmuls (--tp-overlap)" in capsys.readouterr().out
+
+
+def test_pipeline_sends_beside_compute_cost_only_their_contention() -> None:
+    spec = resolve_model("llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1408,vocab=1024,"
+                         "seq=1024")
+    with torch.device("meta"):
+        model = spec.build()
+    gm = trace(model, spec.example_inputs(1, 1024))
+
+    def estimate(overlap: bool):
+        config = PinnedConfig(pp=2, dp=1, microbatch=1, global_batch=4, schedule="interleaved",
+                              virtual=2, p2p_overlap=overlap)
+        return estimate_graph(gm, load_cluster("2xH100-80GB"), config).prediction
+
+    blocking, overlapped = estimate(False), estimate(True)
+    assert blocking.p2p_s > 0
+    assert overlapped.p2p_s == pytest.approx(OVERLAP_SLOWDOWN * blocking.p2p_s)
+    assert overlapped.compute_s == pytest.approx(blocking.compute_s)
+    assert overlapped.step_time_s < blocking.step_time_s

@@ -83,6 +83,11 @@ def test_estimate_cli_prices_and_says_it(tmp_path, capsys) -> None:
     assert out[True]["predicted"]["step_time_s"] < out[False]["predicted"]["step_time_s"]
     assert main(args + ["--tp-overlap"]) == 0
     assert "pipelined with the matmuls (--tp-overlap)" in capsys.readouterr().out
+    piped = ["estimate", "llama:layers=4,hidden=256,heads=4,kv_heads=4,ffn=704,vocab=512,"
+             "seq=256", "--global-batch", "4", "--cluster", "2xH100-80GB", "--pp", "2",
+             "--schedule", "interleaved", "--virtual-stages", "2"]
+    assert main([*piped, "--p2p-overlap"]) == 0
+    assert "pipeline sends beside the compute (--p2p-overlap)" in capsys.readouterr().out
 
 
 def test_pipeline_sends_beside_compute_cost_only_their_contention() -> None:

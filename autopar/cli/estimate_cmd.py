@@ -99,7 +99,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "zero": c.zero, "optimizer": c.optimizer, "schedule": c.schedule,
             "virtual_stages": c.virtual, "lora_rank": lora["rank"] if lora else None,
             "chunked_loss": c.chunked_loss, "fuse_elementwise": c.fuse_elementwise,
-            "tp_overlap": c.tp_overlap,
+            "tp_overlap": c.tp_overlap, "p2p_overlap": c.p2p_overlap,
         },
         "predicted": {
             "step_time_s": step,
@@ -146,6 +146,8 @@ def format_report(r: dict) -> str:
         + ("" if a["chunked_loss"] else ", torch's cross-entropy (--no-chunked-loss)")
         + (", elementwise ops fused (--fuse-elementwise)" if a.get("fuse_elementwise") else "")
         + (", tp collectives pipelined with the matmuls (--tp-overlap)" if a.get("tp_overlap")
+           else "")
+        + (", pipeline sends beside the compute (--p2p-overlap)" if a.get("p2p_overlap")
            else ""),
         "",
         "memory per device (the fullest stage)",
@@ -191,6 +193,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, schedule=args.schedule, virtual=args.virtual_stages,
         fuse_attention=args.fuse_attention, chunked_loss=args.chunked_loss, layout=getattr(args, "layout", "auto"),
         fuse_elementwise=args.fuse_elementwise, tp_overlap=args.tp_overlap,
+        p2p_overlap=args.p2p_overlap,
     )
     est = estimate_graph(traced.gm, cluster, config)
     lora = None

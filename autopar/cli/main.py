@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="price a program that pipelines its tensor-parallel all-gathers and "
                    "reduce-scatters with the matmuls beside them (Transformer Engine's "
                    "userbuffers, PyTorch's async TP); autopar's own programs issue them whole")
+    p.add_argument("--p2p-overlap", action="store_true",
+                   help="price a pipeline whose sends and receives run beside the compute "
+                   "(Megatron-Core's overlap_p2p_comm under interleaving); autopar's own "
+                   "stages wait for theirs")
     flags.add_microbatch(p, default=1)
     flags.add_recompute(p, default="none")
     flags.add_precision(p)

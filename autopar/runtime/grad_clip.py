@@ -75,7 +75,7 @@ def _holdings(pm: nn.Module) -> list[tuple[nn.Parameter, float]]:
         dist.all_gather_object(gathered, [key for _, key in mine])
         counts = Counter(key for keys in gathered for key in keys)
     held = [(p, float(counts[key])) for p, key in mine]
-    object.__setattr__(pm, "_clip_holdings", held)
+    pm._clip_holdings = held
     return held
 
 

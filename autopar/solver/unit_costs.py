@@ -260,8 +260,9 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
                 plain_saved += tables.saved_bytes(key, src if sp else q)
         for q, flags in needed_placements(problem, choice, key, tables).items():
             comm_fwd = comm_bwd = 0.0
-            if q != src:
-                comm_fwd = tables.redistribution_forward(key, src, q)
+            if q != src:  # (split into its passes only where they overlap differently)
+                comm_fwd = (tables.redistribution_forward(key, src, q) if problem.tp_overlap
+                            else 0.0)
                 comm_bwd = tables.redistribution(key, src, q) - comm_fwd
             if flags["partial_grad"]:
                 comm_bwd += tables.partial_grad(key, src)

@@ -169,7 +169,8 @@ def sources(names: list[str] | None) -> list[dict]:
                   f"{o.predicted:>10.1f} {o.error:>+7.1%} | {mem}"
                   + (f"   ({'; '.join(o.notes)})" if o.notes else ""), flush=True)
             compared.append({"source": name, "mesh": o.mesh, "zero": o.zero,
-                             "schedule": o.schedule, "error": o.error,
+                             "schedule": o.schedule, "cp_algorithm": o.cp_algorithm,
+                             "error": o.error,
                              "step_time_error": step_time_error(o.error),
                              "devices_per_node": int(float(row.get("devices_per_node") or 8))})
         s = summarize(outcomes)

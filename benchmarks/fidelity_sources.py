@@ -28,7 +28,10 @@ from pathlib import Path
 import torch
 
 from autopar.cluster import load_cluster
-from autopar.cluster.presets import HOPPER_NATIVE_ATTENTION_EFFICIENCY
+from autopar.cluster.presets import (
+    HOPPER_FLASH_ATTENTION_2_CURVE,
+    HOPPER_NATIVE_ATTENTION_EFFICIENCY,
+)
 from autopar.cost_models.memory import REPORT_FRAGMENTATION
 from autopar.graph_facts import graph_facts
 from autopar.models import resolve_model
@@ -78,8 +81,9 @@ _MEGATRON_CORE = {
     # (``llama2``/``llama3``/``gpt3``): full (non-causal) attention, 12·s·h per token and
     # layer, and the logits; a TFLOPS column is that count over the measured step time.
     "flops": "nemo",
-    # Megatron-Core's attention is Transformer Engine's, which runs cuDNN's fused attention
-    # on Hopper (FlashAttention-2 is an Ampere kernel): a Hopper-native kernel.
+    # Megatron-Core's attention is Transformer Engine's, which prefers cuDNN's fused
+    # attention over FlashAttention-2 on Hopper (``DotProductAttention.forward`` since TE
+    # 1.4; FlashAttention-2 is an Ampere kernel): a Hopper-native kernel.
     "attention": "hopper-native",
     # Transformer Engine fuses the elementwise work around the matmuls (RMSNorm with the
     # fp8 cast of its output, SwiGLU, rotary embeddings, bias-dropout-add): priced as a
@@ -112,13 +116,23 @@ _TORCHTITAN = {
     # Its float8 conversion skips the output layer (``filter_fqns = ["output"]``): bf16.
     "fp8_head": "bf16",
 }
-FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _MEGATRON_CORE,
+_NEMO_LAUNCHER_2024 = {
+    **_MEGATRON_CORE,
+    # NeMo-Framework-Launcher up to its 24.07 release exported ``NVTE_FUSED_ATTN: 0`` to every
+    # job ("Disable cudnn FA until we've tested it more", ``launcher_scripts/conf/config.yaml``
+    # at tags 24.01-24.07; on from 24.09, 04b8d098 "enable fused attention"): Transformer
+    # Engine then ran FlashAttention-2 (the flash-attn package), with and without context
+    # parallelism, where its default on Hopper is cuDNN's kernel. The 24.03 long-sequence
+    # and 24.07 summary runs are launcher runs of those containers.
+    "attention": "flash-attention-2",
+}
+FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _NEMO_LAUNCHER_2024,
                       "torchtitan_llama3_h100_202412": _TORCHTITAN,
                       "torchtitan_performance_md_2024": _TORCHTITAN,
                       "torchtitan_asynctp_h100_202506": _TORCHTITAN,
                       "torchtitan_trainy_h200_202506": _TORCHTITAN,
                       "megatron_bridge_perf_h100": _MEGATRON_CORE,
-                      "nemo_long_sequence_cp": _MEGATRON_CORE}
+                      "nemo_long_sequence_cp": _NEMO_LAUNCHER_2024}
 """What each source's framework runs where its rows leave it unstated: ZeRO stage, and where
 the fp32 master weights live."""
 
@@ -164,6 +178,7 @@ class Outcome:
     mesh: dict = field(default_factory=dict)
     zero: int = 0
     schedule: str | None = None
+    cp_algorithm: str | None = None  # the attention algorithm priced under cp
 
     @property
     def error(self) -> float:
@@ -239,7 +254,9 @@ def model_spec(row: dict) -> str:
 
 
 def row_cluster(row: dict, attention: str | None = None):
-    """The row's cluster; ``attention`` names the source's kernel when it is not SDPA's."""
+    """The row's cluster; ``attention`` names the source's kernel when it is not SDPA's:
+    ``hopper-native`` (cuDNN's, FlashAttention-3) or ``flash-attention-2`` (on Hopper, its
+    measured curve: ``autopar.cluster.presets.HOPPER_FLASH_ATTENTION_2_CURVE``)."""
     gpus = int(_num(row, "gpus"))
     per_node = int(_num(row, "devices_per_node", 8))
     preset = preset_of(row["hardware"])
@@ -247,6 +264,9 @@ def row_cluster(row: dict, attention: str | None = None):
                   "device": {"preset": preset}}
     if attention == "hopper-native" and preset.startswith(("H100", "H200")):
         spec["device"]["attention_efficiency"] = HOPPER_NATIVE_ATTENTION_EFFICIENCY
+    if attention == "flash-attention-2" and preset.startswith(("H100", "H200")):
+        spec["device"]["attention_efficiency_curve"] = [
+            list(p) for p in HOPPER_FLASH_ATTENTION_2_CURVE]
     gbps = _num(row, "inter_node_gbps_per_gpu")
     if gbps:
         spec["inter_node_link"] = {"bandwidth_bytes_per_s": gbps / 8 * 1e9}
@@ -369,8 +389,9 @@ def predict_row(row: dict) -> Outcome:
     out.fits = est.prediction.peak_memory_bytes <= est.tables.cluster.device.memory_bytes
     if not out.fits:
         out.notes.append("PREDICTED NOT TO FIT, though the run ran")
-    out.mesh = {k: v for k, v in (("pp", pp), ("dp", dp), ("tp", tp))}
+    out.mesh = {"pp": pp, "dp": dp, **({"cp": cp} if cp > 1 else {}), "tp": tp}
     out.zero, out.schedule = zero, schedule
+    out.cp_algorithm = est.tables.setting.cp_algorithm
     return out
 
 

@@ -4,7 +4,7 @@ A plan's step time is only as good as the cost model at the plan's own layout. T
 been compared with published runs (``benchmarks/fidelity_published.py``) and with runs on
 the project's CPU machine (``benchmarks/fidelity_measured.py``); each comparison is evidence
 for the *schemes* the run used -- data parallelism (DDP), ZeRO-3, tensor parallelism inside
-a node or across nodes, a pipeline schedule -- up to the degree the run used them, on its
+a node or across nodes, a pipeline schedule, context parallelism's attention algorithm -- up to the degree the run used them, on its
 kind of interconnect (``nccl`` GPUs or ``gloo`` processes). The evidence lives in
 ``ground.json`` next to this file, written by those benchmarks (``--write-ground``), never
 by hand: a plan says, for every scheme it uses, whether the model was validated there.
@@ -108,18 +108,27 @@ class Label:
 
 
 def schemes(mesh: Mapping[str, int], *, zero: int, schedule: str | None,
-            devices_per_node: int) -> list[tuple[str, int]]:
+            devices_per_node: int, cp_algorithm: str | None = None) -> list[tuple[str, int]]:
     """(scheme, degree) for every parallel scheme a layout uses (mesh ordered outer to inner).
+    Context parallelism is one scheme per attention algorithm (``cp-ring``, ...): they move
+    different tensors at different times; ``cp`` alone when the algorithm is not chosen yet.
 
     >>> schemes({"pp": 4, "dp": 2, "tp": 16}, zero=0, schedule="1f1b", devices_per_node=8)
     [('pp-1f1b', 4), ('dp', 2), ('tp-cross-node', 16)]
+    >>> schemes({"dp": 2, "cp": 4, "tp": 2}, zero=1, schedule=None, devices_per_node=8,
+    ...         cp_algorithm="ring")
+    [('zero1', 2), ('cp-ring', 4), ('tp', 2)]
     """
     out = []
     pp, dp, tp = mesh.get("pp", 1), mesh.get("dp", 1), mesh.get("tp", 1)
+    cp = mesh.get("cp", 1)
     if pp > 1:
         out.append((f"pp-{schedule or '1f1b'}", pp))
     if dp > 1:
         out.append(("dp" if zero == 0 else f"zero{zero}", dp))
+    if cp > 1:
+        known = cp_algorithm not in (None, "", "auto", "none")
+        out.append((f"cp-{cp_algorithm}" if known else "cp", cp))
     if tp > 1:
         out.append(("tp" if tp <= devices_per_node else "tp-cross-node", tp))
     return out
@@ -137,10 +146,12 @@ class Ground:
         return max(matches, key=lambda e: e.max_degree, default=None)
 
     def labels(self, mesh: Mapping[str, int], *, zero: int, schedule: str | None,
-               backend: str, devices_per_node: int) -> list[Label]:
+               backend: str, devices_per_node: int,
+               cp_algorithm: str | None = None) -> list[Label]:
         out = []
         for scheme, degree in schemes(mesh, zero=zero, schedule=schedule,
-                                      devices_per_node=devices_per_node):
+                                      devices_per_node=devices_per_node,
+                                      cp_algorithm=cp_algorithm):
             e = self.best(scheme, backend)
             if e is not None and degree <= e.max_degree and e.median_error <= DEFAULT_MARGIN:
                 out.append(Label(scheme, degree, True, f"{scheme}={degree}: {e.describe()}", e,
@@ -241,14 +252,16 @@ def load_ground(path: str | None = None) -> Ground:
 
 def evidence_from_rows(rows: list[dict], backend: str) -> list[Evidence]:
     """Summarize compared runs into evidence: each row is ``{"source", "mesh", "zero",
-    "schedule", "devices_per_node", "error"}`` (``error`` the relative error the source's
+    "schedule", "devices_per_node", "error"}``, with ``cp_algorithm`` when the mesh has
+    ``cp`` (``error`` the relative error the source's
     figure is compared by, signed), with ``step_time_error`` (predicted minus measured step
     time, over measured) when ``error`` is not one already, as a throughput's is not;
     every scheme a row uses gets the row's errors."""
     by_scheme: dict[str, list[tuple[int, str, float, float]]] = {}  # degree, source, errors
     for row in rows:
         for scheme, degree in schemes(row["mesh"], zero=row["zero"], schedule=row.get("schedule"),
-                                      devices_per_node=row["devices_per_node"]):
+                                      devices_per_node=row["devices_per_node"],
+                                      cp_algorithm=row.get("cp_algorithm")):
             by_scheme.setdefault(scheme, []).append(
                 (degree, row["source"], row["error"], row.get("step_time_error", row["error"])))
     out = []

@@ -88,3 +88,34 @@ def test_a_refit_keeps_the_efficiencies_and_the_overlap() -> None:
     assert device["attention_efficiency"] == 0.55
     assert device["memory_overlap"] == 0.25
     assert device["attention_efficiency_curve"] == [[1e6, 0.3], [1e9, 0.6]]
+
+
+# SDPA's flash backend on an H100, causal, head dim 128, bf16, 16 heads, 16,384 tokens a call:
+# (seq, forward TFLOP/s, backward TFLOP/s) by FlashAttention's count (the square halved),
+# measured (benchmarks/results/h100_2026-11-26.md)
+H100_FLASH_ATTENTION_2 = ((1024, 214.0, 152.6), (4096, 278.7, 242.1), (16384, 311.9, 303.5))
+
+
+def test_the_hopper_flash_attention_2_curve_gives_back_the_measured_times() -> None:
+    """The preset curve's measured points are what an H100 ran: a Hopper cluster carrying the
+    curve prices each measured call at its measured time (forward plus backward)."""
+    from autopar.cluster.presets import HOPPER_FLASH_ATTENTION_2_CURVE
+    from autopar.cost_models.compute import attention_time
+
+    cluster = load_cluster({"nodes": 1, "devices_per_node": 1, "device": {
+        "preset": "H100-80GB",
+        "attention_efficiency_curve": [list(p) for p in HOPPER_FLASH_ATTENTION_2_CURVE]}})
+    for seq, forward_tflops, backward_tflops in H100_FLASH_ATTENTION_2:
+        batch, heads, dim = 16384 // seq, 16, 128
+        square = 4 * batch * heads * seq * seq * dim  # the forward's FLOPs, full square
+        shape = (batch * heads * seq, seq, dim)
+        moved = 4 * batch * heads * seq * dim * 2
+        work = causal_fraction(seq)
+        modelled = (attention_time(square * work, moved, cluster.device, "bf16", shape=shape)
+                    + attention_time(2.5 * square * work, 2 * moved, cluster.device, "bf16",
+                                     shape=shape))
+        measured = square / 2 / (forward_tflops * 1e12) + 2.5 * square / 2 / (backward_tflops
+                                                                              * 1e12)
+        assert modelled == pytest.approx(measured, rel=2e-3), seq
+    rising = [e for _, e in HOPPER_FLASH_ATTENTION_2_CURVE]
+    assert rising == sorted(rising)  # the share grows with the keys a tile sweeps

@@ -42,8 +42,12 @@ def test_a_pinned_cp_is_planned_and_the_plan_names_its_algorithm_and_why(llama) 
     assert context["cp"] == 2 and context["layout"] == "zigzag" and not context["pinned"]
     assert context["algorithm"] in CP_ALGORITHMS
     timed = {a: e["comm_s"] for a, e in context["algorithms"].items() if "comm_s" in e}
-    assert min(timed, key=timed.get) == context["algorithm"]  # the cheapest modelled
-    assert context["algorithm"] in context["why"] and "modelled" in context["why"]
+    # all_gather adds the least here, but only the ring was checked against measured runs
+    # (NeMo's): a fraction of a millisecond does not beat the model's error, so the ring runs
+    assert min(timed, key=timed.get) == "all_gather" and context["algorithm"] == "ring"
+    assert "validated ground" in context["why"] and "modelled" in context["why"]
+    unheld = _plan(llama, cp=2, dp=2, extrapolation_margin=0.0).context
+    assert unheld["algorithm"] == "all_gather" and "is the cheapest" in unheld["why"]
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.strategy("input_ids", "cp").outputs[0].is_shard(1)
 
@@ -200,3 +204,13 @@ def test_fused_causal_attention_is_priced_at_the_tiles_the_kernel_runs() -> None
     full = est.tables.times(d, s)
     for part in (0, 1):  # forward, backward
         assert causal[part] == pytest.approx(full[part] * causal_fraction(8192), rel=0.1)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses"])
+def test_the_plan_labels_its_cp_algorithm_validated_or_extrapolated(llama, algorithm) -> None:
+    """Every scheme a plan uses is labelled, cp included, by the algorithm it runs: the
+    shipped evidence (NeMo's ring runs) validates the ring, not Ulysses."""
+    labels = {lab["scheme"]: lab for lab in _plan(llama, cp=2, dp=2,
+                                                  cp_algorithm=algorithm).predicted["ground"]}
+    assert labels[f"cp-{algorithm}"]["degree"] == 2
+    assert labels[f"cp-{algorithm}"]["validated"] == (algorithm == "ring")

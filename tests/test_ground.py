@@ -146,3 +146,24 @@ def test_an_error_validated_ground_shares_is_no_margin() -> None:
     label = tp[0].to_dict()
     assert label["lowest_signed_error"] == pytest.approx(-0.44)
     assert "-44% at the most optimistic" in label["text"]
+
+
+def test_context_parallelism_is_labelled_per_attention_algorithm() -> None:
+    """A plan with cp says whether its attention algorithm was validated there: runs that
+    passed keys and values around a ring are evidence for the ring, not for Ulysses'
+    all-to-alls or an all-gather."""
+    rows = [{"source": "long-seq", "mesh": {"dp": 8, "cp": cp, "tp": 4}, "zero": 1,
+             "schedule": None, "cp_algorithm": "ring", "devices_per_node": 8, "error": 0.05}
+            for cp in (2, 8)]
+    ground = Ground(tuple(evidence_from_rows(rows, "nccl")))
+    assert ground.best("cp-ring", "nccl").max_degree == 8
+
+    def label(cp: int, algorithm: str | None):
+        labels = ground.labels({"dp": 8, "cp": cp, "tp": 4}, zero=1, schedule=None,
+                               backend="nccl", devices_per_node=8, cp_algorithm=algorithm)
+        return {lab.scheme: lab for lab in labels}
+
+    assert label(8, "ring")["cp-ring"].validated
+    assert not label(16, "ring")["cp-ring"].validated  # beyond the degrees measured
+    assert "extrapolated" in label(8, "ulysses")["cp-ulysses"].text
+    assert not label(4, "auto")["cp"].validated  # not chosen yet: no algorithm's evidence

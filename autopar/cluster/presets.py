@@ -96,7 +96,33 @@ HOPPER_NATIVE_ATTENTION_EFFICIENCY = min(1.0, 1.6 * DEFAULT_ATTENTION_EFFICIENCY
 """A Hopper-native attention kernel (FlashAttention-3; cuDNN's fused attention, which
 Transformer Engine runs on H100) on an H100: Shah et al. (2024, §4.1) measure FlashAttention-3
 1.5-2.0x FlashAttention-2 forward and 1.5-1.75x backward; by FLOPs the backward (2.5x the
-forward's) dominates, so 1.6x. A cluster file says which kernel its runs use."""
+forward's) dominates, so 1.6x. cuDNN's own benchmark agrees for cuDNN 9.1 against PyTorch's
+FlashAttention-2 on an H200 (``NVIDIA/cudnn-frontend`` ``benchmark/benchmark_results.csv``
+@b740542, May 2024; bf16, causal, head dim 128, forward and backward together): 1.77x at 4,096
+tokens, 1.69x at 8,192, 1.68x at 16,384, 1.60x at 32,768, 1.58x at 65,536. A cluster file
+says which kernel its runs use."""
+
+HOPPER_FLASH_ATTENTION_2_CURVE = (
+    (6.8719476736e10, 0.289), (2.74877906944e11, 0.381), (1.099511627776e12, 0.447),
+    (4.398046511104e12, 0.468), (1.7592186044416e13, 0.473))
+"""FlashAttention-2's ``attention_efficiency_curve`` on an H100: the share of the preset's
+matmul rate PyTorch SDPA's flash backend reaches, by FLOPs of the score matmul per call.
+The first three points are measured at 1,024, 4,096 and 16,384 tokens (causal, head dim 128,
+bf16, 16 heads, 16,384 tokens a call; forward and backward together: 166, 252 and 306
+TFLOP/s, ``benchmarks/results/h100_2026-11-26.md``), each the measured time over the time the
+cost model gives the same call at efficiency 1 on the ``H100-80GB`` preset
+(``tests/test_attention_curve.py`` derives them again). The last two carry the 16,384-token
+point on by the growth PyTorch's FlashAttention-2 showed at 32,768 and 65,536 tokens (one
+sequence, 16 heads) in cuDNN's benchmark on an H200 (``NVIDIA/cudnn-frontend``
+``benchmark/benchmark_results.csv``@b740542: 310.5, 324.8 and 328.5 TFLOP/s at 16K, 32K and
+64K, x1.046 and x1.058). The kernel's share grows with the keys each query tile sweeps,
+which the preset's one figure (:data:`DEFAULT_ATTENTION_EFFICIENCY`, the middle of the
+measured three) leaves out. The curve is
+keyed by the call's FLOPs, as calibration's is: a call with fewer heads (tensor
+parallelism) than the measured 16 reads the point of a shorter sequence, a pessimistic
+approximation there. Not in the presets: it prices another framework's FlashAttention-2
+runs in ``benchmarks/fidelity_sources.py``; autopar's own GPU programs run its generated
+kernels, priced against the one figure."""
 
 
 HOPPER_FP8_MATMUL_EFFICIENCY = 0.9

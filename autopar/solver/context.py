@@ -5,7 +5,8 @@ The sequence is marked like the batch (:mod:`autopar.solver.batch_axis`): every 
 input is split along dim 1 and the split is carried through the graph; a value that follows
 it shrinks ``cp`` times on a rank. Attention is the one place tokens meet, so each attention
 site is priced with :func:`autopar.cost_models.context_parallel.attention_comm` for the
-algorithm the setting runs, and the algorithm is the cheapest the user allows.
+algorithm the setting runs, and the algorithm is the cheapest the user allows, held to
+validated ground (:func:`held_to_ground`).
 """
 
 from __future__ import annotations
@@ -196,4 +197,21 @@ def algorithm_costs(tables, allowed: tuple[str, ...] = CP_ALGORITHMS) -> dict[st
 def cheapest(costs: dict[str, float | str]) -> str | None:
     """The algorithm with the least modelled time (ties: the order of CP_ALGORITHMS)."""
     timed = [(v, CP_ALGORITHMS.index(a), a) for a, v in costs.items() if not isinstance(v, str)]
+    return min(timed)[2] if timed else None
+
+
+def held_to_ground(costs: dict[str, float | str], base_s: float,
+                   margins: dict[str, float]) -> str | None:
+    """The algorithm a search runs: the least ``(base_s + its seconds) x (1 + its ground
+    margin)``, as the search ranks whole layouts (``layout_trials.ground_margin``), so an
+    algorithm the cost model was never checked on must win by the model's error there
+    (ties: the order of CP_ALGORITHMS). ``base_s``: the rest of the microbatch's time.
+
+    >>> held_to_ground({"ring": 2.0, "ulysses": 1.0}, 10.0, {"ring": 0.0, "ulysses": 0.25})
+    'ring'
+    >>> held_to_ground({"ring": 9.0, "ulysses": 1.0}, 10.0, {"ring": 0.0, "ulysses": 0.25})
+    'ulysses'
+    """
+    timed = [((base_s + v) * (1 + margins.get(a, 0.0)), CP_ALGORITHMS.index(a), a)
+             for a, v in costs.items() if not isinstance(v, str)]
     return min(timed)[2] if timed else None

@@ -243,17 +243,17 @@ def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> f
     :mod:`autopar.cost_models.ground`)."""
     return _margin(tuple(setting.mesh.items()), setting.zero,
                    setting.schedule if setting.pp > 1 else None, cluster.backend,
-                   cluster.devices_per_node, options.extrapolation_margin)
+                   cluster.devices_per_node, options.extrapolation_margin, setting.cp_algorithm)
 
 
 @functools.lru_cache(maxsize=4096)
 def _margin(mesh: tuple, zero: int, schedule: str | None, backend: str,
-            devices_per_node: int, margin: float | None) -> float:
-    """:func:`ground_margin` of one (mesh, ZeRO, schedule): the search asks for the same ones
-    thousands of times."""
+            devices_per_node: int, margin: float | None, cp_algorithm: str) -> float:
+    """:func:`ground_margin` of one (mesh, ZeRO, schedule, cp algorithm): the search asks for
+    the same ones thousands of times."""
     ground = load_ground()
     labels = ground.labels(dict(mesh), zero=zero, schedule=schedule, backend=backend,
-                           devices_per_node=devices_per_node)
+                           devices_per_node=devices_per_node, cp_algorithm=cp_algorithm)
     return ground.margin(labels, margin)
 
 

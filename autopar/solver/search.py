@@ -33,8 +33,8 @@ from autopar.solver.context import (
     CP_LONG_CONTEXT,
     CP_SEARCH_MIN_TOKENS,
     algorithm_costs,
-    cheapest,
     cp_refusal,
+    held_to_ground,
 )
 from autopar.solver.costs import CostTables, Setting
 from autopar.solver.cpsat import SolveResult
@@ -46,6 +46,7 @@ from autopar.solver.expert_axis import check_ep, ep_degrees
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
 from autopar.solver.layout_trials import (
+    ground_margin,
     least_idle,
     lower_bounds,
     mixing,
@@ -517,12 +518,16 @@ def _search_microbatches(problem_for, cluster, options, candidates, best, facts,
 def _layout_tables(problem: Problem, cluster: Cluster, options: PlanOptions, setting: Setting,
                    traced: int, facts) -> tuple[CostTables | None, dict]:
     """``setting``'s cost tables, its context-parallel attention algorithm chosen when
-    "auto"; (None, the algorithms' costs) when none fits."""
+    "auto" (the cheapest, held to validated ground: :func:`held_to_ground`); (None, the
+    algorithms' costs) when none fits."""
     tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     if setting.cp_algorithm != "auto":
         return tables, {}
     costs = algorithm_costs(tables, _cp_algorithms(options))
-    algorithm = cheapest(costs)
+    base = lower_bounds(tables)[1] / setting.microbatches  # costs are per microbatch
+    margins = {a: ground_margin(replace(setting, cp_algorithm=a), cluster, options)
+               for a, cost in costs.items() if not isinstance(cost, str)}
+    algorithm = held_to_ground(costs, base, margins)
     if algorithm is None:
         return None, costs
     return CostTables(problem, cluster, options, replace(setting, cp_algorithm=algorithm),

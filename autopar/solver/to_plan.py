@@ -184,7 +184,12 @@ def context_entry(result: SearchResult, options: PlanOptions) -> dict:
               else f"{name}: {entry['status']}" for name, entry in algorithms.items()
               if name != setting.cp_algorithm]
     pinned = options.cp_algorithm is not None
-    why = (f"{setting.cp_algorithm} {'pinned' if pinned else 'is the cheapest'}: "
+    timed = {name: entry["comm_s"] for name, entry in algorithms.items() if "comm_s" in entry}
+    fastest = min(timed, key=timed.get, default=setting.cp_algorithm)
+    reason = ("pinned" if pinned else "is the cheapest" if timed.get(fastest) == chosen_s
+              else f"runs on validated ground ({fastest}, cheaper, is extrapolated and must win "
+                   "by the model's error there)")
+    why = (f"{setting.cp_algorithm} {reason}: "
            f"{chosen_s * 1e3:.3g} ms of exposed attention communication per step, all layers "
            "together (modelled)"
            + (f", against {'; '.join(others)}" if others else ""))
@@ -197,7 +202,8 @@ def ground_labels(setting: Setting, cluster: Cluster) -> list:
     """Each parallel scheme of the layout: validated (where, how well) or extrapolated."""
     return load_ground().labels(setting.mesh, zero=setting.zero,
                                 schedule=setting.schedule if setting.pp > 1 else None,
-                                backend=cluster.backend, devices_per_node=cluster.devices_per_node)
+                                backend=cluster.backend, devices_per_node=cluster.devices_per_node,
+                                cp_algorithm=setting.cp_algorithm)
 
 
 def _explanation(gm: fx.GraphModule, result: SearchResult, cluster: Cluster,

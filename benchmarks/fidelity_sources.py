@@ -146,6 +146,12 @@ ARCHITECTURES = {  # released configs (Hugging Face config.json of each model), 
     "llama2-70b": (80, 8192, 28672, 64, 8, 32000),      # meta-llama/Llama-2-70b-hf
     "llama3-8b": (32, 4096, 14336, 32, 8, 128256),      # meta-llama/Meta-Llama-3-8B
     "llama3-70b": (80, 8192, 28672, 64, 8, 128256),     # meta-llama/Meta-Llama-3-70B
+    # NeMo's GPT-3 recipes (NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/
+    # {5b,20b,175b}.yaml@24.07): 4h FFN, multi-head attention, the GPT-2 BPE tokenizer's
+    # 50,257 tokens (GPT2BPETokenizer; Megatron pads it to a multiple of 128 x tp)
+    "gpt3-5b": (24, 4096, 16384, 32, 32, 50257),
+    "gpt3-20b": (44, 6144, 24576, 48, 48, 50257),
+    "gpt3-175b": (96, 12288, 49152, 96, 96, 50257),
 }
 _ARCH_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")
 

@@ -4,10 +4,11 @@ A plan's step time is only as good as the cost model at the plan's own layout. T
 been compared with published runs (``benchmarks/fidelity_published.py``) and with runs on
 the project's CPU machine (``benchmarks/fidelity_measured.py``); each comparison is evidence
 for the *schemes* the run used -- data parallelism (DDP), ZeRO-3, tensor parallelism inside
-a node or across nodes, a pipeline schedule, context parallelism's attention algorithm -- up to the degree the run used them, on its
-kind of interconnect (``nccl`` GPUs or ``gloo`` processes). The evidence lives in
-``ground.json`` next to this file, written by those benchmarks (``--write-ground``), never
-by hand: a plan says, for every scheme it uses, whether the model was validated there.
+a node or across nodes, a pipeline schedule, context parallelism by its attention algorithm --
+up to the degree the run used them, on its kind of interconnect (``nccl`` GPUs or ``gloo``
+processes). The evidence lives in ``ground.json`` next to this file, written by those
+benchmarks (``--write-ground``), never by hand: a plan says, for every scheme it uses,
+whether the model was validated there.
 
 A scheme at degree ``d`` is *validated* when some measured run used the same scheme on the
 same kind of interconnect at a degree of at least ``d`` and the model's median error there

@@ -117,10 +117,9 @@ sequence, 16 heads) in cuDNN's benchmark on an H200 (``NVIDIA/cudnn-frontend``
 ``benchmark/benchmark_results.csv``@b740542: 310.5, 324.8 and 328.5 TFLOP/s at 16K, 32K and
 64K, x1.046 and x1.058). The kernel's share grows with the keys each query tile sweeps,
 which the preset's one figure (:data:`DEFAULT_ATTENTION_EFFICIENCY`, the middle of the
-measured three) leaves out. The curve is
-keyed by the call's FLOPs, as calibration's is: a call with fewer heads (tensor
-parallelism) than the measured 16 reads the point of a shorter sequence, a pessimistic
-approximation there. Not in the presets: it prices another framework's FlashAttention-2
+measured three) leaves out. The curve is keyed by the call's FLOPs, as calibration's is: a
+call with fewer heads (tensor parallelism) than the measured 16 reads the point of a shorter
+sequence, a pessimistic approximation there. Not in the presets: it prices another framework's FlashAttention-2
 runs in ``benchmarks/fidelity_sources.py``; autopar's own GPU programs run its generated
 kernels, priced against the one figure."""
 

@@ -40,9 +40,10 @@ class PlanOptions:
     - ``global_batch``: sequences per optimizer step (default: the traced batch).
     - ``dp``/``tp``/``pp``/``cp``: pin mesh degrees (``cp``: context parallelism, the
       sequence split over ``cp`` ranks). ``cp_algorithm``: pin attention under cp ("ring",
-      "all_gather", "ulysses"; default: the cheapest modelled, held to validated ground). ``cp_layout``: "zigzag"
-      (2·cp chunks, rank i holds i and 2cp-1-i: even causal work) or "contiguous". ``microbatch``: pin the per-device microbatch
-      size, or ``microbatches`` their number per step.
+      "all_gather", "ulysses"; default: the cheapest modelled, held to validated ground).
+      ``cp_layout``: "zigzag" (2·cp chunks, rank i holds i and 2cp-1-i: even causal work)
+      or "contiguous". ``microbatch``: pin the per-device microbatch size, or
+      ``microbatches`` their number per step.
     - ``schedule``/``virtual_stages``: pin the pipeline schedule ("gpipe", "1f1b",
       "interleaved", "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining``
       runs) and the chunks per pipeline rank (interleaved only).

@@ -21,6 +21,7 @@ is not priced.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,38 @@ FRAMEWORK_DEFAULTS = {"nemo_24_07_h100_pretrain": _NEMO_LAUNCHER_2024,
                       "nemo_long_sequence_cp": _NEMO_LAUNCHER_2024}
 """What each source's framework runs where its rows leave it unstated: ZeRO stage, and where
 the fp32 master weights live."""
+
+_NEMO_CONTAINER = re.compile(r"nemo[ _-]?(\d{2})\.(\d{2})")
+
+
+def framework_defaults(row: dict) -> dict:
+    """What ``row``'s framework runs where the row leaves it unstated: its file's entry in
+    :data:`FRAMEWORK_DEFAULTS`, else the framework its source names (a table this harness
+    has no entry for): torchtitan; Megatron-Bridge; NeMo, whose launcher ran
+    FlashAttention-2 up to its 24.07 container (``_NEMO_LAUNCHER_2024``). Nothing for
+    anything else.
+
+    >>> framework_defaults({"source": "NeMo docs", "notes": "container NeMo24.05"})["attention"]
+    'flash-attention-2'
+    >>> framework_defaults({"source": "NVIDIA NeMo performance summary (NeMo 25.02)"})["attention"]
+    'hopper-native'
+    >>> framework_defaults({"source": "a PyTorch FSDP blog"})
+    {}
+    """
+    stem = Path(row.get("_file") or "").stem
+    if stem in FRAMEWORK_DEFAULTS:
+        return FRAMEWORK_DEFAULTS[stem]
+    text = " ".join(row.get(k) or "" for k in ("source", "url", "file", "notes")).lower()
+    if "torchtitan" in text:
+        return _TORCHTITAN
+    if "megatron-bridge" in text:
+        return _MEGATRON_CORE
+    if "nemo" in text:
+        release = _NEMO_CONTAINER.search(text)
+        if release and (int(release[1]), int(release[2])) <= (24, 7):
+            return _NEMO_LAUNCHER_2024
+        return _MEGATRON_CORE
+    return {}
 
 ARCHITECTURES = {  # released configs (Hugging Face config.json of each model), for rows
     # whose source names the model but not all its sizes: (layers, hidden, ffn, heads,
@@ -310,8 +343,7 @@ def predict_row(row: dict) -> Outcome:
     if tp * pp * dp * cp != gpus:
         out.skipped = f"tp {tp} x pp {pp} x dp {dp} x cp {cp} != {gpus} GPUs"
         return out
-    stem = Path(row.get("_file") or "").stem
-    defaults = FRAMEWORK_DEFAULTS.get(stem, {})
+    defaults = framework_defaults(row)
     zero_text = (row.get("zero_stage") or defaults.get("zero", "0")).lower()
     if not row.get("zero_stage") and "zero" in defaults:
         out.notes.append(f"ZeRO-{defaults['zero']} (the source's framework default)")

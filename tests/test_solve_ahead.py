@@ -11,10 +11,11 @@ import autopar.solver.solve_ahead as solve_ahead
 from autopar.cluster.load import load_cluster
 from autopar.models.gpt import GPT, GPTConfig
 from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import build, run
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import build_problem
+from autopar.solver.setting import Setting
 
 
 def _traced():

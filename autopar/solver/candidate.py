@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.solver.costs import Setting
 from autopar.solver.evaluate import Prediction
+from autopar.solver.setting import Setting
 
 
 @dataclass

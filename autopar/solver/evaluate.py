@@ -33,7 +33,8 @@ from autopar.cost_models.data_parallel import (
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
 from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables
+from autopar.solver.setting import Setting
 from autopar.solver.stages import StageLoad, equal_partition, rank_of_chunk
 from autopar.solver.unit_costs import UnitCosts, unit_costs
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from ortools.sat.python import cp_model
 
 from autopar.cost_models.pipeline import in_flight, schedule_name
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import solve_stats
 from autopar.solver.evaluate import (
     Prediction,
@@ -31,6 +31,7 @@ from autopar.solver.evaluate import (
     rank_units,
     recompute_transient,
 )
+from autopar.solver.setting import Setting
 from autopar.solver.unit_costs import UnitCosts
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(UnitCosts)

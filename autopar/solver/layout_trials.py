@@ -20,11 +20,12 @@ from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.pipeline import bubble_fraction, schedule_name
 from autopar.solver.candidate import Candidate
-from autopar.solver.costs import CostTables, Setting, fp8_copy
+from autopar.solver.costs import CostTables, fp8_copy
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.evaluate import assemble, data_parallel_costs, stage_load
 from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
 from autopar.solver.options import PlanOptions
+from autopar.solver.setting import Setting
 from autopar.solver.stages import balance
 from autopar.solver.unit_costs import UnitCosts, unit_costs
 

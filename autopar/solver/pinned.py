@@ -24,7 +24,7 @@ from autopar.knobs import LEANNESS, RECOMPUTE_MODES, schedule_name
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import solve
 from autopar.solver.elementwise_fusion import fused_bytes
 from autopar.solver.evaluate import Prediction, assemble, evaluate
@@ -42,6 +42,7 @@ from autopar.solver.problem import (
     shard_weight_matrices,
 )
 from autopar.solver.search import check_microbatch
+from autopar.solver.setting import Setting
 from autopar.solver.unit_costs import unit_costs
 
 _FLAGS = {"virtual": "virtual-stages"}

@@ -36,7 +36,7 @@ from autopar.solver.context import (
     cp_refusal,
     held_to_ground,
 )
-from autopar.solver.costs import CostTables, Setting
+from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import SolveResult
 from autopar.solver.cpsat import build as build_layout
 from autopar.solver.evaluate import (
@@ -62,6 +62,7 @@ from autopar.solver.problem import (
     forbid_splitting_batch,
     problem_skeleton,
 )
+from autopar.solver.setting import Setting
 from autopar.solver.solve_ahead import SolveAhead
 from autopar.solver.stages import RUNNABLE_SCHEDULES
 from autopar.units import format_bytes

@@ -17,13 +17,14 @@ from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.solver.batch_coupling import splits_exactly
 from autopar.solver.context import algorithm_costs, cp_strategies
-from autopar.solver.costs import CostTables, Setting, runs_generated_attention
+from autopar.solver.costs import CostTables, runs_generated_attention
 from autopar.solver.evaluate import Prediction
 from autopar.solver.explain_experts import experts_entry
 from autopar.solver.explain_tp import explain_tp
 from autopar.solver.options import PlanOptions
 from autopar.solver.precision_costs import precision_assignment
 from autopar.solver.search import SearchResult
+from autopar.solver.setting import Setting
 from autopar.solver.stages import layer_ranges, rank_of_chunk
 from autopar.strategies.mutation import check_tied, describe, layer_writes_outside
 from autopar.values import value_of

@@ -301,11 +301,12 @@ def row_cluster(row: dict, attention: str | None = None):
     preset = preset_of(row["hardware"])
     spec: dict = {"nodes": max(1, gpus // per_node), "devices_per_node": min(per_node, gpus),
                   "device": {"preset": preset}}
-    if attention == "hopper-native" and preset.startswith(("H100", "H200")):
-        spec["device"]["attention_efficiency"] = HOPPER_NATIVE_ATTENTION_EFFICIENCY
-    if attention == "flash-attention-2" and preset.startswith(("H100", "H200")):
-        spec["device"]["attention_efficiency_curve"] = [
-            list(p) for p in HOPPER_FLASH_ATTENTION_2_CURVE]
+    if (preset or "").startswith(("H100", "H200")):
+        if attention == "hopper-native":
+            spec["device"]["attention_efficiency"] = HOPPER_NATIVE_ATTENTION_EFFICIENCY
+        elif attention == "flash-attention-2":
+            spec["device"]["attention_efficiency_curve"] = [
+                list(p) for p in HOPPER_FLASH_ATTENTION_2_CURVE]
     gbps = _num(row, "inter_node_gbps_per_gpu")
     if gbps:
         spec["inter_node_link"] = {"bandwidth_bytes_per_s": gbps / 8 * 1e9}

@@ -46,5 +46,20 @@ def run_cases(nproc: int, out: Path, cases: list[dict], *, prefix: list[str] | N
     return results
 
 
+def run_pinned(nproc: int, out: Path, cases: list[dict],
+               axes: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")) -> list[tuple[dict, dict]]:
+    """:func:`run_cases`, each record checked: it ran (``ok``) on the mesh its case pinned
+    (every axis of ``axes`` the case names); (case, record) for every rank's records."""
+    pairs = []
+    for rank in run_cases(nproc, out, cases):
+        for case, r in zip(cases, rank):
+            assert r["ok"], r
+            for axis in axes:
+                if axis in case:
+                    assert r["mesh"].get(axis, 1) == case[axis], (case, r["mesh"])
+            pairs.append((case, r))
+    return pairs
+
+
 def taskset() -> str | None:
     return shutil.which("taskset")

@@ -196,8 +196,7 @@ def algorithm_costs(tables, allowed: tuple[str, ...] = CP_ALGORITHMS) -> dict[st
 
 def cheapest(costs: dict[str, float | str]) -> str | None:
     """The algorithm with the least modelled time (ties: the order of CP_ALGORITHMS)."""
-    timed = [(v, CP_ALGORITHMS.index(a), a) for a, v in costs.items() if not isinstance(v, str)]
-    return min(timed)[2] if timed else None
+    return held_to_ground(costs, 0.0, {})
 
 
 def held_to_ground(costs: dict[str, float | str], base_s: float,

@@ -196,7 +196,9 @@ class _Redistribute(torch.autograd.Function):
         if isinstance(src, Shard):
             whole = _gather(x, src, group, n, zz)
         elif isinstance(src, Partial):
-            whole = _all_reduce(x, group) / (n if _is_avg(src) else 1)
+            whole = _all_reduce(x, group)
+            if _is_avg(src):  # a sum stays in its dtype (an integer count stays one)
+                whole = whole / n
         else:
             whole = x
         if isinstance(dst, Shard):

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from autopar.comm_ops import _gather, _group, _reduce_scatter, _unzigzag, local_slice
 from autopar.kernels import shard_pieces
 from autopar.kernels.ring import RingMask, block_backward, block_forward
-from autopar.loss_ops import chunkable, chunked_cross_entropy
 from autopar.placements import Shard
 
 
@@ -200,47 +199,38 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _SwapSplit.apply(out, group, 1, False, 2, zigzag)
 
 
+def masked_all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 bias: torch.Tensor, *, scale: float | None = None
+                                 ) -> torch.Tensor:
+    """Attention of this rank's queries to the keys and values of every rank of ``cp``,
+    with this rank's rows of a mask or bias over (queries, keys): keys and values gathered
+    whole in sequence order (their gradients reduce-scattered back), then one kernel call.
+    A padded batch's mask is arbitrary, so it does not travel block by block as a ring's
+    causal flag does."""
+    from autopar.comm_ops import redistribute
+    from autopar.kernels import attention
+
+    keys, values = (redistribute(t, "cp", "S(2)", "R") for t in (k, v))
+    return attention(q, keys, values, bias=bias, scale=scale)
+
+
 def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       algorithm: str, zigzag: bool, causal: bool = False,
-                      scale: float | None = None) -> torch.Tensor:
+                      scale: float | None = None, bias: torch.Tensor | None = None
+                      ) -> torch.Tensor:
     """This rank's attention output for its tokens ``q``/``k``/``v`` (batch, heads,
-    local_len, head_dim) under the plan's cp ``algorithm``, on the group bound to ``cp``."""
+    local_len, head_dim) under the plan's cp ``algorithm``, on the group bound to ``cp``;
+    ``bias``: this rank's query rows of a mask (``all_gather`` only)."""
     group, n, _ = _group("cp")
     if group is None or n == 1:
         from autopar.kernels import attention
 
-        return attention(q, k, v, causal=causal, scale=scale)
+        return attention(q, k, v, causal=causal, scale=scale, bias=bias)
+    if bias is not None:
+        return masked_all_gather_attention(q, k, v, bias, scale=scale)
     if algorithm == "ulysses":
         return ulysses_attention(q, k, v, group, zigzag=zigzag, causal=causal, scale=scale)
     run = ring_kv_attention if algorithm == "ring" else all_gather_kv_attention
     out, _ = run(q, k, v, group, zigzag=zigzag, causal=causal, scale=scale)
     return out
 
-
-def token_mean_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
-                             weight: torch.Tensor | None = None, ignore_index: int = -100,
-                             label_smoothing: float = 0.0, axis: str = "cp") -> torch.Tensor:
-    """``n x`` this rank's summed cross-entropy over the targets (their weights) counted on
-    all ``n`` ranks of ``axis``: its average over the ranks is the exact mean over their
-    tokens, however unevenly ignored targets fall (see passes.token_mean_loss)."""
-    loss = (chunked_cross_entropy if chunkable(logits.dim(), target.dim(),
-                                               target.is_floating_point())
-            else torch.nn.functional.cross_entropy)
-    total = loss(logits, target, weight=weight, ignore_index=ignore_index, reduction="sum",
-                 label_smoothing=label_smoothing)
-    return token_mean_scale(total, target, weight=weight, ignore_index=ignore_index, axis=axis)
-
-
-def token_mean_scale(total: torch.Tensor, target: torch.Tensor, *,
-                     weight: torch.Tensor | None = None, ignore_index: int = -100,
-                     axis: str = "cp") -> torch.Tensor:
-    """``n x total / (the targets' count, or weight, over the n ranks of axis)``: a rank's
-    summed loss made into its share of the exact mean over the ranks' tokens."""
-    with torch.no_grad():
-        valid = target != ignore_index
-        count = (weight[target.clamp(min=0)] * valid).sum() if weight is not None else valid.sum()
-        count = count.to(torch.float64)
-        group, n, _ = _group(axis)
-        if group is not None:
-            dist.all_reduce(count, group=group)
-    return total * n / count.to(total.dtype)

@@ -87,8 +87,9 @@ class Plan:
     precision: dict[str, str] = field(default_factory=dict)
     precision_policy: dict[str, Any] = field(default_factory=dict)
     # ops that couple the samples of the batch: [{node, op, kind ("statistic" |
-    # "mixes_batch"), exact, where}] (autopar.solver.batch_coupling); a statistic is made
-    # whole over dp by the sync-batch-statistics pass
+    # "input_statistic" | "mixes_batch"), exact, where}] (autopar.solver.batch_coupling); a
+    # statistic is made whole over dp by the sync-batch-statistics pass, an input statistic
+    # over the whole step (autopar.step_statistics)
     batch_coupled: list[dict[str, Any]] = field(default_factory=list)
     # the constraints the plan obeys, as text (autopar.constraints; a plugin's as it names
     # itself)

@@ -45,7 +45,7 @@ from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
 from autopar.solver.options import OFFLOADS_RUNNABLE, ZERO_STAGES_RUNNABLE
 from autopar.solver.stages import rank_of_chunk
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MESH_AXES = ("pp", "dp", "ep", "cp", "tp")
 # ``ep`` (expert parallelism) is carved out of ``dp``: it divides dp and adds no ranks.
 CARVED_AXES = ("ep",)
@@ -367,7 +367,8 @@ PLAN = obj(
         "precision": map_of(one_of(PRECISIONS)),
         "constraints": list_of(text()),
         "batch_coupled": list_of(obj({"node": text(), "op": text(),
-                                      "kind": one_of(("statistic", "mixes_batch")),
+                                      "kind": one_of(("statistic", "input_statistic",
+                                                      "mixes_batch")),
                                       "exact": flag, "where": text(empty=True)})),
         "precision_policy": empty_or(obj(
             {"compute": one_of(PRECISIONS), "source": one_of(("default", "overrides")),

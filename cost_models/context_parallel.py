@@ -92,10 +92,15 @@ class AttentionComm:
         return self.forward_s + self.backward_s
 
 
-def unsupported(algorithm: str, shape: AttentionShape, cp: int) -> str:
-    """Why ``algorithm`` cannot run this call at ``cp`` ("" when it can)."""
+def unsupported(algorithm: str, shape: AttentionShape, cp: int, masked: bool = False) -> str:
+    """Why ``algorithm`` cannot run this call at ``cp`` ("" when it can). ``masked``: the call
+    has a mask or bias over (queries, keys) (a padded batch), which only ``all_gather``
+    applies: each rank attends its rows of it to every key."""
     if algorithm not in CP_ALGORITHMS:
         return f"unknown algorithm {algorithm!r} (use one of {', '.join(CP_ALGORITHMS)})"
+    if masked and algorithm != "all_gather":
+        return (f"{algorithm} passes keys in blocks that take a causal flag only; this "
+                "attention has a mask (padding), which all_gather applies")
     if algorithm == "ulysses" and (shape.heads % cp or shape.kv_heads % cp):
         return (f"ulysses needs the query heads ({shape.heads}) and key/value heads "
                 f"({shape.kv_heads}) on a rank divisible by cp={cp}")

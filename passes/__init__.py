@@ -17,6 +17,7 @@ from autopar.passes.infra import (
 )
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
+from autopar.passes.mean_loss import MeanLoss
 from autopar.passes.outline_experts import OutlineExperts
 from autopar.passes.outline_layers import OutlineLayers
 from autopar.passes.pipeline_split import PipelineSplit
@@ -24,8 +25,7 @@ from autopar.passes.place_created_tensors import PlaceCreatedTensors
 from autopar.passes.recompute_inputs import RecomputeInputs
 from autopar.passes.shard_parameters import ShardParameters
 from autopar.passes.substitute_local_ops import SubstituteLocalOps
-from autopar.passes.sync_batch_statistics import SyncBatchStatistics
-from autopar.passes.token_mean_loss import TokenMeanLoss
+from autopar.passes.sync_batch_statistics import SyncBatchStatistics, needs_sync
 from autopar.plan import Plan
 
 
@@ -47,11 +47,9 @@ def program_passes(plan: Plan) -> list[GraphPass]:
     recompute = plan.training.get("recompute", "none")
     pipelined = plan.mesh.get("pp", 1) > 1
     passes = sharding_passes()
-    if plan.mesh.get("cp", 1) > 1:  # on the plan's own nodes, before collectives join
-        passes.insert(len(passes) - 1, TokenMeanLoss())
-    if plan.mesh.get("dp", 1) > 1 and any(
-            c["kind"] == "statistic" and c["exact"] for c in plan.batch_coupled):
+    if needs_sync(plan):
         passes.append(SyncBatchStatistics())
+    passes.append(MeanLoss())
     if plan.mesh.get("ep", 1) > 1:
         passes.append(ExpertParallel())
     if plan.training.get("chunked_loss", True):
@@ -85,6 +83,7 @@ __all__ = [
     "GraphPass",
     "InsertCollectives",
     "LocalizeShapes",
+    "MeanLoss",
     "OutlineExperts",
     "OutlineLayers",
     "PassContext",
@@ -96,7 +95,6 @@ __all__ = [
     "ShardParameters",
     "SubstituteLocalOps",
     "SyncBatchStatistics",
-    "TokenMeanLoss",
     "get_pass",
     "place_passes",
     "program_passes",

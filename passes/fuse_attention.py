@@ -53,12 +53,15 @@ def _bias(graph: fx.Graph, site: AttentionSite) -> fx.Node | None:
 
 def _rewrite(gm: fx.GraphModule, site: AttentionSite, context: dict | None = None) -> None:
     """``context``: the plan's context parallelism (cp > 1), whose attention op replaces the
-    kernel call (the site has no mask, bias, soft-cap or dropout: the planner refuses them)."""
+    kernel call (the site has at most one mask, no soft-cap or dropout: the planner refuses
+    them)."""
     graph = gm.graph
     with graph.inserting_before(site.output):
         if context:
             kwargs = {"algorithm": context["algorithm"], "causal": site.causal,
                       "scale": site.scale, "zigzag": context["layout"] == "zigzag"}
+            if site.terms:
+                kwargs["bias"] = site.bias
             call = graph.call_function(context_attention, (site.q, site.k, site.v), kwargs)
         else:
             kwargs = {"causal": site.causal, "scale": site.scale, "bias": _bias(graph, site),

@@ -98,8 +98,8 @@ def get_pass(name: str) -> type[GraphPass]:
 # holds only some of them; an added pass anchored on one the program lacks runs where that
 # one would have run.
 BUILTIN_ORDER = (
-    "shard-parameters", "localize-shapes", "substitute-local-ops", "token-mean-loss",
-    "insert-collectives", "sync-batch-statistics", "expert-parallel", "chunked-loss",
+    "shard-parameters", "localize-shapes", "substitute-local-ops",
+    "insert-collectives", "sync-batch-statistics", "mean-loss", "expert-parallel", "chunked-loss",
     "fuse-attention", "cast-precision", "place-created-tensors", "recompute-inputs",
     "outline-layers", "outline-experts", "checkpoint-layers", "pipeline-split",
 )

@@ -6,11 +6,17 @@ import torch.fx as fx
 
 from autopar.errors import PassError
 from autopar.graph_facts import META_KEY
-from autopar.local_ops import LOCAL_IMPLS
+from autopar.local_ops import LOCAL_IMPLS, SYNC_BATCH_NORM, sync_batch_norm
 from autopar.loss_ops import REDUCTIONS
 from autopar.passes.attention_sites import arg
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.plan_view import PlanView
+
+
+def substitute_sync_batch_norm(node: fx.Node, axis: str) -> None:
+    """``node`` (an ``aten.batch_norm``) taking its statistics over ``axis``'s ranks."""
+    node.target = sync_batch_norm
+    node.kwargs = {**node.kwargs, "axis": axis}
 
 
 @register_pass
@@ -47,4 +53,7 @@ class SubstituteLocalOps(GraphPass):
                     node.target = impl
                     node.args = (node.args[0], node.args[1], axis)
                     changes.append(f"{node.name}: vocabulary-parallel cross-entropy on {axis}")
+                elif s.local_impl == SYNC_BATCH_NORM:
+                    substitute_sync_batch_norm(node, axis)
+                    changes.append(f"{node.name}: batch norm synchronised over {axis}")
         return PassResult(gm, modified=bool(changes), changes=changes)

@@ -21,7 +21,7 @@ from autopar.models import GPT, GPTConfig
 from autopar.models.moe import MoEConfig, MoEGPT
 from autopar.plan import Plan
 from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.batch_coupling import batch_couplings
+from autopar.solver.batch_coupling import batch_couplings, splitting
 from tests.distributed import run_cases
 
 IDX = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
@@ -45,9 +45,18 @@ class _BatchNormNet(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.head(x), label)
 
 
-def _couplings(model, inputs):
+def _all_couplings(model, inputs):
     gm = autopar.trace(model, inputs)
     return batch_couplings(gm, batch_strategies(gm, gm.meta[META_KEY].batch_size))
+
+
+def _couplings(model, inputs):
+    """The couplings that may refuse a split (not the statistics of the inputs alone)."""
+    return splitting(_all_couplings(model, inputs))
+
+
+def _coupled(plan: Plan) -> list[dict]:
+    return [c for c in plan.batch_coupled if c["kind"] != "input_statistic"]
 
 
 @pytest.mark.parametrize("routing", ["loop", "dense", "sorted"])
@@ -71,25 +80,33 @@ def test_a_bias_update_under_no_grad_is_a_statistic() -> None:
     found = _couplings(model, (IDX, IDX))
     assert [(c.kind, c.op) for c in found] == [("statistic", "aten.sign.default")] * 2
     plan = autopar.plan(model, "2xcpu", (IDX, IDX), dp=2)
-    assert [c["exact"] for c in plan.batch_coupled] == [True, True]
+    assert [c["exact"] for c in _coupled(plan)] == [True, True]
 
 
 def test_models_without_coupling_have_none() -> None:
+    """A language model's mean loss divides by the count of labelled tokens: a statistic of
+    the labels alone, taken over the whole step, which never refuses a split."""
     gpt = GPT(GPTConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32))
-    assert _couplings(gpt, (IDX, IDX)) == []
+    found = _all_couplings(gpt, (IDX, IDX))
+    assert [(c.kind, c.op) for c in found] == [("input_statistic", "aten.div.Tensor")]
+    assert splitting(found) == []
 
 
-def test_batch_norm_mixes_the_batch() -> None:
+def test_batch_norm_is_a_batch_statistic() -> None:
+    """In training, batch norm normalises by statistics of the batch: exact under data
+    parallelism when they are taken over every rank (synchronised), not over microbatches."""
     found = _couplings(_BatchNormNet(), (IDX, IDX[:, 0]))
-    assert [(c.node, c.kind) for c in found] == [("batch_norm", "mixes_batch")]
+    assert [(c.node, c.kind) for c in found] == [("batch_norm", "statistic")]
     assert "BatchNorm1d" in found[0].where
 
 
-def test_dp_with_batch_norm_is_refused_naming_the_op() -> None:
+def test_batch_norm_plans_dp_but_refuses_microbatches_naming_the_op() -> None:
+    plan = autopar.plan(_BatchNormNet(), "2xcpu", (IDX, IDX[:, 0]), dp=2)
+    assert [(c["node"], c["exact"]) for c in _coupled(plan)] == [("batch_norm", True)]
     with pytest.raises(NoFeasiblePlanError) as info:
-        autopar.plan(_BatchNormNet(), "2xcpu", (IDX, IDX[:, 0]), dp=2)
+        autopar.plan(_BatchNormNet(), "2xcpu", (IDX, IDX[:, 0]), dp=2, microbatches=2)
     text = str(info.value)
-    assert "batch_norm" in text and "BatchNorm1d" in text and "dp=2" in text
+    assert "batch_norm" in text and "BatchNorm1d" in text and "microbatches" in text
     assert "batch_coupling='local'" in text
 
 
@@ -97,13 +114,13 @@ def test_local_batch_coupling_plans_and_says_inexact() -> None:
     plan = autopar.plan(_BatchNormNet(), "2xcpu", (IDX, IDX[:, 0]), dp=2,
                         batch_coupling="local")
     assert plan.training["batch_coupling"] == "local"
-    assert [(c["node"], c["exact"]) for c in plan.batch_coupled] == [("batch_norm", False)]
+    assert [(c["node"], c["exact"]) for c in _coupled(plan)] == [("batch_norm", False)]
 
 
 def test_unsplit_batch_norm_plans_exact() -> None:
     plan = autopar.plan(_BatchNormNet(), "2xcpu", (IDX, IDX[:, 0]))
     assert plan.mesh["dp"] == 1 and plan.batch["microbatches"] == 1
-    assert [c["exact"] for c in plan.batch_coupled] == [True]
+    assert [c["exact"] for c in _coupled(plan)] == [True]
 
 
 def test_statistics_refuse_microbatches_but_not_dp() -> None:
@@ -111,7 +128,8 @@ def test_statistics_refuse_microbatches_but_not_dp() -> None:
     with pytest.raises(NoFeasiblePlanError, match="microbatches per data-parallel rank"):
         autopar.plan(model, "2xcpu", (IDX, IDX), dp=2, microbatches=2)
     plan = autopar.plan(model, "2xcpu", (IDX, IDX), dp=2)
-    assert {(c["kind"], c["exact"]) for c in plan.batch_coupled} == {("statistic", True)}
+    assert {(c["kind"], c["exact"]) for c in plan.batch_coupled} == {
+        ("statistic", True), ("input_statistic", True)}
     again = Plan.from_json(plan.to_json())
     assert again.batch_coupled == plan.batch_coupled
 

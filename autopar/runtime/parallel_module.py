@@ -14,7 +14,7 @@ import torch.fx._pytree as fx_pytree
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from autopar import comm_ops, fp8_ops
+from autopar import comm_ops, fp8_ops, step_statistics
 from autopar.errors import RuntimeSetupError
 from autopar.placements import Shard, parse_placement
 from autopar.plan import Plan
@@ -78,6 +78,9 @@ class ParallelModule(nn.Module):
         if pipeline is not None:
             pipeline.recorder_of = lambda: self._recorder
         self._scaler = scaler_for(plan, loss_scale)
+        # batch statistics of the inputs, taken over the whole step before it runs
+        self._statistics: step_statistics.StepStatistics | None = program.meta.get(
+            step_statistics.META)
         # FSDP2 reduces expert gradients itself under ZeRO-3 (over edp, divided by dp)
         self._experts = expert_parameters(program) if plan.training.get("zero", 0) != 3 else []
         # saved-tensor hooks cost every saved tensor a Python call: only where needed
@@ -227,7 +230,21 @@ class ParallelModule(nn.Module):
             if recorder is not None:
                 recorder.step_end()
 
+    def _step_values(self, chunks: list[tuple[tuple, dict]]) -> dict | None:
+        """The step's batch statistics of the inputs, from every microbatch (``chunks``)."""
+        if self._statistics is None:
+            return None
+        return self._statistics.evaluate([list(self._named_inputs(a, k).values())
+                                          for a, k in chunks])
+
     def _train_step(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        m = self.plan.batch.get("microbatches", 1)
+        chunks = _split_microbatches(args, kwargs, m)
+        with step_statistics.training_step(self._step_values(chunks), m):
+            return self._run_microbatches(args, kwargs, chunks)
+
+    def _run_microbatches(self, args: tuple, kwargs: dict,
+                          chunks: list[tuple[tuple, dict]]) -> torch.Tensor:
         if self._pipeline is not None:
             if self._scaler is not None:
                 self._pipeline.loss_multiplier = self._scaler.scale
@@ -238,8 +255,6 @@ class ParallelModule(nn.Module):
         zero = self.plan.training.get("zero", 0)
         hsdp = self.plan.training.get("dp_replicate", 1) > 1
         defer = zero == 0
-        m = self.plan.batch.get("microbatches", 1)
-        chunks = _split_microbatches(args, kwargs, m)
         total = torch.zeros((), device=self.mesh_context.device)
         with comm_ops.deferred_weight_grads() if defer else _null():
             for i, (a, k) in enumerate(chunks):

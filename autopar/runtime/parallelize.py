@@ -8,6 +8,7 @@ as JSON), so every rank raises the same error rather than waiting forever.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from autopar.runtime.mesh import build_mesh, check_world_size, ensure_process_gr
 from autopar.runtime.parallel_module import ParallelModule, scaler_for
 from autopar.runtime.pipeline import PipelineRunner
 from autopar.trace import trace
-from autopar.trace.align import rename_like
+from autopar.trace.align import align_to, describe, rename_like, restore_batch_constants
 from autopar.trace.inputs import microbatch_inputs
 
 
@@ -103,7 +104,7 @@ def parallelize(
         plan.check_cluster(cluster)
         if _launched() != plan.world_size:  # a plan on fewer devices may run on just those
             check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
-    gm = trace(model, example_inputs)
+    gm = trace(model, example_inputs, agree=same_graph_as_rank0)
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
@@ -168,6 +169,41 @@ def check_cp_runs(plan: Plan, gm: fx.GraphModule) -> None:
             fix="build the model with scaled_dot_product_attention, or plan with cp=1")
 
 
+def same_graph_as_rank0(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` as rank 0 traced it: its nodes in rank 0's order with rank 0's names, so the
+    plan (made on rank 0's graph, keyed by node names) means the same on every rank. A
+    model may trace in another order in another process (a loop over a ``set`` of strings
+    follows the hash seed, which differs per process); a graph that differs otherwise is
+    refused on every rank with the same error, rather than crashing one."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return gm
+    text = json.dumps(describe(gm))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    same = _broadcast_text(digest if dist.get_rank() == 0 else "") == digest
+    if _everywhere(same):
+        return gm
+    reference = json.loads(_broadcast_text(text if dist.get_rank() == 0 else ""))
+    aligned = gm if same else align_to(gm, reference)
+    if not _everywhere(aligned is not None):
+        raise errors.PlanError(
+            "the ranks traced different graphs of the model (beyond the order of independent "
+            "ops), so no one plan means the same on all of them",
+            where=f"autopar.parallelize on rank {dist.get_rank()} "
+            f"({'same as' if aligned is not None else 'differs from'} rank 0)",
+            fix="make forward() trace the same in every process: no control flow on random "
+            "numbers, the environment or the process; set PYTHONHASHSEED for the launch if it "
+            "iterates over sets or hashes")
+    return aligned
+
+
+def _everywhere(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (one all-reduce)."""
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
 def _launched() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
@@ -185,8 +221,11 @@ def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
             where="plan.batch.microbatch",
             fix="pass one global batch as example_inputs (its size is the plan's global batch)",
         )
-    # Named as in the planned graph (a model may trace differently at another batch size).
-    return rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch)), gm)
+    # Named as in the planned graph (a model may trace differently at another batch size),
+    # computing with its numbers where the batch size entered arithmetic.
+    local = rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch)), gm)
+    restore_batch_constants(local, gm)
+    return local
 
 
 def _plan_on_rank0(gm: fx.GraphModule, cluster: Cluster, **kwargs: Any) -> Plan:

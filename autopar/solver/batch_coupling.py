@@ -11,9 +11,14 @@ producer gives is a *coupling*:
   means in a balancing loss). Data parallelism makes it exact by an all-reduce
   (``passes/sync_batch_statistics``); microbatches of one step cannot (they run one after
   another), so it is exact only with one microbatch per data-parallel rank.
-- ``mixes_batch``: an op that needs the samples of other ranks themselves (batch norm's
-  statistics, a cumulative sum or sort over the batch, a contrastive loss's similarity
-  matrix): exact only when the batch is not split at all.
+- ``input_statistic``: such a value computed from the batch's inputs alone (the count of
+  labelled tokens a mean loss divides by): taken over the whole step before it runs
+  (:mod:`autopar.step_statistics`), so it is exact under any split.
+  A batch norm in training is one too: its statistics are taken over every data-parallel
+  rank's samples (``sync_batch_norm``).
+- ``mixes_batch``: an op that needs the samples of other ranks themselves (a cumulative sum
+  or sort over the batch, a contrastive loss's similarity matrix): exact only when the
+  batch is not split at all.
 
 With ``batch_coupling="local"`` the planner splits anyway and each rank's statistics are its
 own (what DDP and Megatron do); the plan names every coupled op either way.
@@ -26,7 +31,9 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from autopar.graph_facts import META_KEY
+from autopar.local_ops import SYNC_BATCH_NORM
 from autopar.placements import Partial, Replicate, Shard
+from autopar.step_statistics import from_inputs
 from autopar.strategies import Strategy
 from autopar.values import tensor_inputs, value_of
 
@@ -39,7 +46,7 @@ class Coupling:
 
     node: str
     op: str
-    kind: str  # "statistic" or "mixes_batch"
+    kind: str  # "statistic", "input_statistic" or "mixes_batch"
     where: str  # module path and source line, for messages
 
     def describe(self) -> str:
@@ -54,11 +61,14 @@ def batch_couplings(gm: fx.GraphModule, batch: dict[str, Strategy]) -> list[Coup
     """Every coupling of ``gm`` under its batch-axis strategies ``batch``, in graph order."""
     found: list[Coupling] = []
     data = _batch_data(gm, batch)
+    inputs_only: dict[fx.Node, bool] = {}
     for node in gm.graph.nodes:
         strategy = batch.get(node.name)
         if node.op != "call_function" or strategy is None:
             continue
         kinds = set()
+        if strategy.local_impl == SYNC_BATCH_NORM:  # statistics taken over the whole batch
+            kinds.add("statistic")
         for slot, a in enumerate(tensor_inputs(node)):
             producer, index = value_of(a)
             made = batch.get(producer.name)
@@ -71,7 +81,8 @@ def batch_couplings(gm: fx.GraphModule, batch: dict[str, Strategy]) -> list[Coup
                 continue
             if isinstance(have, Partial):
                 if not isinstance(need, Partial):
-                    kinds.add("statistic")
+                    kinds.add("input_statistic" if from_inputs(producer, inputs_only)
+                              else "statistic")
             elif isinstance(have, Shard):
                 kinds.add("mixes_batch")
         for kind in sorted(kinds):
@@ -92,12 +103,27 @@ def _batch_data(gm: fx.GraphModule, batch: dict[str, Strategy]) -> set[fx.Node]:
     return data
 
 
+def splitting(couplings: list[Coupling]) -> list[Coupling]:
+    """The couplings that may make a split of the batch inexact (an input statistic never
+    does)."""
+    return [c for c in couplings if c.kind != "input_statistic"]
+
+
 def splits_exactly(couplings: list[Coupling], dp: int, microbatches: int) -> bool:
     """Does running the batch as ``dp`` ranks x ``microbatches`` keep training exact?"""
-    kinds = {c.kind for c in couplings}
+    kinds = {c.kind for c in splitting(couplings)}
     if "mixes_batch" in kinds and dp * microbatches > 1:
         return False
     return not ("statistic" in kinds and microbatches > 1)
+
+
+def coupling_exact(coupling: Coupling, dp: int, microbatches: int, mode: str) -> bool:
+    """Does ``coupling`` stay exact when the batch runs as ``dp`` ranks x ``microbatches``
+    under ``batch_coupling`` ``mode``? With "local" each part keeps its own statistics (an
+    input statistic, the count of labelled tokens, is still taken over the whole step)."""
+    if mode == "local" and coupling.kind != "input_statistic":
+        return dp * microbatches == 1
+    return splits_exactly([coupling], dp, microbatches)
 
 
 def coupling_refusal(couplings: list[Coupling], dp: int, microbatches: int) -> str | None:

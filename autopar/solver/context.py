@@ -23,7 +23,7 @@ from autopar.cost_models.context_parallel import (
     attention_comm,
     unsupported,
 )
-from autopar.passes.attention_sites import find_attention_sites, shape_of
+from autopar.passes.attention_sites import arg, find_attention_sites, shape_of
 from autopar.placements import Partial, Replicate, Shard
 from autopar.solver.batch_axis import propagate_input_dim
 from autopar.strategies import Strategy
@@ -53,6 +53,7 @@ class ContextSite:
     seq: int
     head_dim: int
     causal: bool
+    masked: bool = False  # a mask or bias term (padding): all_gather only
 
 
 def context_sites(problem) -> list[ContextSite]:
@@ -68,7 +69,8 @@ def context_sites(problem) -> list[ContextSite]:
             names = frozenset(n.name for n in site.nodes)
             if index in out:  # the same site in another layer: its nodes too
                 names |= out[index].nodes
-            out[index] = ContextSite(index, names, q[0], q[1], k[1], q[2], q[3], site.causal)
+            out[index] = ContextSite(index, names, q[0], q[1], k[1], q[2], q[3], site.causal,
+                                     bool(site.terms))
         problem.cache["context_sites"] = list(out.values())
     return problem.cache["context_sites"]
 
@@ -98,14 +100,25 @@ def cp_refusal(gm: fx.GraphModule, cp: int, layout: str, seq_len: int | None,
         if site.pattern != "sdpa":
             return (f"attention {site.name} is an eager chain ({site.describe()}); under cp "
                     "the context attention op replaces SDPA calls only")
-        if site.terms or site.dropout_p or site.softcap:
+        if site.dropout_p or site.softcap or (site.terms and (site.bias is None or site.causal)):
             return (f"attention {site.name} has {site.describe()}: under cp the kernels take "
-                    "a causal flag only, not a mask, bias, soft-cap or dropout")
+                    "a causal flag or one mask, not a soft-cap, dropout or a mask with a "
+                    "causal flag")
+        if site.terms and not _rows_of_sequence(site.bias, seq_len):
+            return (f"attention {site.name}'s mask {site.bias.name} is not over (queries, keys) "
+                    f"of the {seq_len}-token sequence")
         q, k = shape_of(site.q), shape_of(site.k)
         if q[2] != seq_len or k[2] != seq_len:
             return (f"attention {site.name} attends {q[2]} queries to {k[2]} keys, not the "
                     f"{seq_len}-token sequence (cross-attention is not split over cp)")
     return ""
+
+
+def _rows_of_sequence(mask: fx.Node, seq_len: int) -> bool:
+    """Is ``mask`` (batch, heads, queries, keys) with the whole sequence's keys, and its
+    queries the sequence's or broadcast?"""
+    shape = shape_of(mask)
+    return bool(shape) and len(shape) == 4 and shape[3] == seq_len and shape[2] in (1, seq_len)
 
 
 def sequence_scaled(problem, seq_len: int) -> frozenset[tuple[int, int]]:
@@ -135,14 +148,18 @@ def cp_strategies(gm: fx.GraphModule, cp: int, seq_len: int) -> dict:
 
 def attention_overrides(gm: fx.GraphModule) -> dict[str, Strategy]:
     """Each fusable SDPA site on the cp axis: q, k, v and the output split along the
-    sequence (dim 2 of (batch, heads, seq, head_dim))."""
+    sequence (dim 2 of (batch, heads, seq, head_dim)); a mask read as this rank's rows of
+    queries (dim 2), every key whole (or whole, when its rows broadcast)."""
     out = {}
     for site in find_attention_sites(gm):
         if site.pattern != "sdpa" or not site.fusable:
             continue
         node = site.output
         split = Shard(2)
-        rest = (Replicate(),) * (len(tensor_inputs(node)) - 3)
+        rest = [Replicate()] * (len(tensor_inputs(node)) - 3)
+        mask = arg(node, 3, "attn_mask")
+        if isinstance(mask, fx.Node) and rest and (shape_of(mask) or (0, 0, 1))[2] > 1:
+            rest[0] = split
         out[node.name] = Strategy((split, split, split, *rest), (split,))
     return out
 
@@ -181,7 +198,8 @@ def algorithm_costs(tables, allowed: tuple[str, ...] = CP_ALGORITHMS) -> dict[st
     for algorithm in allowed:
         total = 0.0
         for site in sites:
-            why = unsupported(algorithm, site_shape(site, tables), tables.setting.cp)
+            why = unsupported(algorithm, site_shape(site, tables), tables.setting.cp,
+                              site.masked)
             if why:
                 total = None
                 out[algorithm] = why

@@ -27,7 +27,12 @@ from autopar.errors import AutoparError, NoFeasiblePlanError
 from autopar.graph_facts import META_KEY, graph_facts
 from autopar.knobs import LEANNESS, RECOMPUTE_MODES
 from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.batch_coupling import Coupling, batch_couplings, coupling_refusal
+from autopar.solver.batch_coupling import (
+    Coupling,
+    batch_couplings,
+    coupling_refusal,
+    splitting,
+)
 from autopar.solver.candidate import Candidate, setting_text
 from autopar.solver.context import (
     CP_LONG_CONTEXT,
@@ -204,7 +209,7 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     fusion = Fusion.of(gm) if options.fuse_attention else Fusion()
     batch = batch_strategies(gm, traced)
     found = batch_couplings(gm, batch)
-    couplings = found if options.batch_coupling == "exact" else []
+    couplings = splitting(found) if options.batch_coupling == "exact" else []
     skeleton: list[Skeleton] = []  # built with the first problem, shared by the others
     refusals: dict[int, str] = {}
 

@@ -15,7 +15,7 @@ from autopar.graph_facts import META_KEY, graph_facts
 from autopar.passes.attention_sites import find_attention_sites
 from autopar.placements import Replicate
 from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
-from autopar.solver.batch_coupling import splits_exactly
+from autopar.solver.batch_coupling import coupling_exact
 from autopar.solver.context import algorithm_costs, cp_strategies
 from autopar.solver.costs import CostTables, runs_generated_attention
 from autopar.solver.evaluate import Prediction
@@ -160,7 +160,8 @@ def make_plan(
         context=context_entry(result, options),
         precision={n: w for n, w in precision.nodes.items() if n in strategies},
         precision_policy=precision.policy(),
-        batch_coupled=[c.to_json(splits_exactly([c], setting.dp, setting.microbatches))
+        batch_coupled=[c.to_json(coupling_exact(c, setting.dp, setting.microbatches,
+                                                options.batch_coupling))
                        for c in result.couplings],
         constraints=[str(c) for c in options.constraints],
     )

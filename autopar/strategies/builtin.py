@@ -20,6 +20,7 @@ from autopar.strategies import (  # noqa: F401  (imported for their registration
     reductions,
     routing,
     scatter,
+    spatial,
     views,
 )
 

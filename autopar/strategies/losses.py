@@ -1,5 +1,5 @@
-"""Sharding rules for classification losses: cross_entropy_loss, nll_loss(_nd), and
-nll_loss(2d)_forward.
+"""Sharding rules for losses: cross_entropy_loss, nll_loss(_nd), nll_loss(2d)_forward, and
+the elementwise ones (regression, KL divergence, binary cross-entropy).
 
 The class dim (dim 1, or 0 for a single sample) is normalized over and indexed by the
 target, so it stays ``Replicate`` for the op as traced; class weights too. Cross-entropy over
@@ -13,8 +13,9 @@ reduction (0 none, 1 mean, 2 sum):
 - mean: each device averages its elements: ``Partial("avg")``. This is exact only when every
   shard has the same number of non-ignored targets (and, with class weights, the same total
   weight), since the global mean divides by the global count. Shards of an LM batch padded
-  with ``ignore_index`` are generally *not* equal; a plan that needs the exact mean should
-  use reduction sum and divide by the global count.
+  with ``ignore_index`` are generally *not* equal: tracing writes every class-index mean as
+  its sum over the count (:mod:`autopar.trace.mean_losses`), so only class-probability
+  targets (a fixed count) reach this rule with a mean.
 
 ``nll_loss`` is linear in its (log-probability) input, whose normalizer does not depend on
 it, so a ``Partial`` input gives a ``Partial`` loss. Cross-entropy is not linear in its
@@ -113,19 +114,39 @@ def nll_loss_forward(call: OpCall, axis_size: int) -> list[Strategy]:
     return strategies + partial_strategies(call, [[0]], out_placements=(None, R))
 
 
-@register_rule(aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default,
-               aten.huber_loss.default)
+# op -> position of its reduction argument (the tensors before it are input, target and
+# weights that broadcast against the input)
+_ELEMENTWISE = {
+    aten.mse_loss.default: 2, aten.l1_loss.default: 2, aten.smooth_l1_loss.default: 2,
+    aten.huber_loss.default: 2, aten.soft_margin_loss.default: 2,
+    aten.kl_div.default: 2, aten.binary_cross_entropy.default: 3,
+    aten.binary_cross_entropy_with_logits.default: 4,
+}
+
+
+@register_rule(*_ELEMENTWISE)
 def elementwise_loss(call: OpCall, axis_size: int) -> list[Strategy]:
-    """Regression losses over equal-shaped input and target: each element's loss is its
-    own, so any dim may be sharded on both; a mean (sum) over the elements is then a
-    ``Partial("avg")`` (``"sum"``) of the shards' — even shards have equal counts."""
+    """Losses whose every element is its own (regression, KL divergence, binary
+    cross-entropy over equal-shaped input and target, class weights broadcast against
+    them): any dim may be sharded on the input and target, and on a weight that spans it; a
+    mean over the elements is then a ``Partial("avg")`` (``"sum"``) of the shards' -- even
+    shards have equal counts."""
     x, target = call.tensor_args[:2]
     if x.shape != target.shape:
         return [replicate_all(call)]
-    reduction = int(call.arg(2, "reduction", 1))
+    reduction = int(call.arg(_ELEMENTWISE[call.target], "reduction", 1))
+    weights = call.tensor_args[2:]
     strategies = [replicate_all(call)]
     for d, size in enumerate(x.shape):
-        if can_shard(size, axis_size):
-            out = _REDUCED.get(reduction, Shard(d))
-            strategies.append(Strategy((Shard(d), Shard(d)), (out,)))
+        if not can_shard(size, axis_size):
+            continue
+        spans = []  # each weight: sharded along d with the input, or read whole
+        for w in weights:
+            wd = d - (x.ndim - w.ndim)  # weights broadcast from the right
+            spans.append(Shard(wd) if wd >= 0 and w.shape[wd] == size else
+                         R if wd < 0 or w.shape[wd] == 1 else None)
+        if None in spans:
+            continue
+        out = _REDUCED.get(reduction, Shard(d))
+        strategies.append(Strategy((Shard(d), Shard(d), *spans), (out,)))
     return strategies

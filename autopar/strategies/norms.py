@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from autopar.local_ops import SYNC_BATCH_NORM
 from autopar.placements import Placement, Shard, can_shard
 from autopar.strategies.pointwise import (
     R,
@@ -78,3 +79,25 @@ def softmax(call: OpCall, axis_size: int) -> list[Strategy]:
     x = call.tensor_args[0]
     dim = norm_dim(call.arg(1, "dim"), x.ndim)
     return [replicate_all(call), *shard_other_dims(call, x.shape, dim, axis_size, 1)]
+
+
+@register_rule(aten.batch_norm.default)
+def batch_norm(call: OpCall, axis_size: int) -> list[Strategy]:
+    """``batch_norm(x, weight, bias, running_mean, running_var, training, ...)`` over
+    ``(batch, channels, *spatial)``: each channel alone, so channels shard with the
+    per-channel tensors. In training the statistics are over the batch: splitting it is
+    exact only with the statistics synchronised over the axis (``local_impl``
+    ``sync_batch_norm``, :mod:`autopar.local_ops`), which the batch axis runs. In eval the
+    running statistics are used and samples are independent."""
+    x = call.tensor_args[0]
+    n_in = len(call.tensor_args)
+    strategies = [replicate_all(call)]
+    if x.ndim < 2:
+        return strategies
+    training = bool(call.arg(5, "training", True))
+    if can_shard(x.shape[1], axis_size):
+        strategies.append(Strategy((Shard(1),) + (Shard(0),) * (n_in - 1), (Shard(1),)))
+    if can_shard(x.shape[0], axis_size):
+        strategies.append(Strategy((Shard(0),) + (R,) * (n_in - 1), (Shard(0),),
+                                   local_impl=SYNC_BATCH_NORM if training else None))
+    return strategies

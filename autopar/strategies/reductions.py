@@ -106,6 +106,19 @@ def var(call: OpCall, axis_size: int) -> list[Strategy]:
     return reduction_strategies(call, axis_size, dims, keepdim)
 
 
+@register_rule(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims,
+               aten.all.default)
+def any_all(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Logical reductions: kept dims only (a partial truth value has no placement)."""
+    x = call.tensor_args[0]
+    dims = call.arg(1, "dim")
+    if call.target in (aten.any.default, aten.all.default) or dims is None:
+        reduced = list(range(x.ndim))
+    else:
+        reduced = normalized_dims(dims, x.ndim)
+    return reduction_strategies(call, axis_size, reduced, bool(call.arg(2, "keepdim", False)))
+
+
 @register_rule(aten.max.dim, aten.min.dim)
 def max_dim(call: OpCall, axis_size: int) -> list[Strategy]:
     """``max(x, dim)`` -> (values, indices): kept dims only (indices are global)."""

@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,12 +28,16 @@ from autopar.trace.inputs import TensorSpec, split_example_inputs
 __all__ = ["TensorSpec", "trace"]
 
 
-def trace(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
+def trace(model: nn.Module, example_inputs: Any = None, *,
+          agree: Callable[[torch.fx.GraphModule], torch.fx.GraphModule] | None = None
+          ) -> torch.fx.GraphModule:
     """Trace ``model`` called with ``example_inputs`` into an annotated GraphModule.
 
     ``example_inputs``: a tensor, a tuple of positional inputs, a dict of keyword inputs,
     or ``(args, kwargs)``; any input may be a :class:`TensorSpec` (shape and dtype only),
     which is traced as a meta tensor. Build large models under ``torch.device("meta")``.
+    ``agree``: given the exported graph, returns the one to annotate (``parallelize`` makes
+    every rank's graph rank 0's).
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"autopar traces an nn.Module, got {type(model).__name__}",
@@ -41,6 +46,8 @@ def trace(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
     args, kwargs = split_example_inputs(example_inputs, device)
     with collector_paused():
         gm, tracer = export_model(model, args, kwargs)
+        if agree is not None:
+            gm = agree(gm)
         annotate(gm)
         blocks = assign_blocks(gm)
         gm.meta[META_KEY] = _graph_facts(gm, model, tracer, blocks)

@@ -60,3 +60,99 @@ def rename_like(gm: fx.GraphModule, reference: fx.GraphModule) -> fx.GraphModule
     out = fx.GraphModule(gm, graph)
     out.meta.update(gm.meta)
     return out
+
+
+def restore_batch_constants(gm: fx.GraphModule, reference: fx.GraphModule) -> list[str]:
+    """Give ``gm`` (traced on one microbatch, named like ``reference``) the values that the
+    planned graph computes with where the batch size entered arithmetic as a number.
+
+    ``loss.sum() / x.size(0)`` traces to a division by a literal: the global batch's size in
+    the planned graph, the microbatch's in the retrace. The plan's placements (a share of a
+    sum over the batch, scaled by the batch's parts for the runtime's mean) are those of
+    the planned graph, which divides by the global size as one device does; shape arguments
+    (``view``, ``expand``, ``arange``) keep their local sizes. Returns the nodes changed."""
+    theirs = {n.name: n for n in reference.graph.nodes}
+    changed = []
+    for node in gm.graph.nodes:
+        ref = theirs.get(node.name)
+        if node.op != "call_function" or ref is None or ref.target is not node.target:
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not node.all_input_nodes:
+            continue  # a factory's numbers are sizes
+        args, ref_args = list(node.args), list(ref.args)
+        if len(args) != len(ref_args):
+            continue
+        for i, (mine, planned) in enumerate(zip(args, ref_args)):
+            kind = str(schema.arguments[i].type) if i < len(schema.arguments) else ""
+            if (kind in _VALUE_TYPES and _number(mine) and _number(planned)
+                    and mine != planned):
+                args[i] = planned
+        if args != list(node.args):
+            node.args = tuple(args)
+            changed.append(node.name)
+    if changed:
+        gm.recompile()
+    return changed
+
+
+_VALUE_TYPES = ("Tensor", "Scalar", "float", "number")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def describe(gm: fx.GraphModule) -> list[list[str]]:
+    """``gm``'s nodes in order, each ``[name, op, target, arguments]`` as text (inputs by
+    name): enough for another process to find the same graph in its own trace."""
+    return [[n.name, n.op, str(n.target), _arguments(n, lambda a: a.name)]
+            for n in gm.graph.nodes]
+
+
+def _arguments(node: fx.Node, name_of) -> str:
+    return repr(fx.map_arg((node.args, node.kwargs), lambda a: ("@node", name_of(a))))
+
+
+def align_to(gm: fx.GraphModule, description: list[list[str]]) -> fx.GraphModule | None:
+    """``gm`` rebuilt in the order and with the names of the graph ``description`` describes
+    (:func:`describe`), or None when the two graphs differ. The same model traced in another
+    process may order independent ops differently (a loop over a ``set`` of strings follows
+    the process's hash seed): matching each described node to an unmatched node of ``gm``
+    with the same op, target and arguments, inputs matched first, recovers which is which."""
+    if len(description) != len(gm.graph.nodes):
+        return None
+    mapped: dict[fx.Node, str] = {}
+    ready: dict[tuple[str, str, str], list[fx.Node]] = {}
+
+    def offer(node: fx.Node) -> None:
+        if node not in mapped and all(a in mapped for a in node.all_input_nodes):
+            key = (node.op, str(node.target), _arguments(node, mapped.__getitem__))
+            ready.setdefault(key, []).append(node)
+
+    for node in gm.graph.nodes:
+        offer(node)
+    order: list[fx.Node] = []
+    for name, op, target, arguments in description:
+        candidates = ready.get((op, target, arguments))
+        if not candidates:
+            return None
+        node = candidates.pop(0)
+        mapped[node] = name
+        order.append(node)
+        for user in node.users:
+            offer(user)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in order:
+        new = graph.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
+                                fx.map_arg(node.kwargs, env.__getitem__), mapped[node],
+                                node.type)
+        if new.name != mapped[node]:
+            return None
+        new.meta = dict(node.meta)
+        env[node] = new
+    graph._codegen = gm.graph._codegen
+    out = fx.GraphModule(gm, graph)
+    out.meta.update(gm.meta)
+    return out

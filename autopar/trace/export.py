@@ -20,6 +20,8 @@ from torch import nn
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from autopar.errors import TraceError
+from autopar.trace.decompose import decompose_unruled
+from autopar.trace.mean_losses import split_mean_losses
 from autopar.trace.no_grad import inline_no_grad_blocks
 
 _LIB_MARKERS = ("site-packages/torch/", "/torch/_", "<string>", "autopar/trace/")
@@ -63,6 +65,10 @@ def canonicalize(gm: fx.GraphModule) -> None:
     - Drop export's input-shape guards: the per-rank program runs on local shapes.
     - Drop unused reads of parameters (export reads a tied weight under every name but uses
       one; keep one reader so the weight is planned and counted once).
+    - Write composite ops that have no sharding rule as the ops torch composes them of
+      (:mod:`autopar.trace.decompose`).
+    - Write mean losses over a count of labelled targets as their sum over that count
+      (:mod:`autopar.trace.mean_losses`), so splitting the batch keeps them exact.
     - Drop ``contiguous`` and turn ``view`` into ``reshape``: export keeps a ``contiguous``
       only where the tracing device's kernels return a non-contiguous tensor (the CPU
       attention kernel's output is contiguous where the meta one's is not), so the same model
@@ -87,6 +93,8 @@ def canonicalize(gm: fx.GraphModule) -> None:
             gm.graph.erase_node(node)
         elif node.op == "call_function" and node.target is aten.view.default:
             node.target = aten.reshape.default
+    decompose_unruled(gm)
+    split_mean_losses(gm)
     gm.graph.lint()
     gm.recompile()
 

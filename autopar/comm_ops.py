@@ -188,17 +188,18 @@ class _Redistribute(torch.autograd.Function):
         if isinstance(src, Partial) and isinstance(dst, Partial):  # sum <-> avg, locally
             return x * n if _is_avg(dst) else x / n
         if isinstance(src, Partial) and isinstance(dst, Shard):
-            out = _reduce_scatter(x, dst, group, n, rank, zz)
-            return out / n if _is_avg(src) else out
+            # shares of a mean are divided before they are summed: a mask's float-min
+            # entries would overflow to -inf summed first
+            return _reduce_scatter(x / n if _is_avg(src) else x, dst, group, n, rank, zz)
         if (isinstance(src, Shard) and isinstance(dst, Shard) and src.groups == dst.groups == 1
                 and not zz):
             return _all_to_all(x, src, dst, group, n)
         if isinstance(src, Shard):
             whole = _gather(x, src, group, n, zz)
         elif isinstance(src, Partial):
-            whole = _all_reduce(x, group)
-            if _is_avg(src):  # a sum stays in its dtype (an integer count stays one)
-                whole = whole / n
+            # shares of a mean divided first (no overflow); a sum stays in its dtype (an
+            # integer count stays one)
+            whole = _all_reduce(x / n if _is_avg(src) else x, group)
         else:
             whole = x
         if isinstance(dst, Shard):

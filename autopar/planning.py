@@ -428,9 +428,14 @@ def _search_offloading_last(gm: fx.GraphModule, cluster: Cluster, options: PlanO
     first = dataclasses.replace(options, offload=("none",))
     try:
         return search(gm, cluster, first), first
-    except NoFeasiblePlanError:
+    except NoFeasiblePlanError as refused:
         if "optimizer+params" not in modes or 3 not in options.zero:
             raise  # FSDP2 offloads ZeRO-3's shards: not when the stages exclude it
         offloading = dataclasses.replace(options, offload=("optimizer+params",), zero=(3,))
-        return search(gm, cluster, offloading), offloading
+        try:
+            return search(gm, cluster, offloading), offloading
+        except NoFeasiblePlanError as also:
+            if not getattr(also, "tried", True):  # nothing offloads: say why without it
+                raise refused from None
+            raise
 

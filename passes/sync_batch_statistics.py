@@ -67,6 +67,10 @@ class SyncBatchStatistics(GraphPass):
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         plan = ctx.plan
+        if plan.mesh.get(DP, 1) * int(plan.batch.get("microbatches", 1)) == 1:
+            # one part of the batch: its partial values are whole (a cp split of the
+            # tokens is made whole by the collectives of the cp axis)
+            return PassResult(gm, modified=False)
         graph = gm.graph
         synced: dict[tuple[fx.Node, int], fx.Node] = {}
         scaled: dict[tuple[fx.Node, str], fx.Node] = {}

@@ -22,11 +22,12 @@ def free_port() -> int:
 
 def run_cases(nproc: int, out: Path, cases: list[dict], *, prefix: list[str] | None = None,
               timeout: int = 900, worker: str = "equivalence.py",
-              worker_args: tuple[str, ...] = (), path: tuple[str, ...] = ()
-              ) -> list[list[dict]]:
+              worker_args: tuple[str, ...] = (), path: tuple[str, ...] = (),
+              records_per_case: int = 1) -> list[list[dict]]:
     """Run ``cases`` (by ``tests/workers/<worker>``, given ``worker_args`` first) in one
     torchrun launch of ``nproc`` processes; each rank's records, by rank. ``prefix`` wraps
-    the launch (``taskset``); ``path`` adds folders to the workers' ``PYTHONPATH``."""
+    the launch (``taskset``); ``path`` adds folders to the workers' ``PYTHONPATH``;
+    ``records_per_case``: how many records a rank writes for each case."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [*(prefix or []), sys.executable, "-m", "torch.distributed.run",
            f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
@@ -38,7 +39,8 @@ def run_cases(nproc: int, out: Path, cases: list[dict], *, prefix: list[str] | N
     env.pop("TRITON_INTERPRET", None)  # attention runs as it would in a user's CPU job
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    complete = len(results) == nproc and all(len(r) == len(cases) for r in results)
+    complete = len(results) == nproc and all(len(r) == len(cases) * records_per_case
+                                             for r in results)
     assert proc.returncode == 0 and complete, (
         f"workers failed (exit {proc.returncode}):\n"
         + "\n".join(json.dumps(r) for rank in results for r in rank if not r.get("ok"))

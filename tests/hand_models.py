@@ -12,12 +12,14 @@ what makes a split batch train differently from the whole one.
 - ``moe_loop``: a mixture of experts written as the common loop (``hit.any(-1).nonzero()``,
   ``x[rows]``, ``index_add``) with a Switch-style balancing loss; ``moe_histc``: its tokens
   per expert counted with ``histc``;
-- ``batch_norm``: a convolution and a batch norm in training mode;
+- ``batch_norm``: convolutions and batch norms in training mode;
 - ``shared_layers``: one layer applied three times (ALBERT-style weight sharing);
 - ``set_order``: branches built in the order of a ``set`` of strings, which follows each
   process's hash seed (as some Hugging Face models loop over ``set(config.layer_types)``).
 
-Every model takes a right-padded batch where it has tokens: labels are -100 on the padding.
+Every model but the batch norm one runs its tokens through two transformer blocks (SDPA
+attention: context parallelism applies, and pipelines cut between them), and takes a
+right-padded batch where it has tokens: labels are -100 on the padding.
 """
 
 from __future__ import annotations
@@ -44,16 +46,37 @@ def _labels(seed: int) -> torch.Tensor:
     return _tokens(seed).masked_fill(_mask() == 0, -100)
 
 
+class _Block(nn.Module):
+    """Pre-norm self-attention (SDPA, 4 heads) and an MLP, each with its residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+        self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.mlp = nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.GELU(),
+                                 nn.Linear(2 * HIDDEN, HIDDEN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, 4, HIDDEN // 4).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, HIDDEN)
+        x = x + self.out(att)
+        return x + self.mlp(self.norm2(x))
+
+
 class _Tokens(nn.Module):
-    """Embedding and one mixing layer: [B, S] ids -> [B, S, H]."""
+    """Embedding and two transformer blocks: [B, S] ids -> [B, S, H]."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.mix = nn.Linear(HIDDEN, HIDDEN)
+        self.layers = nn.ModuleList(_Block() for _ in range(2))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.mix(self.embed(idx)))
+        h = self.embed(idx)
+        for layer in self.layers:
+            h = layer(h)
+        return h
 
 
 class SumLoss(nn.Module):
@@ -63,7 +86,8 @@ class SumLoss(nn.Module):
 
     def forward(self, idx, labels):
         logits = self.head(self.body(idx))
-        return F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum")
+        # a sum over tokens, scaled as users scale it (not a mean: per-part means are wrong)
+        return F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum") / 64
 
 
 class MaskedMean(nn.Module):
@@ -120,7 +144,7 @@ class LoopMoE(nn.Module):
 
     def __init__(self, count: str = "one_hot", experts: int = 4) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.body = _Tokens()
         self.router = nn.Linear(HIDDEN, experts, bias=False)
         self.experts = nn.ModuleList(
             nn.Sequential(nn.Linear(HIDDEN, 64), nn.GELU(), nn.Linear(64, HIDDEN))
@@ -129,7 +153,7 @@ class LoopMoE(nn.Module):
         self.count = count
 
     def forward(self, idx, labels):
-        x = self.embed(idx)
+        x = self.body(idx)
         tokens = x.reshape(-1, x.shape[-1])
         probs = torch.softmax(self.router(tokens), -1)
         weights, chosen = probs.topk(2, -1)
@@ -155,29 +179,31 @@ class ConvBatchNorm(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 8)
-        self.conv = nn.Conv1d(8, 12, 3, padding=1)
-        self.norm = nn.BatchNorm1d(12)
-        self.head = nn.Linear(12, 5)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Conv1d(8, 8, 3, padding=1), nn.BatchNorm1d(8), nn.ReLU())
+            for _ in range(2))
+        self.head = nn.Linear(8, 5)
 
     def forward(self, idx, labels):
-        h = torch.relu(self.norm(self.conv(self.embed(idx).transpose(1, 2))))
+        h = self.embed(idx).transpose(1, 2)
+        for layer in self.layers:
+            h = h + layer(h)
         return F.cross_entropy(self.head(h.mean(-1)), labels)
 
 
 class SharedLayers(nn.Module):
-    """One transformer-ish block applied three times (ALBERT's cross-layer sharing)."""
+    """One transformer block applied three times (ALBERT's cross-layer sharing)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.block = nn.Sequential(nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, 64), nn.GELU(),
-                                   nn.Linear(64, HIDDEN))
+        self.block = _Block()
         self.head = nn.Linear(HIDDEN, VOCAB)
 
     def forward(self, idx, labels):
         h = self.embed(idx)
         for _ in range(3):
-            h = h + self.block(h)
+            h = self.block(h)
         return F.cross_entropy(self.head(h).view(-1, VOCAB), labels.view(-1))
 
 

@@ -14,23 +14,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-COLUMNS = {"plan": "trace + plan", "dp2": "dp=2", "tp2": "tp=2", "pp2": "pp=2",
-           "zero3": "ZeRO-3 dp=2", "tp2_random": "tp=2, random layout"}
+COLUMNS = {"trace": "traced", "auto": "solver's plan", "dp2": "dp=2", "tp2": "tp=2",
+           "pp2": "pp=2", "zero3": "ZeRO-3 dp=2", "cp2": "cp=2",
+           "tp2_random": "tp=2, random layout"}
 
 START, END = "<!-- supported-models -->", "<!-- /supported-models -->"
 
 HEADER = """Every Hugging Face architecture below is built from a tiny `transformers` config (random
-weights, no download, dropout 0, `use_cache=False`), given a batch with labels, and trained
-3 steps (SGD with momentum, fp32) on one device and under autopar on 2 processes (gloo). A
-cell is **equal** when the loss of every step and every gradient on every rank equal the
-single-device run (rtol 1e-5), or **refused** when `autopar.plan` says no before anything
-runs, naming the op and the reason. Anything else is a bug and fails the test.
+weights, no download, dropout 0, `use_cache=False`), given a realistic batch -- right-padded
+with labels -100 on the padding for language models, 10-45% of tokens labelled for masked
+LMs -- and trained 3 steps (SGD with momentum, fp32) on one device and under autopar on 2
+processes (gloo); the hand-written models (`tests/hand_models.py`) write losses, pooling,
+routing and batch norm as users do. A cell is **equal** when the loss of every step and
+every gradient on every rank equal the single-device run (rtol 1e-5), or **refused** when
+`autopar.plan` says no before anything runs, naming the reason. Anything else is a bug and
+fails the test.
 
-- *trace + plan*: traced into one graph that trains like the model itself (3 steps, every
-  gradient), and planned for 2 CPU devices as the solver likes, with no process started.
+- *traced*: traced into one graph that trains like the model itself (3 steps, every
+  gradient).
+- *solver's plan*: planned for 2 CPU processes as the solver likes (it may use one device).
 - *tp=2* runs on a cluster with fast links (`tests/clusters/cpu-fast-links.yaml`), so the
   solver shards tiny models at all; the cell counts the weights it sharded.
-- *pp=2* names the schedule the solver chose (2 microbatches).
+- *pp=2* names the schedule the solver chose (2 microbatches); *cp=2* the attention
+  algorithm.
 - *tp=2, random layout*: tp=2 on a layout drawn at random (one seed per architecture) among
   all those the solver's constraints allow, not the cheapest: a cost change can move the
   solver to any of them, so each must train right.

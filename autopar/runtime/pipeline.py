@@ -105,6 +105,18 @@ class _Stage(PipelineStage):
                 g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
         return super().get_bwd_send_ops(bwd_chunk_id)
 
+    def _create_grad_recv_info(self, act_send_info: dict) -> tuple:
+        """Receive buffers for output gradients, contiguous: torch takes their layout from
+        the next stage's input gradients, which keep the strides of the view autograd
+        computed them through (a transposed activation), and gloo receives only into
+        contiguous tensors (the next stage sends them contiguous)."""
+        infos = super()._create_grad_recv_info(act_send_info)
+        for info in infos:
+            if info.buffer is not None and not info.buffer.is_contiguous():
+                info.buffer = torch.empty(info.buffer.shape, dtype=info.buffer.dtype,
+                                          device=info.buffer.device)
+        return infos
+
     def _to_tensor(self, arg: Any) -> torch.Tensor:
         tensor = super()._to_tensor(arg)
         if not isinstance(arg, torch.Tensor):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 from torch.utils._pytree import tree_map
 
 from autopar.experts import grouped_matmul_ops
@@ -24,6 +24,7 @@ from autopar.placements import Partial, Placement, Replicate, Shard
 from autopar.strategies import Strategy, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.factories import makes_constant
+from autopar.strategies.mutation import writes
 from autopar.strategies.rule import OpCall, TensorMeta
 from autopar.values import is_decision, tensor_inputs, value_of
 
@@ -59,6 +60,10 @@ def propagate_input_dim(
     """
     chosen: dict[str, Strategy] = {}
     alike = _alike_layers(gm)
+    # Written in place (``labels.clone()`` then shifted right by slices, as encoder-decoders
+    # build their decoder inputs): under ``follow_only`` (the sequence split) such a buffer
+    # stays whole, so writes through views along the sequence reach it; its readers slice.
+    written = {base for _, base in writes(gm.graph)} if follow_only else set()
     known: dict[tuple, Strategy] = {}  # a node of a repeated layer, by its place and inputs
     for node in gm.graph.nodes:
         if not is_decision(node):
@@ -100,7 +105,8 @@ def propagate_input_dim(
             # new_empty(bsz, ...)): the program, traced on its rank's sequences, makes it
             # that size
             candidates = [s for s in candidates if s.outputs[:1] == (Shard(0),)] or candidates
-        elif makes_constant(node.target) or (follow_only and all(p == R for p in produced)):
+        elif makes_constant(node.target) or node in written or (
+                follow_only and all(p == R for p in produced)):
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
         chosen[node.name] = min(
@@ -177,8 +183,14 @@ _FINDS = {_aten.nonzero.default, _aten.where.default, _aten.argwhere.default}
 _ORDERS = {_aten.argsort.default, _aten.argsort.stable, _aten.sort.default, _aten.sort.stable}
 _COUNTS = {_aten.histc.default, _aten.bincount.default}
 _RANGES = {_aten.arange.default, _aten.arange.start, _aten.arange.start_step}
-_COUNTED = {_aten.to.dtype, _aten._to_copy.default, _aten.cumsum.default}
+_COUNTED = {_aten.to.dtype, _aten._to_copy.default, _aten.cumsum.default, _aten.unbind.int}
+# Groups of a rank's tokens by data-dependent sizes (its own counts per expert, ``split`` by
+# ``tolist()``), and the groups joined again: each rank's own tokens, in its own order.
+_GROUPS = {_aten.split_with_sizes.default, _aten.split.sizes, _aten.cat.default}
 _PICKS = {_aten.index.Tensor, _aten.index_select.default}
+_SCATTERS = {_aten.scatter_add.default, _aten.scatter.src, _aten.scatter.value,
+             _aten.scatter_reduce.two, _aten.scatter_add_.default, _aten.scatter_.src,
+             _aten.scatter_.value}
 _PUTS = {_aten.index_add.default, _aten.index_copy.default, _aten.index_put.default,
          _aten.scatter_add.default, _aten.scatter.src, _aten.scatter.value,
          _aten.scatter_reduce.two, _aten.index_add_.default, _aten.index_copy_.default,
@@ -192,12 +204,17 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
     target = node.target
     if target in _COUNTED and produced and produced[0] == Partial("sum"):
         # token counts stay exact counts in any dtype and when summed up (a rule keeps
-        # partials floating point)
-        return Strategy(tuple(produced), (Partial("sum"),))
+        # partials floating point), and one per expert when taken apart (``tolist()``)
+        n = len(node.meta[META_KEY].shapes)
+        return Strategy(tuple(produced), (Partial("sum"),) * n)
     if not any(isinstance(p, Shard) for p in produced):
         return None
     n_out = len(node.meta[META_KEY].shapes)
     rows = Shard(0)
+    if target in _SQUEEZES:
+        return _squeezed(node, produced[0])
+    if target in _GROUPS and all(p == rows for p in produced) and _grouped_rows(node):
+        return Strategy(tuple(produced), (rows,) * n_out)
     if target in _FINDS:
         return Strategy(tuple(produced), (rows,) * n_out)
     if target in _COUNTS:
@@ -235,7 +252,13 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
         # a constant sized by the local tokens (zeros to add into, positions 0..n) is
         # made on each rank for its own tokens
         local = [isinstance(p, Shard) or makes_constant(a.target) or a.target in _RANGES
-                 for p, a in zip(produced, inputs)]
+                 or (p == R and _scalar(a)) for p, a in zip(produced, inputs)]
+        if target in _SCATTERS:  # along ``dim`` within each row: the rows are another dim
+            split = next((p for p in produced if isinstance(p, Shard) and p.dim != dim), None)
+            if split is not None and local[0] and all(local[1:]) and all(
+                    p in (split, R) for p in produced):
+                return Strategy(tuple(produced), (split,))
+            return None
         # rows put into this rank's rows, or into a fresh table of them
         into = dest if isinstance(dest, Shard) else Shard(dim)
         if into.dim == dim and local[0] and all(local[1:]):
@@ -246,6 +269,39 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
         if isinstance(produced[0], Shard) and produced[0].dim == 0:
             return Strategy(tuple(produced), (rows,))
     return None
+
+
+_SQUEEZES = {_aten.squeeze.default, _aten.squeeze.dim, _aten.squeeze.dims}
+
+
+def _squeezed(node: fx.Node, placement: Placement) -> Strategy | None:
+    """``squeeze`` of a tensor split on its batch dim: the program runs traced on its own
+    microbatch, so a batch of one there squeezes as traced; the split dim follows."""
+    shape = node.args[0].meta[META_KEY].shapes[0]
+    if not isinstance(placement, Shard) or shape[placement.dim] == 1:
+        return None
+    dims = _arg(node, 1, "dim", None)
+    dims = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
+    dropped = {d % len(shape) for d in dims if shape[d % len(shape)] == 1}
+    return Strategy((placement,), (Shard(placement.dim - sum(d < placement.dim
+                                                             for d in dropped),
+                                         placement.groups),))
+
+
+def _grouped_rows(node: fx.Node) -> bool:
+    """Does ``node`` split or join along dim 0 by data-dependent sizes (tokens per expert)?"""
+    dim = _arg(node, 2 if node.target is not _aten.cat.default else 1, "dim", 0)
+    if dim != 0:
+        return False
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in tensor_inputs(node)]
+    flat = [v for val in vals for v in (val if isinstance(val, (list, tuple)) else [val])]
+    return any(_unbacked(v) for v in flat)
+
+
+def _scalar(node: fx.Node) -> bool:
+    """A 0-d tensor (a fill value put into every selected place)."""
+    shapes = node.meta[META_KEY].shapes if META_KEY in node.meta else ()
+    return bool(shapes) and shapes[0] == ()
 
 
 def _arg(node: fx.Node, index: int, name: str, default):
@@ -264,11 +320,20 @@ def _counted_rows(node: fx.Node, call, n: int):
     if not any(_unbacked(v) for v in (*vals, *outs)):
         return call
 
+    # a sum of the counts the trace asserts (tokens x top-k) is that size, not a free one
+    known = {int(s) for v in (*vals, *outs) if isinstance(v, torch.Tensor)
+             for s in v.shape if not _is_unbacked(s)}
+
+    def size(s, m):
+        if not _is_unbacked(s):
+            return m
+        same = next((c for c in sorted(known) if statically_known_true(s == c)), None)
+        return same if same is not None else n * _ROWS
+
     def sized(meta, val):
         if not _unbacked(val):
             return meta
-        shape = tuple(n * _ROWS if _is_unbacked(s) else m for s, m in zip(val.shape, meta.shape))
-        return TensorMeta(shape, meta.dtype)
+        return TensorMeta(tuple(size(s, m) for s, m in zip(val.shape, meta.shape)), meta.dtype)
 
     metas = iter(vals)
     args, kwargs = tree_map(

@@ -171,6 +171,22 @@ def n_layers_of(gm: fx.GraphModule) -> int:
                 if META_KEY in n.meta and n.meta[META_KEY].layer is not None})
 
 
+def stage_refusal(gm: fx.GraphModule, n_layers: int) -> str:
+    """Why a pipeline cannot cut ``gm`` into more stages than its ``n_layers`` layers."""
+    if n_layers:
+        return (f"each pipeline stage holds whole layers, and the model has {n_layers} layers "
+                f"(at most pp={n_layers})")
+    shared = sorted({key.split("@")[0].removeprefix("L__self__").lstrip("_") or "<root>"
+                     for n in gm.graph.nodes for key in (n.meta.get("nn_module_stack") or {})
+                     if "@" in key})
+    if shared:
+        return (f"the model applies module {shared[0]!r} more than once (its weights shared by "
+                "every application, as ALBERT's layers are), and pipeline stages are cut "
+                "between layers that own their weights")
+    return ("pipeline stages are cut between repeated layers (an nn.ModuleList or "
+            "nn.Sequential of alike blocks), and the model has none")
+
+
 def _divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
@@ -189,6 +205,11 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     check_ep(gm, options, cluster.world_size)
     check_dp_replicate(options)
     shapes = mesh_shapes(cluster, options, n_layers, facts.seq_len)
+    if not shapes and (options.pp or 1) > n_layers:
+        raise NoFeasiblePlanError(
+            f"pp={options.pp}: {stage_refusal(gm, n_layers)}", where="pp",
+            fix="plan with pp=1 (tensor or data parallelism split such a model), or build its "
+            "layers as an nn.ModuleList of alike blocks")
     if not shapes:
         cp = f"cp={options.cp}, " if options.cp else ""
         product = "pp x dp x cp x tp" if options.cp else "pp x dp x tp"
@@ -275,7 +296,9 @@ def search(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     finally:
         ahead.close()
     if best is None:
-        raise no_plan_error(gm, cluster, options, candidates)
+        error = no_plan_error(gm, cluster, options, candidates)
+        error.tried = bool(candidates)  # (an offloading retry that tried nothing says so)
+        raise error
     return SearchResult(best[5], best[6], best[7], best[8], candidates,
                         time.perf_counter() - started, tuple(found), budget, interrupted)
 

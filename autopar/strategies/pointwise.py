@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from autopar.placements import Partial, Placement, Replicate, Shard, can_shard
-from autopar.strategies.registry import register_rule
+from autopar.strategies.registry import register_kind_rule, register_rule
 from autopar.strategies.rule import OpCall, Strategy, TensorMeta, norm_dim, replicate_all
 
 aten = torch.ops.aten
@@ -229,6 +229,7 @@ _NONLINEAR = (
     aten.silu.default,
     aten.gelu.default,
     aten.relu.default,
+    aten.hardswish.default,
     aten.sin.default,
     aten.cos.default,
     aten.abs.default,
@@ -266,6 +267,20 @@ _NONLINEAR = (
 @register_rule(*_NONLINEAR)
 def nonlinear_pointwise(call: OpCall, axis_size: int) -> list[Strategy]:
     """Elementwise ops that are not linear: shard any dim, never pass a ``Partial``."""
+    return _elementwise(call, axis_size)
+
+
+def _torch_pointwise(op) -> bool:
+    """An op torch tags elementwise (with broadcasting), that writes no input and draws no
+    random numbers."""
+    return (torch.Tag.pointwise in op.tags and not op._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in op.tags)
+
+
+@register_kind_rule(_torch_pointwise)
+def tagged_pointwise(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Any other op torch tags pointwise (``hardswish``, ``rsub``, ``erfinv``...): shard any
+    dim, as a nonlinear elementwise op (a ``Partial`` never passes)."""
     return _elementwise(call, axis_size)
 
 

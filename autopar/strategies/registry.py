@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
@@ -65,10 +66,26 @@ def _expand(target: Any) -> list[Any]:
     return [target]
 
 
+# Rules for whole kinds of op, by a property torch declares (its ``pointwise`` tag): an op
+# of the kind without a rule of its own gets the kind's. Checked in order.
+_KIND_RULES: list[tuple[Callable[[Any], bool], Rule]] = []
+
+
+def register_kind_rule(belongs: Callable[[Any], bool]) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the rule of every op ``belongs(op)`` holds for that has no rule
+    of its own (``hardswish``, ``rsub``: any op torch tags pointwise)."""
+    def register(fn: Rule) -> Rule:
+        _KIND_RULES.append((belongs, fn))
+        return fn
+    return register
+
+
 def rule_for(target: Any) -> Rule | None:
     rule = _RULES.get(target)
     if rule is None and _NAMED and hasattr(target, "name"):
         rule = _NAMED.get(target.name().removesuffix(".default"))
+    if rule is None and isinstance(target, torch._ops.OpOverload):
+        rule = next((fn for belongs, fn in _KIND_RULES if belongs(target)), None)
     return rule
 
 

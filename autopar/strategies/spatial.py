@@ -1,5 +1,5 @@
 """Sharding rules for ops over ``(batch, channels, *spatial)`` tensors: pooling, resizing,
-group norm.
+patches (``im2col``), group norm.
 
 Each sample is pooled, resized or normalised alone, and pooling and resizing treat each
 channel alone too: those dims shard freely, with the output sharded alike (max pooling's
@@ -57,6 +57,17 @@ def pooling(call: OpCall, axis_size: int) -> list[Strategy]:
     if call.target in _POOLS:
         strategies += partial_strategies(call, [[0]])
     return strategies
+
+
+@register_rule(aten.im2col.default, aten.col2im.default)
+def im2col(call: OpCall, axis_size: int) -> list[Strategy]:
+    """``unfold``/``fold`` of batched maps: each sample's patches are its own."""
+    x = call.tensor_args[0]
+    strategies = [replicate_all(call)]
+    batched = x.ndim == (4 if call.target is aten.im2col.default else 3)
+    if batched and can_shard(x.shape[0], axis_size):
+        strategies.append(Strategy((Shard(0),), (Shard(0),)))
+    return strategies + partial_strategies(call, [[0]])
 
 
 @register_rule(aten.group_norm.default, aten.native_group_norm.default)

@@ -12,6 +12,7 @@ that cannot collide with a planned one.
 from __future__ import annotations
 
 import difflib
+import hashlib
 
 import torch.fx as fx
 
@@ -104,54 +105,56 @@ def _number(value) -> bool:
 
 
 def describe(gm: fx.GraphModule) -> list[list[str]]:
-    """``gm``'s nodes in order, each ``[name, op, target, arguments]`` as text (inputs by
-    name): enough for another process to find the same graph in its own trace."""
-    return [[n.name, n.op, str(n.target), _arguments(n, lambda a: a.name)]
-            for n in gm.graph.nodes]
+    """``gm``'s nodes in order, each ``[name, op, target, structure]``: the structure is a
+    hash of what the node computes from what (op, target, arguments, its inputs'
+    structures), independent of names and order. Enough for another process to find the
+    same graph in its own trace."""
+    return [[n.name, n.op, str(n.target), h] for n, h in _structures(gm).items()]
 
 
-def _arguments(node: fx.Node, name_of) -> str:
-    return repr(fx.map_arg((node.args, node.kwargs), lambda a: ("@node", name_of(a))))
+def _structures(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    out: dict[fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        text = repr((node.op, str(node.target),
+                     fx.map_arg((node.args, node.kwargs), lambda a: ("@", out[a]))))
+        out[node] = hashlib.sha256(text.encode()).hexdigest()[:24]
+    return out
 
 
 def align_to(gm: fx.GraphModule, description: list[list[str]]) -> fx.GraphModule | None:
     """``gm`` rebuilt in the order and with the names of the graph ``description`` describes
     (:func:`describe`), or None when the two graphs differ. The same model traced in another
     process may order independent ops differently (a loop over a ``set`` of strings follows
-    the process's hash seed): matching each described node to an unmatched node of ``gm``
-    with the same op, target and arguments, inputs matched first, recovers which is which."""
-    if len(description) != len(gm.graph.nodes):
+    the process's hash seed). Nodes of one structure compute one value, so each described
+    node takes a node of ``gm`` of its structure, and reads the nodes already placed of its
+    inputs' structures."""
+    structures = _structures(gm)
+    if len(description) != len(structures):
         return None
-    mapped: dict[fx.Node, str] = {}
-    ready: dict[tuple[str, str, str], list[fx.Node]] = {}
-
-    def offer(node: fx.Node) -> None:
-        if node not in mapped and all(a in mapped for a in node.all_input_nodes):
-            key = (node.op, str(node.target), _arguments(node, mapped.__getitem__))
-            ready.setdefault(key, []).append(node)
-
-    for node in gm.graph.nodes:
-        offer(node)
-    order: list[fx.Node] = []
-    for name, op, target, arguments in description:
-        candidates = ready.get((op, target, arguments))
-        if not candidates:
-            return None
-        node = candidates.pop(0)
-        mapped[node] = name
-        order.append(node)
-        for user in node.users:
-            offer(user)
+    free: dict[str, list[fx.Node]] = {}
+    for node, h in structures.items():
+        free.setdefault(h, []).append(node)
     graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node in order:
-        new = graph.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                                fx.map_arg(node.kwargs, env.__getitem__), mapped[node],
-                                node.type)
-        if new.name != mapped[node]:
+    placed: dict[str, fx.Node] = {}  # structure -> a new node computing it
+    for name, op, target, h in description:
+        if not free.get(h):
+            return None
+        node = free[h].pop(0)
+        if node.op != op or str(node.target) != target:
+            return None
+
+        def placed_like(a: fx.Node) -> fx.Node:
+            return placed[structures[a]]
+
+        try:
+            new = graph.create_node(node.op, node.target, fx.map_arg(node.args, placed_like),
+                                    fx.map_arg(node.kwargs, placed_like), name, node.type)
+        except KeyError:  # an input not placed before it: not the same graph
+            return None
+        if new.name != name:
             return None
         new.meta = dict(node.meta)
-        env[node] = new
+        placed.setdefault(h, new)
     graph._codegen = gm.graph._codegen
     out = fx.GraphModule(gm, graph)
     out.meta.update(gm.meta)

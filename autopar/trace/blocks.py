@@ -1,7 +1,8 @@
 """Find repeated blocks (transformer layers) so the solver decides each kind once.
 
 A node belongs to layer ``i`` of container ``c`` when its module path (or, for a parameter,
-its name) starts with ``c.i``, and ``c`` has at least two numbered children. Two layers
+its name) starts with ``c.i``, and ``c`` has at least two numbered children that run one
+after another, each once. Two layers
 share a *signature* when their nodes, in graph order, have the same ops, shapes and wiring;
 the node at position ``k`` of one then corresponds to the node at position ``k`` of the
 other. The outermost numbered container wins, so the experts inside a MoE layer are part of
@@ -46,7 +47,9 @@ def assign_blocks(gm: fx.GraphModule) -> list[BlockFacts]:
             members[found[0]][found[1]].append(node)
             if node.op != "get_attr":  # weights may be read anywhere; ops run in order
                 first_run.setdefault(found, i)
-    stacks = {c: layers for c, layers in members.items() if len(layers) >= 2}
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    stacks = {c: layers for c, layers in members.items()
+              if len(layers) >= 2 and _in_sequence(layers, position)}
     order = sorted(((c, i) for c, layers in stacks.items() for i in layers),
                    key=lambda key: (first_run.get(key, len(gm.graph.nodes)), key))
     ordinal = {key: n for n, key in enumerate(order)}
@@ -66,6 +69,16 @@ def assign_blocks(gm: fx.GraphModule) -> list[BlockFacts]:
                 facts.block, facts.layer, facts.position = container, layer, position
         blocks.append(block)
     return blocks
+
+
+def _in_sequence(layers: dict[int, list[fx.Node]], position: dict[fx.Node, int]) -> bool:
+    """Do the layers run one after another, each once? A module applied several times (its
+    weights shared, as ALBERT's layers are) or the parts of one block (an ``nn.Sequential``
+    of a norm and two linears) interleave: they are no stack of layers."""
+    spans = sorted((min(position[n] for n in ops), max(position[n] for n in ops))
+                   for ops in ([n for n in nodes if n.op != "get_attr"] for nodes in
+                               layers.values()) if ops)
+    return all(end < start for (_, end), (start, _) in zip(spans, spans[1:]))
 
 
 def _signature(nodes: list[fx.Node]) -> tuple:

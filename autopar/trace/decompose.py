@@ -20,14 +20,17 @@ sees ops it has rules for, in any model, with no rule written per op.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autopar.strategies import has_rule
+from autopar.trace.expected_rows import PICKS
 
 _KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
 
@@ -42,7 +45,9 @@ def decompose_unruled(gm: fx.GraphModule) -> int:
 
 
 def _decomposable(op) -> bool:
-    return (isinstance(op, torch._ops.OpOverload) and not has_rule(op)
+    """A composite without a rule, and not one autopar reads whole (``where(mask)`` finds
+    routed tokens: :mod:`autopar.trace.expected_rows`, the batch axis's token sets)."""
+    return (isinstance(op, torch._ops.OpOverload) and not has_rule(op) and op not in PICKS
             and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(),
                                                                "CompositeImplicitAutograd"))
 
@@ -63,8 +68,10 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> bool:
         a, k = tree_unflatten(args, spec)
         return node.target(*a, **k)
 
-    try:
-        sub = make_fx(composed)(*vals)
+    mode = detect_fake_mode(vals)
+    try:  # in the graph's fake mode: tensors the composition makes are of the graph too
+        with mode if mode is not None else contextlib.nullcontext():
+            sub = make_fx(composed)(*vals)
     except Exception:  # noqa: BLE001 - a composition make_fx cannot trace: keep the op
         return False
     out = next(n for n in sub.graph.nodes if n.op == "output").args[0]

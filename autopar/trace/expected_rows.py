@@ -30,14 +30,14 @@ _THROUGH = {aten.reshape.default, aten.view.default, aten.permute.default,
             aten.squeeze.dim, aten.squeeze.default, aten.flatten.using_ints,
             aten.expand.default, aten.clone.default, aten.contiguous.default,
             aten._to_copy.default, aten.to.dtype, operator.getitem}
-_PICKS = {aten.where.default, aten.nonzero.default, aten.argwhere.default}
+PICKS = {aten.where.default, aten.nonzero.default, aten.argwhere.default}
 
 
 def expected_sizes(gm: fx.GraphModule) -> dict:
     """{unbacked symbol: expected int} for the row counts ``where``/``nonzero`` make."""
     out: dict = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _PICKS or len(node.args) != 1:
+        if node.op != "call_function" or node.target not in PICKS or len(node.args) != 1:
             continue
         cond = node.args[0]
         val = cond.meta.get("val") if isinstance(cond, fx.Node) else None

@@ -1,23 +1,27 @@
-"""Train every architecture of the Hugging Face zoo under one layout, single-device and under
-autopar, and compare every loss and every gradient on every rank at every step.
+"""Train every architecture of a zoo under every layout, single-device and under autopar,
+and compare every loss and every gradient on every rank at every step.
 
-One torchrun launch runs every architecture of a layout::
+One torchrun launch runs a group of architectures, each under every layout it is given::
 
-    torchrun --nproc-per-node 2 tests/workers/hf_matrix.py --layout tp2 \
+    torchrun --nproc-per-node 2 tests/workers/hf_matrix.py --layouts trace,dp2,pp2 \
         --case '{"arch": "llama"}' --case '{"arch": "t5"}'
 
-A cell is ``equal`` (the comparison of grad_check.py passed), ``refused`` (planning raised an
-AutoparError: the plan says no, with the op and the reason), ``differs`` (trained, but not
-like single-device: silent wrong training) or ``error`` (failed after planning; the cells
-after it are ``not run``, since its ranks may have stopped at different collectives). Rank 0 plans
-and sends the plan, or its refusal, to every rank before ``parallelize``, so a refusal
-never leaves the other ranks waiting in a collective. Each rank writes ``rank<r>.json`` (one
-record per architecture) into ``$AUTOPAR_TEST_OUT``.
+Architectures come from ``tests/hf_zoo.py`` (Hugging Face models) and
+``tests/hand_models.py`` (``hand:<name>``). Each architecture is built, trained on one device
+and traced once; every layout reuses them (``trace`` checks that the traced graph itself
+trains like the model). A cell is ``equal`` (the comparison of grad_check.py passed),
+``refused`` (planning raised an AutoparError: the plan says no, with the op and the reason),
+``differs`` (trained, but not like single-device: silent wrong training) or ``error`` (failed
+after planning; the cells after it are ``not run``, since its ranks may have stopped at
+different collectives). Rank 0 plans and sends the plan, or its refusal, to every rank before
+``parallelize``, so a refusal never leaves the other ranks waiting in a collective. Each rank
+writes ``rank<r>.json`` (one record per cell) into ``$AUTOPAR_TEST_OUT``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -28,6 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+import torch.fx as fx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -37,10 +42,12 @@ from equivalence import cluster_for  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
+import autopar.runtime.parallelize as parallelize_module  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.plan import Plan  # noqa: E402
+from autopar.runtime.idle import IdleRank  # noqa: E402
 from autopar.solver import cpsat  # noqa: E402
-from tests.hf_zoo import build  # noqa: E402
+from tests import hand_models, hf_zoo  # noqa: E402
 
 STEPS = 3
 # layout tp2_random's seed; set AUTOPAR_LAYOUT_SEED to draw other layouts (or reproduce one)
@@ -50,17 +57,66 @@ FAST = str(HERE.parent / "clusters" / "cpu-fast-links.yaml")
 # Each layout: the pins it plans with, and the cluster. Tensor parallelism needs fast links
 # for the solver to shard such tiny models at all.
 LAYOUTS: dict[str, dict] = {
+    "auto": {},  # the solver's own plan for 2 CPU processes
     "dp2": {"dp": 2},
     "tp2": {"tp": 2, "cluster": FAST},
-    "pp2": {"pp": 2, "microbatches": 2},
+    "pp2": {"pp": 2},  # microbatches as the solver likes (one where the batch is coupled)
     "zero3": {"dp": 2, "zero": 3},
+    "cp2": {"cp": 2},
     # tp=2 on a random layout among those the constraints allow (cpsat.LAYOUT_NOISE_SEED,
     # one seed per architecture): redistributions and placements today's costs never pick
     "tp2_random": {"tp": 2, "cluster": FAST, "layout_seed": RANDOM_LAYOUT_SEED},
 }
+TRACE = "trace"  # not a layout: the traced graph trains like the model, and plans
 
 
-def plan_everywhere(model, cluster, inputs, pins: dict, layout_seed: int | None = None
+def build(arch: str):
+    if arch.startswith("hand:"):
+        return hand_models.MODELS[arch.removeprefix("hand:")]()
+    return hf_zoo.build(arch)
+
+
+class Traces:
+    """Every trace of this process, made once: ``parallelize`` traces the model it is given
+    (and again at the plan's microbatch); each layout gets a copy of the first trace, as
+    the passes rewrite the graph they are given."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple, fx.GraphModule] = {}
+        self.real = parallelize_module.trace
+        parallelize_module.trace = self
+
+    def __call__(self, model, example_inputs, **kwargs) -> fx.GraphModule:
+        return copy_traced(self.first(model, example_inputs, **kwargs))
+
+    def first(self, model, example_inputs, **kwargs) -> fx.GraphModule:
+        """The trace itself (every name of a tied weight still on it), made once."""
+        key = (id(model), _shapes(example_inputs))
+        if key not in self.made:
+            self.made[key] = self.real(model, example_inputs, **kwargs)
+        return self.made[key]
+
+    def clear(self) -> None:
+        self.made.clear()
+
+
+def _shapes(inputs) -> str:
+    return repr(fx.node.map_aggregate(inputs, lambda v: tuple(v.shape) if hasattr(v, "shape")
+                                      else v))
+
+
+def copy_traced(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new graph module over the same parameters, with its own graph to rewrite."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    graph._codegen = gm.graph._codegen
+    copy = fx.GraphModule(gm, graph, gm.__class__.__name__)
+    copy.meta.update(gm.meta)
+    return copy
+
+
+def plan_everywhere(gm, model, cluster, pins: dict, layout_seed: int | None = None
                     ) -> Plan | str:
     """Rank 0's plan on every rank, or the text of its refusal (an AutoparError). Any other
     failure of planning is raised on every rank, so none waits for the others.
@@ -69,7 +125,8 @@ def plan_everywhere(model, cluster, inputs, pins: dict, layout_seed: int | None 
     if dist.get_rank() == 0:
         cpsat.LAYOUT_NOISE_SEED = layout_seed
         try:
-            box[0] = autopar.plan(model, cluster, inputs, **pins).to_json()
+            box[0] = autopar.plan(gm, cluster, model_name=type(model).__name__,
+                                  **pins).to_json()
         except AutoparError as e:
             box[1] = f"{type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
@@ -82,70 +139,139 @@ def plan_everywhere(model, cluster, inputs, pins: dict, layout_seed: int | None 
     return box[1] if box[1] else Plan.from_json(box[0], source="plan from rank 0")
 
 
-def run_cell(arch: str, layout: str) -> dict:
-    options = dict(LAYOUTS[layout])
-    cluster = cluster_for(options.pop("cluster", None), dist.get_world_size())
-    seed = options.pop("layout_seed", None)
-    if seed is not None:
-        seed += zlib.crc32(arch.encode())
-    clock = [time.perf_counter()]
+class Arch:
+    """One architecture: built, trained on one device and traced once for all layouts."""
 
-    def lap() -> float:
-        clock.append(time.perf_counter())
-        return round(clock[-1] - clock[-2], 2)
+    def __init__(self, arch: str, traces: Traces):
+        self.arch = arch
+        self.model, (self.args, self.kwargs) = build(arch)
+        self.weights = dict(self.model.named_parameters(remove_duplicate=False))
+        # training under a layout updates the weights the traced graph shares with the
+        # model: every layout starts again from these
+        self.initial = copy.deepcopy(self.model.state_dict())
+        start = time.perf_counter()
+        _, self.ref_losses, self.ref_grads = train_reference(self.model, self.args, self.kwargs,
+                                                             STEPS)
+        self.reference_s = time.perf_counter() - start
+        self.traces = traces
+        self.gm: fx.GraphModule | None = None
+        self.refusal = ""
+        try:
+            self.gm = traces.first(self.model, (self.args, self.kwargs),
+                                   agree=parallelize_module.same_graph_as_rank0)
+        except AutoparError as e:  # the same on every rank: nothing to plan
+            self.refusal = f"{type(e).__name__}: {e}"
 
-    model, (a, k) = build(arch)
-    weights = dict(model.named_parameters(remove_duplicate=False))
-    reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS)
-    times = {"reference": lap()}
-    plan = plan_everywhere(model, cluster, (a, k), {**options, "recompute": ("none",)}, seed)
-    times["plan"] = lap()
-    if isinstance(plan, str):
-        return {"status": "refused", "reason": plan}
-    pm = autopar.parallelize(model, cluster, (a, k), plan=plan)
-    times["parallelize"] = lap()
-    la, lk = pm.shard_batch(*a, **k)
-    losses, grads = train_parallel(pm, la, lk, STEPS)
-    times["train"] = lap()
-    result = compare(pm, reference, losses, ref_losses, grads, ref_grads)
-    return {"status": "equal" if result.ok else "differs", "mesh": plan.mesh,
-            "zero": plan.training["zero"], "losses": losses, "reference": ref_losses,
-            "sharded": sorted(f for f, ax in plan.params.items()
-                              if ax.get("tp", "R") != "R" and f in weights),
-            "unruled_ops": plan.unruled_ops, "times": times,
-            "schedule": plan.pipeline.get("schedule"),
-            "tp_explanation": (getattr(plan, "explanation", None) or {}).get("tp"),
-            "solver": {k: v for k, v in plan.solver.items() if k != "candidates"},
-            **result.to_dict()}
+    def trace_cell(self) -> dict:
+        """The traced graph trains like the model itself (every rank, one device)."""
+        if self.gm is None:
+            return {"status": "refused", "reason": self.refusal}
+        _, losses, grads = train_reference(self.gm, self.args, self.kwargs, STEPS)  # a copy
+        problems = [f"losses {losses} != {self.ref_losses}"] if not all(
+            abs(x - y) <= 1e-5 * abs(y) for x, y in zip(losses, self.ref_losses)) else []
+        for step, (mine, theirs) in enumerate(zip(grads, self.ref_grads)):
+            problems += [f"step {step + 1}: {n}" for n in theirs.keys() | mine.keys()
+                         if n not in mine or n not in theirs
+                         or not mine[n].allclose(theirs[n], rtol=1e-5, atol=1e-6)]
+        return {"status": "equal" if not problems else "differs", "problems": problems[:10]}
+
+    def cell(self, layout: str) -> dict:
+        try:
+            return self._cell(layout)
+        finally:
+            self.model.load_state_dict(self.initial)
+
+    def _cell(self, layout: str) -> dict:
+        if layout == TRACE:
+            return self.trace_cell()
+        if self.gm is None:
+            return {"status": "refused", "reason": self.refusal}
+        options = dict(LAYOUTS[layout])
+        cluster = cluster_for(options.pop("cluster", None), dist.get_world_size())
+        seed = options.pop("layout_seed", None)
+        if seed is not None:
+            seed += zlib.crc32(self.arch.encode())
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return round(clock[-1] - clock[-2], 2)
+
+        plan = plan_everywhere(self.gm, self.model, cluster, {**options, "recompute": ("none",)},
+                               seed)
+        times = {"plan": lap()}
+        if isinstance(plan, str):
+            return {"status": "refused", "reason": plan, "times": times}
+        a, k = self.args, self.kwargs
+        pm = autopar.parallelize(self.model, cluster, (a, k), plan=plan)
+        times["parallelize"] = lap()
+        la, lk = pm.shard_batch(*a, **k)
+        losses, grads = train_parallel(pm, la, lk, STEPS)
+        times["train"] = lap()
+        result = compare(pm, self.model, losses, self.ref_losses, grads, self.ref_grads)
+        idle = isinstance(pm, IdleRank)  # a plan on fewer devices: this rank holds nothing
+        ok = result.losses_ok and not result.problems if idle else result.ok
+        return {"status": "equal" if ok else "differs", "mesh": plan.mesh, "idle": idle,
+                "zero": plan.training["zero"], "losses": losses, "reference": self.ref_losses,
+                "microbatches": plan.batch["microbatches"],
+                "sharded": sorted(f for f, ax in plan.params.items()
+                                  if ax.get("tp", "R") != "R" and f in self.weights),
+                "unruled_ops": plan.unruled_ops, "times": times,
+                "schedule": plan.pipeline.get("schedule"),
+                "cp_algorithm": plan.context.get("algorithm"),
+                "tp_explanation": (getattr(plan, "explanation", None) or {}).get("tp"),
+                **result.to_dict()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
+    ap.add_argument("--layouts", required=True,
+                    help=f"comma-separated, of {TRACE}, {', '.join(LAYOUTS)}")
     ap.add_argument("--case", action="append", required=True, help='{"arch": NAME}')
     args = ap.parse_args()
+    layouts = args.layouts.split(",")
+    unknown = [x for x in layouts if x != TRACE and x not in LAYOUTS]
+    if unknown:
+        raise SystemExit(f"unknown layouts {unknown}")
     # A rank that fails alone must not leave the other waiting forever in a collective.
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     out_dir = os.environ.get("AUTOPAR_TEST_OUT")
+    traces = Traces()
     records, failed = [], None
     for case in map(json.loads, args.case):
-        start = time.perf_counter()
-        if failed:  # collectives after a failure mid-step are out of step: run no more
-            record = {"status": "not run", "reason": f"after the error in {failed}"}
-        else:
+        arch, built, why = case["arch"], None, None
+        if failed is None:
             try:
-                record = run_cell(case["arch"], args.layout)
+                start = time.perf_counter()
+                built = Arch(arch, traces)
+                setup_s = round(time.perf_counter() - start, 2)
             except Exception as e:  # noqa: BLE001 - recorded; the test judges every cell
-                record = {"status": "error", "reason": f"{type(e).__name__}: {e}",
-                          "traceback": traceback.format_exc()[-3000:]}
-                failed = case["arch"]
-        record.update(arch=case["arch"], layout=args.layout, rank=rank,
-                      wall_s=round(time.perf_counter() - start, 2))
-        records.append(record)
-        if out_dir:
-            Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
-        print(json.dumps({k: record.get(k) for k in ("arch", "status", "wall_s")}), flush=True)
+                why, failed = f"building or tracing: {type(e).__name__}: {e}", arch
+        for layout in layouts:
+            start = time.perf_counter()
+            if why is not None:
+                record = {"status": "error", "reason": why}
+            elif failed is not None and failed != arch or built is None:
+                # collectives after a failure mid-step are out of step: run no more
+                record = {"status": "not run", "reason": f"after the error in {failed}"}
+            else:
+                try:
+                    record = built.cell(layout)
+                except Exception as e:  # noqa: BLE001 - recorded; the test judges every cell
+                    record = {"status": "error", "reason": f"{type(e).__name__}: {e}",
+                              "traceback": traceback.format_exc()[-3000:]}
+                    failed, built = arch, None
+            record.update(arch=arch, layout=layout, rank=rank,
+                          wall_s=round(time.perf_counter() - start, 2))
+            if layout == layouts[0] and why is None and failed is None:
+                record["setup_s"] = setup_s
+            records.append(record)
+            if out_dir:
+                Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
+            print(json.dumps({k: record.get(k) for k in ("arch", "layout", "status", "wall_s")}),
+                  flush=True)
+        traces.clear()
     dist.destroy_process_group()
     return 0
 

@@ -10,12 +10,14 @@ tp=2 on a random layout. One torchrun launch per kind of model runs every archit
 that kind under every layout, building, training on one device and tracing each
 architecture once (tests/workers/hf_matrix.py).
 
-Set ``AUTOPAR_HF_TABLE=README.md`` to write the README's supported-models table from the
+``AUTOPAR_HF_ZOO=all`` runs every model of the zoo, not only ``hf_zoo.MATRIX``. Set
+``AUTOPAR_HF_TABLE=README.md`` to write the README's supported-models table from the
 results (tests/hf_table.py).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,11 @@ pytest.importorskip("transformers")
 
 from tests import hand_models, hf_table  # noqa: E402
 from tests.distributed import run_cases  # noqa: E402
-from tests.hf_zoo import ZOO  # noqa: E402
+from tests.hf_zoo import MATRIX, ZOO  # noqa: E402
 
 LAYOUTS = ("trace", "auto", "dp2", "tp2", "pp2", "zero3", "cp2", "tp2_random")
-KINDS = {**{arch: kind for arch, (kind, _) in ZOO.items()},
+ARCHS = list(ZOO) if os.environ.get("AUTOPAR_HF_ZOO") == "all" else list(MATRIX)
+KINDS = {**{arch: ZOO[arch][0] for arch in ARCHS},
          **{f"hand:{name}": "hand-written" for name in hand_models.MODELS}}
 GROUPS = sorted(set(KINDS.values()))
 

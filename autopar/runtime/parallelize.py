@@ -26,6 +26,7 @@ from autopar.graph_facts import graph_facts
 from autopar.knobs import check_keywords
 from autopar.passes import PassContext, PassManager
 from autopar.passes.attention_sites import find_attention_sites
+from autopar.placements import Shard
 from autopar.plan import Plan
 from autopar.planning import PLAN_KEYWORDS
 from autopar.planning import plan as make_plan
@@ -113,6 +114,8 @@ def parallelize(
     check_cp_runs(plan, gm)
     plan.check_model(facts.fingerprint, type(model).__name__)
     plan.check_batch(facts.batch_size, facts.seq_len)
+    # on every launched rank (idle ones too): the retrace agrees with rank 0's
+    local = _microbatch_graph(model, example_inputs, plan, gm)
     ctx = build_mesh(plan, cluster.backend)
     if not ctx.active:
         return IdleRank(model, plan, ctx)
@@ -121,7 +124,6 @@ def parallelize(
     zero = plan.training.get("zero", 0)
     offload = plan.training.get("offload", "none")
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
-    local = _microbatch_graph(model, example_inputs, plan, gm)
     program, _ = PassManager(program_for(plan, passes, disable_passes)).run(
         local, PassContext(plan, ctx.coords, str(ctx.device)))
     if plan.mesh.get("pp", 1) > 1:
@@ -223,9 +225,40 @@ def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
         )
     # Named as in the planned graph (a model may trace differently at another batch size),
     # computing with its numbers where the batch size entered arithmetic.
-    local = rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch)), gm)
+    local = rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch),
+                              agree=same_graph_as_rank0), gm)
     restore_batch_constants(local, gm)
+    check_batch_split(local, gm, plan, traced // microbatch)
     return local
+
+
+def check_batch_split(local: fx.GraphModule, gm: fx.GraphModule, plan: Plan, parts: int) -> None:
+    """Every value the plan splits over the batch is ``parts`` times smaller along the split
+    dim in the program traced on one microbatch: otherwise the plan misread where the batch
+    is, and the program would compute something else. (A value kept whole may be made for
+    the microbatch's own samples, ``arange(batch)``.)"""
+    planned = {n.name: n for n in gm.graph.nodes}
+    for node in local.graph.nodes:
+        ref = planned.get(node.name)
+        strategy = plan.strategy(node.name, "dp") if ref is not None else None
+        mine, theirs = node.meta.get("val"), ref.meta.get("val") if ref is not None else None
+        if strategy is None or not strategy.outputs or not isinstance(
+                strategy.outputs[0], Shard) or not all(
+                isinstance(v, torch.Tensor) for v in (mine, theirs)):
+            continue
+        dim = strategy.outputs[0].dim
+        if mine.ndim != theirs.ndim or dim >= mine.ndim:
+            continue
+        got, whole = mine.shape[dim], theirs.shape[dim]
+        if not (isinstance(got, int) and isinstance(whole, int)):
+            continue  # a data-dependent size (tokens routed to an expert)
+        if got * parts != whole:
+            raise RuntimeSetupError(
+                f"the plan splits {node.name} along dim {dim} over the batch ({whole} -> "
+                f"{whole // parts} on a microbatch), but traced on a microbatch it has {got}",
+                where=f"strategies.{node.name}.dp",
+                fix="this is a bug in autopar's batch analysis: report it with the model; "
+                "plan with dp=1 and microbatches=1 meanwhile")
 
 
 def _plan_on_rank0(gm: fx.GraphModule, cluster: Cluster, **kwargs: Any) -> Plan:

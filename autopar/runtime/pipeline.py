@@ -68,8 +68,10 @@ class _Stage(PipelineStage):
     On its first step a stage learns its input shapes by running its forward on tensors
     made from the previous stage's metadata, which ``torch.distributed.pipelining`` leaves
     uninitialized (``torch.empty``). Integer inputs carried between stages (the targets of
-    the loss, token ids) then hold garbage, and the loss or an embedding fails with "index
-    out of bounds". Zeros are valid indices, so inference runs; the real step is unchanged.
+    the loss, token ids, an attention mask) then hold garbage, and the loss or an embedding
+    fails with "index out of bounds". Integer inputs are made ones (valid ids, a mask
+    whose count less one is still an index: a last-token pick) and floating ones zeros, so
+    inference runs; the real step is unchanged.
 
     The gradient of an input that the stage only reads through a view (a transpose) comes
     out of autograd with that view's strides; gloo sends only contiguous tensors, and the
@@ -121,7 +123,7 @@ class _Stage(PipelineStage):
         tensor = super()._to_tensor(arg)
         if not isinstance(arg, torch.Tensor):
             with torch.no_grad():
-                tensor.zero_()
+                tensor.fill_(0 if tensor.is_floating_point() else 1)
         return tensor
 
 

@@ -60,10 +60,12 @@ def propagate_input_dim(
     """
     chosen: dict[str, Strategy] = {}
     alike = _alike_layers(gm)
-    # Written in place (``labels.clone()`` then shifted right by slices, as encoder-decoders
-    # build their decoder inputs): under ``follow_only`` (the sequence split) such a buffer
-    # stays whole, so writes through views along the sequence reach it; its readers slice.
-    written = {base for _, base in writes(gm.graph)} if follow_only else set()
+    # Written in place through views (``labels.clone()`` then shifted right by slices, as
+    # encoder-decoders build their decoder inputs): under ``follow_only`` (the sequence
+    # split) such a buffer stays whole, so the writes along the sequence reach it; its
+    # readers slice.
+    written = {base for write, base in writes(gm.graph)
+               if write.args and write.args[0] is not base} if follow_only else set()
     known: dict[tuple, Strategy] = {}  # a node of a repeated layer, by its place and inputs
     for node in gm.graph.nodes:
         if not is_decision(node):
@@ -109,6 +111,12 @@ def propagate_input_dim(
                 follow_only and all(p == R for p in produced)):
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
+        elif all(p == R for p in produced):
+            # made from no batch data (positions, a relative-position table): split only
+            # where the program, traced on its own samples, makes it so -- a dim of the
+            # batch's size (positions expanded over the batch)
+            candidates = [s for s in candidates if _splits_batch_sized(node, s, size)] \
+                or candidates
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]
@@ -296,6 +304,14 @@ def _grouped_rows(node: fx.Node) -> bool:
     vals = [node.meta.get("val")] + [a.meta.get("val") for a in tensor_inputs(node)]
     flat = [v for val in vals for v in (val if isinstance(val, (list, tuple)) else [val])]
     return any(_unbacked(v) for v in flat)
+
+
+def _splits_batch_sized(node: fx.Node, s: Strategy, size: int | None) -> bool:
+    """Does ``s`` shard ``node``'s outputs only along dims of the traced batch's size?"""
+    shapes = node.meta[META_KEY].shapes
+    return all(not isinstance(p, Shard) or (i < len(shapes) and size and size > 1
+                                            and shapes[i][p.dim] == size)
+               for i, p in enumerate(s.outputs))
 
 
 def _scalar(node: fx.Node) -> bool:

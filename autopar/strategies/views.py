@@ -419,3 +419,16 @@ def roll(call: OpCall, axis_size: int) -> list[Strategy]:
     dims = list(call.arg(2, "dims", []) or [])
     skip = [norm_dim(d, x.ndim) for d in dims] if dims else range(x.ndim)
     return _keep_other_dims(call, axis_size, skip)
+
+
+@register_rule(aten.flip.default)
+def flip(call: OpCall, axis_size: int) -> list[Strategy]:
+    """``flip(x, dims)`` reverses ``dims``: those stay whole, every other dim keeps its shard
+    (a sample's own row reversed: wav2vec2's padding mask)."""
+    x = call.tensor_args[0]
+    flipped = normalized_dims(call.arg(1, "dims"), x.ndim)
+    strategies = [replicate_all(call)]
+    for d, size in enumerate(x.shape):
+        if d not in flipped and can_shard(size, axis_size):
+            strategies.append(Strategy((Shard(d),), (Shard(d),)))
+    return strategies + partial_strategies(call, [[0]])

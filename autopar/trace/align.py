@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 
+import torch
 import torch.fx as fx
 
 from autopar.errors import PlanError
@@ -104,12 +105,22 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def describe(gm: fx.GraphModule) -> list[list[str]]:
-    """``gm``'s nodes in order, each ``[name, op, target, structure]``: the structure is a
-    hash of what the node computes from what (op, target, arguments, its inputs'
-    structures), independent of names and order. Enough for another process to find the
-    same graph in its own trace."""
-    return [[n.name, n.op, str(n.target), h] for n, h in _structures(gm).items()]
+def describe(gm: fx.GraphModule) -> list[list]:
+    """``gm``'s nodes in order, each ``[name, op, target, structure, inputs]``: the
+    structure is a hash of what the node computes from what (op, target, arguments, its
+    inputs' structures), independent of names and order; ``inputs`` names the nodes its
+    arguments read, in order. Enough for another process to find the same graph in its
+    own trace."""
+    structures = _structures(gm)
+    return [[n.name, n.op, str(n.target), structures[n], [a.name for a in _reads(n)]]
+            for n in gm.graph.nodes]
+
+
+def _reads(node: fx.Node) -> list[fx.Node]:
+    """The nodes ``node``'s arguments read, in order (repeats kept)."""
+    out: list[fx.Node] = []
+    fx.map_arg((node.args, node.kwargs), out.append)
+    return out
 
 
 def _structures(gm: fx.GraphModule) -> dict[fx.Node, str]:
@@ -121,13 +132,13 @@ def _structures(gm: fx.GraphModule) -> dict[fx.Node, str]:
     return out
 
 
-def align_to(gm: fx.GraphModule, description: list[list[str]]) -> fx.GraphModule | None:
-    """``gm`` rebuilt in the order and with the names of the graph ``description`` describes
-    (:func:`describe`), or None when the two graphs differ. The same model traced in another
-    process may order independent ops differently (a loop over a ``set`` of strings follows
-    the process's hash seed). Nodes of one structure compute one value, so each described
-    node takes a node of ``gm`` of its structure, and reads the nodes already placed of its
-    inputs' structures."""
+def align_to(gm: fx.GraphModule, description: list[list]) -> fx.GraphModule | None:
+    """``gm`` rebuilt in the order, with the names and the wiring of the graph
+    ``description`` describes (:func:`describe`), or None when the two graphs differ. The
+    same model traced in another process may order independent ops differently (a loop
+    over a ``set`` of strings follows the process's hash seed). Each described node takes
+    an unmatched node of ``gm`` of its structure (nodes of one structure compute one value)
+    and reads the described node's inputs."""
     structures = _structures(gm)
     if len(description) != len(structures):
         return None
@@ -135,27 +146,44 @@ def align_to(gm: fx.GraphModule, description: list[list[str]]) -> fx.GraphModule
     for node, h in structures.items():
         free.setdefault(h, []).append(node)
     graph = fx.Graph()
-    placed: dict[str, fx.Node] = {}  # structure -> a new node computing it
-    for name, op, target, h in description:
+    made: dict[str, fx.Node] = {}
+    for name, op, target, h, inputs in description:
         if not free.get(h):
             return None
         node = free[h].pop(0)
-        if node.op != op or str(node.target) != target:
+        reads = iter(inputs)
+        if node.op != op or str(node.target) != target or len(inputs) != len(_reads(node)) \
+                or any(i not in made for i in inputs):
             return None
-
-        def placed_like(a: fx.Node) -> fx.Node:
-            return placed[structures[a]]
-
-        try:
-            new = graph.create_node(node.op, node.target, fx.map_arg(node.args, placed_like),
-                                    fx.map_arg(node.kwargs, placed_like), name, node.type)
-        except KeyError:  # an input not placed before it: not the same graph
-            return None
+        args, kwargs = fx.map_arg((node.args, node.kwargs),
+                                  lambda _, reads=reads: made[next(reads)])
+        new = graph.create_node(node.op, node.target, args, kwargs, name, node.type)
         if new.name != name:
             return None
         new.meta = dict(node.meta)
-        placed.setdefault(h, new)
+        made[name] = new
     graph._codegen = gm.graph._codegen
+    # parameters registered in the described order (FSDP2 gathers a unit's parameters in
+    # that order, so every rank must have one), then the names the graph does not read (a
+    # tied weight's other name)
     out = fx.GraphModule(gm, graph)
+    for name, tensor in [*gm.named_parameters(remove_duplicate=False),
+                         *gm.named_buffers(remove_duplicate=False)]:
+        owner, _, attr = name.rpartition(".")
+        try:
+            holder = out.get_submodule(owner) if owner else out
+        except AttributeError:
+            holder = _make_path(out, owner)
+        if not hasattr(holder, attr):
+            setattr(holder, attr, tensor)
     out.meta.update(gm.meta)
     return out
+
+
+def _make_path(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    module = root
+    for part in path.split("."):
+        if not hasattr(module, part):
+            setattr(module, part, torch.nn.Module())
+        module = getattr(module, part)
+    return module

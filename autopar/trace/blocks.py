@@ -49,7 +49,8 @@ def assign_blocks(gm: fx.GraphModule) -> list[BlockFacts]:
                 first_run.setdefault(found, i)
     position = {node: i for i, node in enumerate(gm.graph.nodes)}
     stacks = {c: layers for c, layers in members.items()
-              if len(layers) >= 2 and _in_sequence(layers, position)}
+              if len(layers) >= 2 and _in_sequence(layers, position)
+              and _chained(layers, gm)}
     order = sorted(((c, i) for c, layers in stacks.items() for i in layers),
                    key=lambda key: (first_run.get(key, len(gm.graph.nodes)), key))
     ordinal = {key: n for n, key in enumerate(order)}
@@ -79,6 +80,25 @@ def _in_sequence(layers: dict[int, list[fx.Node]], position: dict[fx.Node, int])
                    for ops in ([n for n in nodes if n.op != "get_attr"] for nodes in
                                layers.values()) if ops)
     return all(end < start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+def _chained(layers: dict[int, list[fx.Node]], gm: fx.GraphModule) -> bool:
+    """Does each layer compute from the one before it (a transformer's hidden state), not
+    beside it (the experts of a routing loop, each fed its own tokens): only a chain can be
+    cut into pipeline stages that pass one layer's output to the next."""
+    index = {node: i for i, nodes in layers.items() for node in nodes if node.op != "get_attr"}
+    last: dict[fx.Node, int | None] = {}  # the latest layer a value depends on
+    fed: dict[int, set[int]] = {}
+    for node in gm.graph.nodes:
+        sources = [index.get(a, last.get(a)) for a in node.all_input_nodes]
+        sources = [s for s in sources if s is not None]
+        if node in index:
+            fed.setdefault(index[node], set()).update(s for s in sources if s != index[node])
+            last[node] = index[node]
+        else:
+            last[node] = max(sources, default=None)
+    order = sorted(layers)
+    return all(prev in fed.get(cur, set()) for prev, cur in zip(order, order[1:]))
 
 
 def _signature(nodes: list[fx.Node]) -> tuple:

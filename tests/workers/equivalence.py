@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plan_edits  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
+from reuse import Traces, shared_model  # noqa: E402
 
 import autopar  # noqa: E402
 from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
@@ -119,7 +120,12 @@ def cluster_for(path: str | None, world: int):
 
 
 def run_case(case: dict) -> dict:
-    model, (a, k) = build(case["model"], case.get("layers", 2), case.get("tied"))
+    key = (case["model"], case.get("layers", 2), case.get("tied"))
+    with shared_model(key, lambda: build(*key)) as (model, (a, k)):
+        return _run_case(case, model, a, k)
+
+
+def _run_case(case: dict, model, a: tuple, k: dict) -> dict:
     optimizer = case.get("optimizer", "sgd")
     clip, ref_norms, norms = case.get("clip"), [], []  # gradients clipped to this norm
     reference, ref_losses, ref_grads = train_reference(model, a, k, STEPS, optimizer=optimizer,
@@ -231,6 +237,7 @@ def serve_cases(run_case) -> int:
 
 
 def main() -> int:
+    Traces()  # every case of the launch shares each model's trace
     return serve_cases(run_case)
 
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from equivalence import cluster_for  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
+from reuse import Traces  # noqa: E402
 
 import autopar  # noqa: E402
 import autopar.runtime.parallelize as parallelize_module  # noqa: E402
@@ -74,46 +75,6 @@ def build(arch: str):
     if arch.startswith("hand:"):
         return hand_models.MODELS[arch.removeprefix("hand:")]()
     return hf_zoo.build(arch)
-
-
-class Traces:
-    """Every trace of this process, made once: ``parallelize`` traces the model it is given
-    (and again at the plan's microbatch); each layout gets a copy of the first trace, as
-    the passes rewrite the graph they are given."""
-
-    def __init__(self) -> None:
-        self.made: dict[tuple, fx.GraphModule] = {}
-        self.real = parallelize_module.trace
-        parallelize_module.trace = self
-
-    def __call__(self, model, example_inputs, **kwargs) -> fx.GraphModule:
-        return copy_traced(self.first(model, example_inputs, **kwargs))
-
-    def first(self, model, example_inputs, **kwargs) -> fx.GraphModule:
-        """The trace itself (every name of a tied weight still on it), made once."""
-        key = (id(model), _shapes(example_inputs))
-        if key not in self.made:
-            self.made[key] = self.real(model, example_inputs, **kwargs)
-        return self.made[key]
-
-    def clear(self) -> None:
-        self.made.clear()
-
-
-def _shapes(inputs) -> str:
-    return repr(fx.node.map_aggregate(inputs, lambda v: tuple(v.shape) if hasattr(v, "shape")
-                                      else v))
-
-
-def copy_traced(gm: fx.GraphModule) -> fx.GraphModule:
-    """A new graph module over the same parameters, with its own graph to rewrite."""
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    graph._codegen = gm.graph._codegen
-    copy = fx.GraphModule(gm, graph, gm.__class__.__name__)
-    copy.meta.update(gm.meta)
-    return copy
 
 
 def plan_everywhere(gm, model, cluster, pins: dict, layout_seed: int | None = None

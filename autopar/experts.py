@@ -191,7 +191,9 @@ def _try_loop_region(prefix: str, matmuls: list[fx.Node]) -> ExpertRegion | None
     members, entries, exits = _bounds(matmuls, rows)
     if len(entries) != 1 or len(exits) != 1 or not _picked_rows(next(iter(entries))):
         return None
-    weights = tuple(dict.fromkeys(_through_casts(mm.args[1]) for mm in matmuls))
+    # the expert's parameters: each linear's weight, and its bias where it has one
+    params = [a for mm in matmuls for a in mm.args[1:3] if isinstance(a, fx.Node)]
+    weights = tuple(dict.fromkeys(w for w in map(_through_casts, params) if w.op == "get_attr"))
     index = int(prefix.rsplit(".", 1)[1])
     return ExpertRegion(tuple(matmuls), entries.pop(), None, exits[0], weights,
                         frozenset(members), 0, "loop", index)

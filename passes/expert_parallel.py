@@ -205,12 +205,12 @@ def _rewire_owner(gm: fx.GraphModule, region: ExpertRegion, owner: int, mine: bo
 def _drop(gm: fx.GraphModule, region: ExpertRegion) -> None:
     """Erase an expert this rank does not hold: its ops, then its weights."""
     graph = gm.graph
-    reads = []  # each weight's read, from the matmul up to its get_attr (casts, collectives)
-    for mm in region.matmuls:
-        n = mm.args[1]
-        while isinstance(n, fx.Node):
-            reads.append(n)
-            n = n.args[0] if n.op == "call_function" and n.args else None
+    reads = []  # each weight's and bias's read, from the matmul up to its get_attr (casts,
+    for mm in region.matmuls:  # collectives)
+        for n in mm.args[1:3]:
+            while isinstance(n, fx.Node):
+                reads.append(n)
+                n = n.args[0] if n.op == "call_function" and n.args else None
     doomed = set(region.members)
     for node in reversed(list(graph.nodes)):
         if node in doomed:

@@ -3,7 +3,7 @@ gradient on every rank at every step), with plans from the solver: dp, tp, dp x 
 recomputation, and pipelines composed with tp and dp, on the nanoGPT-style GPT and HF Llama.
 
 Cases with the same number of processes share one torchrun launch (tests/workers/
-equivalence.py). Tensor parallelism is exercised on a cluster with fast links
+equivalence.py), and its models and traces. Tensor parallelism is exercised on a cluster with fast links
 (tests/clusters/), where the solver shards every matmul; on the default CPU preset it would
 rightly keep such tiny models replicated. Pipeline schedules have their own matrix
 (test_pipeline_equivalence.py).
@@ -54,29 +54,13 @@ LAUNCHES = {
          "recompute_layers": ["full", "none", "op", "none"]},
         {"model": "llama", "layers": 4, "pp": 2, "microbatches": 2,
          "recompute_layers": ["full", "full", "none", "none"]},
-    ]),
-    # Context parallelism: each sequence split over 2 ranks (zigzag chunks unless said),
-    # keys and values all-gathered; GPT (learned positions) and HF Llama (rotary, GQA, the
-    # mask it computes, labels shifted with an ignored last token).
-    "cp": (2, [
+        # Context parallelism: each sequence split over 2 ranks (zigzag chunks unless said),
+        # keys and values all-gathered; GPT (learned positions) and HF Llama (rotary, GQA, the
+        # mask it computes, labels shifted with an ignored last token).
         *[{"model": m, "cp": 2, "cp_algorithm": a} for m in ("gpt", "llama")
           for a in ("all_gather", "ring", "ulysses")],
         {"model": "llama", "cp": 2, "microbatches": 2},
         {"model": "gpt", "cp": 2, "cp_layout": "contiguous"},
-    ]),
-    "cp-4ranks": (4, [
-        {"model": "llama", "cp": 2, "dp": 2},
-        *[{"model": m, "cp": 2, "tp": 2, "cluster": FAST} for m in ("gpt", "llama")],
-        # The rotary tables (whole over cp, sliced to each rank's tokens) split on tp along
-        # the sequence too: the slice over cp must undo the tp split first (a layout the
-        # solver picks on some of its ties; plan_edits.py)
-        {"model": "llama", "cp": 2, "tp": 2, "cluster": FAST, "edit": "nest_cp_tp"},
-        *[{"model": m, "cp": 2, "dp": 2, "zero": 3} for m in ("gpt", "llama")],
-        *[{"model": m, "cp": 2, "pp": 2, "microbatches": 2} for m in ("gpt", "llama")],
-        # HSDP with cp: ZeRO-3 shards over the 2 cp ranks of each dp group, the 2 groups
-        # replicate, all-reducing their shards at the last of 2 microbatches only
-        {"model": "llama", "dp": 2, "cp": 2, "zero": 3, "dp_replicate": 2, "microbatches": 2,
-         "optimizer": "adamw"},
     ]),
     "4ranks": (4, [
         {"model": "gpt", "dp": 2, "tp": 2, "cluster": FAST},
@@ -93,6 +77,19 @@ LAUNCHES = {
         # HSDP 2 x 2: ZeRO shards within 2 ranks, the 2 groups replicate (FSDP2, 2-D mesh)
         {"model": "gpt", "dp": 4, "zero": 3, "dp_replicate": 2, "optimizer": "adamw"},
         {"model": "llama", "dp": 4, "zero": 2, "dp_replicate": 2, "optimizer": "adamw"},
+        # context parallelism composed with dp, tp, ZeRO-3, pipelines and HSDP
+        {"model": "llama", "cp": 2, "dp": 2},
+        *[{"model": m, "cp": 2, "tp": 2, "cluster": FAST} for m in ("gpt", "llama")],
+        # The rotary tables (whole over cp, sliced to each rank's tokens) split on tp along
+        # the sequence too: the slice over cp must undo the tp split first (a layout the
+        # solver picks on some of its ties; plan_edits.py)
+        {"model": "llama", "cp": 2, "tp": 2, "cluster": FAST, "edit": "nest_cp_tp"},
+        *[{"model": m, "cp": 2, "dp": 2, "zero": 3} for m in ("gpt", "llama")],
+        *[{"model": m, "cp": 2, "pp": 2, "microbatches": 2} for m in ("gpt", "llama")],
+        # HSDP with cp: ZeRO-3 shards over the 2 cp ranks of each dp group, the 2 groups
+        # replicate, all-reducing their shards at the last of 2 microbatches only
+        {"model": "llama", "dp": 2, "cp": 2, "zero": 3, "dp_replicate": 2, "microbatches": 2,
+         "optimizer": "adamw"},
     ]),
 }
 

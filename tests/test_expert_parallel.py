@@ -129,19 +129,23 @@ def test_top_k_above_experts_is_refused() -> None:
     (2, [*({"model": f"moe-{r}", "dp": 2, "ep": 2} for r in ("loop", "dense", "sorted")),
          {"model": "mixtral", "dp": 2, "ep": 2},
          {"model": "zoo:qwen2_moe", "dp": 2, "ep": 2},  # Hugging Face's, tiny
-         {"model": "zoo:deepseek_v3", "dp": 2, "ep": 2, "zero": 3}]),
+         {"model": "zoo:deepseek_v3", "dp": 2, "ep": 2, "zero": 3},
+         # experts as users write them outside any layer: a loop picking rows with
+         # any().nonzero(), biases in the experts (tests/hand_models.py); and OLMoE's
+         {"model": "hand:moe_loop", "dp": 2, "ep": 2},
+         {"model": "zoo:olmoe", "dp": 2, "ep": 2}]),
     # ep x tp; ZeRO-3 shards the experts over the ranks holding the same ones (edp=2 with
-    # dp=4, ep=2), the rest over dp
+    # dp=4, ep=2), the rest over dp; ep + pp: with the balancing loss over the global batch,
+    # one microbatch per rank (GPipe); with the z-loss alone, several, under every schedule
+    # (one launch: they share its models and traces)
     (4, [{"model": "moe-loop", "dp": 2, "ep": 2, "tp": 2, "cluster": FAST},
          *({"model": f"moe-{r}", "dp": 2, "ep": 2, "tp": 2, "zero": 3, "cluster": FAST}
            for r in ("dense", "sorted")),
          {"model": "mixtral", "dp": 2, "ep": 2, "tp": 2, "zero": 3, "cluster": FAST},
          {"model": "mixtral", "dp": 4, "ep": 2, "zero": 3},
          {"model": "moe-loop", "dp": 4, "ep": 2, "zero": 3},
-         {"model": "moe-dense", "dp": 4, "ep": 4}]),
-    # ep + pp: with the balancing loss over the global batch, one microbatch per rank
-    # (GPipe); with the z-loss alone, several, under every schedule
-    (4, [*({"model": f"moe-{r}", "dp": 2, "ep": 2, "pp": 2, "microbatches": 1,
+         {"model": "moe-dense", "dp": 4, "ep": 4},
+         *({"model": f"moe-{r}", "dp": 2, "ep": 2, "pp": 2, "microbatches": 1,
             "schedule": "gpipe"} for r in ("loop", "dense", "sorted")),
          {"model": "mixtral", "dp": 2, "ep": 2, "pp": 2, "microbatches": 1,
           "schedule": "gpipe", "zero": 3},
@@ -149,7 +153,7 @@ def test_top_k_above_experts_is_refused() -> None:
           "schedule": "1f1b"},
          {"model": "moe-loop-zloss", "dp": 2, "ep": 2, "pp": 2, "microbatches": 2,
           "schedule": "zb_v", "layers": 4}]),
-], ids=["2ranks", "4ranks", "4ranks-pp"])
+], ids=["2ranks", "4ranks"])
 def test_expert_parallel_matches_single_device(nproc: int, cases: list[dict],
                                                tmp_path: Path) -> None:
     """Every loss and every gradient (expert weights compared block by block, or whole on

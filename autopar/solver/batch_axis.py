@@ -112,11 +112,13 @@ def propagate_input_dim(
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
         elif all(p == R for p in produced):
-            # made from no batch data (positions, a relative-position table): split only
-            # where the program, traced on its own samples, makes it so -- a dim of the
-            # batch's size (positions expanded over the batch)
-            candidates = [s for s in candidates if _splits_batch_sized(node, s, size)] \
-                or candidates
+            # made from no batch data (positions, a relative-position table, the sign of a
+            # synchronised expert load): split only where the program, traced on its own
+            # samples, makes it so -- an op shaping its output to the batch's size
+            # (positions expanded over the batch)
+            candidates = [s for s in candidates if node.target in _SHAPED
+                          and _splits_batch_sized(node, s, size)
+                          or all(o == R for o in s.outputs)] or candidates
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]
@@ -280,6 +282,11 @@ def token_set_strategy(node: fx.Node, produced: list[Placement]) -> Strategy | N
 
 
 _SQUEEZES = {_aten.squeeze.default, _aten.squeeze.dim, _aten.squeeze.dims}
+# ops whose output shape is an argument: traced on a microbatch, a size the batch gives
+# there is the microbatch's (``passes/localize_shapes`` rewrites the same ones)
+_SHAPED = {_aten.expand.default, _aten.view.default, _aten.reshape.default,
+           _aten._unsafe_view.default, _aten.repeat.default, _aten.new_zeros.default,
+           _aten.new_ones.default, _aten.new_empty.default, _aten.new_full.default}
 
 
 def _squeezed(node: fx.Node, placement: Placement) -> Strategy | None:

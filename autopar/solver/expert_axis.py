@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from autopar.errors import AutoparError
 from autopar.experts import ExpertRegionError, expert_module, expert_regions, regions_of
+from autopar.graph_facts import META_KEY
 from autopar.solver.options import PlanOptions
 
 
@@ -39,10 +40,34 @@ def ep_degrees(gm: fx.GraphModule, options: PlanOptions, dp: int, pp: int, cp: i
     return sorted({1, allowed[-1], *(inside[-1:])})
 
 
+def ep_refusal(gm: fx.GraphModule, ep: int, dp: int, cp: int, zero: int) -> str:
+    """Why a pinned ``ep`` cannot run with this mesh and ZeRO stage ("" when it can)."""
+    if ep == 1:
+        return ""
+    if cp > 1:
+        return f"ep={ep} does not run with context parallelism"
+    if dp % ep:
+        return f"ep={ep} does not divide dp={dp}"
+    if zero not in (0, 3):
+        return f"expert parallelism runs with ZeRO-0 or 3, not {zero}"
+    if zero == 3 and not sharded_alone(gm):
+        return ("ZeRO-3 shards the experts as a module of their own, inside their layer; "
+                "these experts run outside the model's layers (or share a module with "
+                "other weights): plan with zero=0")
+    return ""
+
+
 def sharded_alone(gm: fx.GraphModule) -> bool:
-    """Can ZeRO-3 shard every expert region's weights as a module of their own?"""
+    """Can ZeRO-3 shard every expert region's weights as a module of their own? They must
+    be one module's, and run inside a layer (``outline-experts`` cuts them out of their
+    layer's module) unless the model has no layers (then out of the whole graph)."""
     regions = regions_of(gm)
-    return bool(regions) and all(expert_module(gm, r.weight_fqns) is not None for r in regions)
+    layered = any(META_KEY in n.meta and n.meta[META_KEY].layer is not None
+                  for n in gm.graph.nodes)
+    return bool(regions) and all(
+        expert_module(gm, r.weight_fqns) is not None
+        and (not layered or all(mm.meta[META_KEY].layer is not None for mm in r.matmuls))
+        for r in regions)
 
 
 def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:

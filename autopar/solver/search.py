@@ -47,7 +47,7 @@ from autopar.solver.cpsat import build as build_layout
 from autopar.solver.evaluate import (
     evaluate,
 )
-from autopar.solver.expert_axis import check_ep, ep_degrees
+from autopar.solver.expert_axis import check_ep, ep_degrees, ep_refusal
 from autopar.solver.fusion import Fusion
 from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
 from autopar.solver.layout_trials import (
@@ -317,7 +317,11 @@ def _mesh_bases(gm: fx.GraphModule, options: PlanOptions, cluster: Cluster, prob
         if offload != "none" and (zero != 3 or dp * cp == 1):
             continue  # FSDP2 offloads ZeRO-3's shards
         for recompute in _recompute_modes(options, problem, facts.seq_len, n_layers):
-            for ep in ep_degrees(gm, options, dp, pp, cp, zero, tp, cluster.devices_per_node):
+            degrees = ep_degrees(gm, options, dp, pp, cp, zero, tp, cluster.devices_per_node)
+            if not degrees and options.ep:
+                candidates.append(Candidate(Setting(dp, tp, zero, 0, 0, pp=pp, cp=cp),
+                                            f"SKIPPED({ep_refusal(gm, options.ep, dp, cp, zero)})"))
+            for ep in degrees:
                 # HSDP after full sharding: it reuses that layout (_reusable)
                 replicas = replicate_degrees(options, dp, cp, tp, zero, ep, offload,
                                              cluster.devices_per_node)

@@ -78,6 +78,10 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
         from tests.hf_zoo import build as build_zoo
 
         return build_zoo(name.removeprefix("zoo:"))
+    if name.startswith("hand:"):  # a model as users write them, tests/hand_models.py
+        from tests.hand_models import MODELS
+
+        return MODELS[name.removeprefix("hand:")]()
     if name.startswith("moe-"):  # moe-loop, moe-dense, moe-sorted: routing styles
         from autopar.models.moe import MoEConfig, MoEGPT
 

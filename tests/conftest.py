@@ -10,3 +10,17 @@ from tests.strict_warnings import raise_on_autopar_deprecations
 @pytest.fixture(autouse=True)
 def _no_deprecated_calls_from_autopar() -> None:
     raise_on_autopar_deprecations()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: the files of multi-process (``slow``) tests run before the rest, the
+    one that says ``LONGEST = True`` (the zoo matrix, one launch) before all, so that the two
+    xdist workers (``-n 2 --dist loadfile``, pyproject.toml) end together. Order within a
+    file is kept; no test depends on another's order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        if getattr(getattr(item, "module", None), "LONGEST", False):
+            return 0
+        return 1 if item.path in slow else 2
+    items.sort(key=rank)  # stable

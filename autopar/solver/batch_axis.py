@@ -111,14 +111,17 @@ def propagate_input_dim(
                 follow_only and all(p == R for p in produced)):
             # a constant has no batch dim to follow
             candidates = [s for s in candidates if all(o == R for o in s.outputs)] or candidates
-        elif all(p == R for p in produced):
-            # made from no batch data (positions, a relative-position table, the sign of a
-            # synchronised expert load): split only where the program, traced on its own
+        elif not any(isinstance(p, Shard) for p in produced):
+            # made from no samples' rows (positions, a relative-position table, the sign of
+            # a summed expert load): split only where the program, traced on its own
             # samples, makes it so -- an op shaping its output to the batch's size
-            # (positions expanded over the batch)
-            candidates = [s for s in candidates if node.target in _SHAPED
-                          and _splits_batch_sized(node, s, size)
-                          or all(o == R for o in s.outputs)] or candidates
+            # (positions expanded over the batch); a partial sum is all-reduced, never
+            # reduce-scattered along a dim that is not the batch's
+            whole = (lambda o: o == R) if all(p == R for p in produced) else (
+                lambda o: not isinstance(o, Shard))
+            candidates = [s for s in candidates if all(map(whole, s.outputs))
+                          or node.target in _SHAPED and _splits_batch_sized(node, s, size)
+                          ] or candidates
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]

@@ -6,11 +6,12 @@ One torchrun launch runs a group of architectures, each under every layout it is
     torchrun --nproc-per-node 2 tests/workers/hf_matrix.py --layouts trace,dp2,pp2 \
         --case '{"arch": "llama"}' --case '{"arch": "t5"}'
 
-Architectures come from ``tests/hf_zoo.py`` (Hugging Face models) and
-``tests/hand_models.py`` (``hand:<name>``). Each architecture is built, trained on one device
-and traced once; every layout reuses them (``trace`` checks that the traced graph itself
-trains like the model). A cell is ``equal`` (the comparison of grad_check.py passed),
-``refused`` (planning raised an AutoparError: the plan says no, with the op and the reason),
+Architectures come from ``tests/hf_zoo.py`` (Hugging Face models),
+``tests/hand_models.py`` (``hand:<name>``) or any file with a ``build(name)``
+(``<file>.py:<name>``, as ``benchmarks/unseen_models.py`` runs them). Each architecture is
+built, trained on one device and traced once; every layout reuses them (``trace`` checks
+that the traced graph itself trains like the model). A cell is ``equal`` (the comparison
+of grad_check.py passed), ``refused`` (planning raised an AutoparError: the plan says no, with the op and the reason),
 ``differs`` (trained, but not like single-device: silent wrong training) or ``error`` (failed
 after planning; the cells after it are ``not run``, since its ranks may have stopped at
 different collectives). Rank 0 plans and sends the plan, or its refusal, to every rank before
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import sys
@@ -74,6 +76,12 @@ TRACE = "trace"  # not a layout: the traced graph trains like the model, and pla
 def build(arch: str):
     if arch.startswith("hand:"):
         return hand_models.MODELS[arch.removeprefix("hand:")]()
+    if ".py:" in arch:  # FILE.py:NAME, FILE's build(NAME) (benchmarks/unseen_models.py)
+        path, _, name = arch.rpartition(":")
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.build(name)
     return hf_zoo.build(arch)
 
 

@@ -62,8 +62,8 @@ def _build(cls: str, config: str, fields: dict[str, Any], attn: str = "sdpa") ->
 
     torch.manual_seed(0)
     cfg = getattr(transformers, config)(**fields)
-    for name in dir(cfg):  # every dropout 0: one device's training is deterministic
-        if "dropout" in name and isinstance(getattr(cfg, name, None), float):
+    for name in dir(cfg):  # every dropout, drop-path, layer drop 0: deterministic training
+        if "drop" in name and isinstance(getattr(cfg, name, None), float):
             setattr(cfg, name, 0.0)
     try:
         cfg._attn_implementation = attn
@@ -224,7 +224,7 @@ def main() -> int:
     for (a, x), c in sorted(cells.items()):
         if c["status"] != "equal":
             why = c.get("reason") or "; ".join(map(str, c.get("problems") or []))
-            print(f"- {a} {x}: {c['status']}: {why[:300]}")
+            print(f"- {a} {x}: {c['status']}: {why[:1500]}")
     if os.environ.get("AUTOPAR_UNSEEN_JSON"):
         Path(os.environ["AUTOPAR_UNSEEN_JSON"]).write_text(
             json.dumps([{"arch": a, "layout": x, **c} for (a, x), c in cells.items()]))

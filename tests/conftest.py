@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from tests.strict_warnings import raise_on_autopar_deprecations
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers share the cores: one thread each, in them and in what they launch (a
+    # second thread per worker only spins against the other worker)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

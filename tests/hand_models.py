@@ -222,6 +222,42 @@ class SetOrder(nn.Module):
         return F.cross_entropy(self.head(h).view(-1, VOCAB), labels.view(-1))
 
 
+class SlicedKeys(nn.Module):
+    """DeepSeek-V2's attention as Hugging Face writes it: keys filled slice by slice into a
+    ``new_empty`` buffer (a per-head part and a rotary part shared by the heads, rotated as
+    complex numbers). Not in the matrix: tests/test_exact_batches.py plans it."""
+
+    def __init__(self, heads: int = 4, nope: int = 8, rope: int = 4) -> None:
+        super().__init__()
+        self.heads, self.nope, self.rope = heads, nope, rope
+        self.body, self.head = _Tokens(), nn.Linear(HIDDEN, VOCAB)
+        self.q = nn.Linear(HIDDEN, heads * (nope + rope), bias=False)
+        self.kv = nn.Linear(HIDDEN, heads * 2 * (nope + rope), bias=False)
+        self.rot = nn.Linear(HIDDEN, rope, bias=False)
+
+    def _rotated(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[2]
+        angles = torch.arange(s)[:, None] * torch.ones(self.rope // 2)
+        turn = torch.polar(torch.ones(s, self.rope // 2), angles)[None, None]
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * turn).flatten(3)
+
+    def forward(self, idx, labels):
+        h = self.body(idx)
+        b, s, _ = h.shape
+        q = self.q(h).view(b, s, self.heads, -1).transpose(1, 2)
+        q = torch.cat([q[..., :self.nope], self._rotated(q[..., self.nope:])], dim=-1)
+        kv = self.kv(h).view(b, s, self.heads, -1).transpose(1, 2)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope + self.rope:]
+        k_rot = self._rotated(self.rot(h).view(b, 1, s, self.rope)).expand(-1, self.heads, -1, -1)
+        key = kv.new_empty(b, self.heads, s, self.nope + self.rope)
+        key[..., :self.nope].copy_(k_nope)
+        key[..., self.nope:].copy_(k_rot)
+        y = F.scaled_dot_product_attention(q, key, v, is_causal=True)
+        h = h + y.transpose(1, 2).reshape(b, s, -1)[..., :HIDDEN]
+        return F.cross_entropy(self.head(h).view(-1, VOCAB), labels.view(-1))
+
+
 def _built(model: Callable[[], nn.Module], *inputs: torch.Tensor):
     def build():
         torch.manual_seed(0)

@@ -24,7 +24,7 @@ from autopar.placements import Partial, Placement, Replicate, Shard
 from autopar.strategies import Strategy, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.factories import makes_constant
-from autopar.strategies.mutation import writes
+from autopar.strategies.mutation import writes, written_slots
 from autopar.strategies.rule import OpCall, TensorMeta
 from autopar.values import is_decision, tensor_inputs, value_of
 
@@ -122,6 +122,12 @@ def propagate_input_dim(
             candidates = [s for s in candidates if all(map(whole, s.outputs))
                           or node.target in _SHAPED and _splits_batch_sized(node, s, size)
                           ] or candidates
+        slots = written_slots(node)
+        if slots:
+            # an in-place write reads its target as placed: a redistributed copy would take
+            # the write, not the storage (a buffer kept whole under cp, filled by slices)
+            candidates = [s for s in candidates
+                          if all(s.inputs[i] == produced[i] for i in slots)] or candidates
         chosen[node.name] = min(
             enumerate(candidates), key=lambda item: _score(item, produced, sizes, follow_only)
         )[1]

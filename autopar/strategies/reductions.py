@@ -1,5 +1,5 @@
 """Sharding rules for reductions: sum, mean, amax/amin, max/min.dim, var/std, argmax/argmin,
-logsumexp, topk, sort.
+logsumexp, vector norms, topk, sort.
 
 A dim that is not reduced keeps its shard. A reduced dim may be sharded only when the local
 results combine with a placement we have: ``sum`` over a sharded dim leaves
@@ -83,6 +83,16 @@ def amax(call: OpCall, axis_size: int) -> list[Strategy]:
     """Non-linear reductions over a dim list: kept dims only."""
     reduced, keepdim = _dims_arg(call)
     return reduction_strategies(call, axis_size, reduced, keepdim)
+
+
+@register_rule(aten.linalg_vector_norm.default, aten.norm.ScalarOpt_dim)
+def vector_norm(call: OpCall, axis_size: int) -> list[Strategy]:
+    """``‖x‖_p`` over a dim list (Swin-v2's cosine attention, ConvNeXt-v2's response
+    normalisation): a root of a sum, so the reduced dims stay whole; kept dims only."""
+    x = call.tensor_args[0]
+    dims = call.arg(2, "dim")
+    reduced = list(range(x.ndim)) if dims is None else normalized_dims(dims, x.ndim)
+    return reduction_strategies(call, axis_size, reduced, bool(call.arg(3, "keepdim", False)))
 
 
 @register_rule(

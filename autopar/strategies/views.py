@@ -156,6 +156,22 @@ def _permute(call: OpCall, axis_size: int, perm: Sequence[int]) -> list[Strategy
     return strategies + partial_strategies(call, [[0]])
 
 
+@register_rule(aten.view_as_complex.default, aten.view_as_real.default)
+def complex_view(call: OpCall, axis_size: int) -> list[Strategy]:
+    """Pairs of reals as complex numbers (rotary embeddings by complex products, as
+    DeepSeek-V2 and Llama's reference code write them), or back: the last dim of 2 goes or
+    comes, every other dim keeps its shard. No partial sums: a complex one would need a
+    complex all-reduce, which gloo lacks."""
+    x = call.tensor_args[0]
+    kept = x.ndim - 1 if call.target is aten.view_as_complex.default else x.ndim
+    strategies = [replicate_all(call)]
+    for d in range(kept):
+        for g in group_options(call, d, call.out[0].ndim):
+            if can_shard(x.shape[d], axis_size, g):
+                strategies.append(Strategy((Shard(d, g),), (Shard(d, g),)))
+    return strategies
+
+
 @register_rule(aten.permute.default)
 def permute(call: OpCall, axis_size: int) -> list[Strategy]:
     x = call.tensor_args[0]

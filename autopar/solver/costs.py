@@ -336,13 +336,6 @@ class CostTables:
     def requires_grad(self, key: ValueKey) -> bool:
         return self.problem.decisions[key[0]].facts.requires_grad
 
-    def is_complex(self, key: ValueKey) -> bool:
-        """A complex value (rotary embeddings by complex products) is never redistributed:
-        collectives and their backward on complex tensors trained wrong (DeepSeek-V2 under
-        tp=2, checked by hand), so its consumers read it as produced."""
-        dtypes = self.problem.decisions[key[0]].facts.dtypes
-        return key[1] < len(dtypes) and dtypes[key[1]].startswith("complex")
-
     # --- recomputation ---------------------------------------------------------------
     def in_recomputed_layer(self, d: Decision) -> bool:
         return self.setting.recompute == "full" and d.facts.layer is not None

@@ -152,7 +152,6 @@ def _value_vars(model, tables: CostTables, x, key, info, moves: list, backs: lis
     back: dict = {}  # p -> bool var: the replicated copy's gradient must be all-reduced
     saved: dict = {}
     grad = tables.requires_grad(key)
-    complex_value = tables.is_complex(key)
     # the snake_case API: the CamelCase names wrap each call in a deprecation check, a
     # third of this function's time
     new_bool, add, total = model.new_bool_var, model.add, cp_model.LinearExpr.sum
@@ -186,9 +185,9 @@ def _value_vars(model, tables: CostTables, x, key, info, moves: list, backs: lis
                 add(total([joint[(p, q, f)] for p in has]) == total(lits))
         # an in-place write shares this storage, or the value stays inside one expert
         # region (see CostTables.inside_experts): no redistributed copy
-        if use.tied or tables.inside_experts(key, use.consumer) or complex_value:
-            for (p, q, partial), y in joint.items():
-                if p != q or partial and complex_value:
+        if use.tied or tables.inside_experts(key, use.consumer):
+            for (p, q, _), y in joint.items():
+                if p != q:
                     add(y == 0)
         for (p, q, partial), y in joint.items():
             if q != p:

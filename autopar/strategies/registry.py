@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from autopar.placements import Partial
 from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
 
 _RULES: dict[Any, Rule] = {}
@@ -126,20 +125,10 @@ def _strategies(rule: Rule, call: OpCall, axis_size: int) -> list[Strategy]:
     out = [base]
     seen = {base}
     for strategy in rule(call, axis_size):
-        if strategy not in seen and not _complex_partial(call, strategy):
+        if strategy not in seen:
             seen.add(strategy)
             out.append(strategy)
     return out
-
-
-def _complex_partial(call: OpCall, strategy: Strategy) -> bool:
-    """A partial sum of complex values (rotary embeddings by complex products): its
-    reduction would run on complex tensors, which the collectives do not carry exactly
-    (checked: DeepSeek-V2's gradients far off under tp=2), so no rule gets to offer it."""
-    metas = (*call.tensor_args, *call.out)
-    placed = (*strategy.inputs, *strategy.outputs)
-    return any(isinstance(p, Partial) and getattr(getattr(m, "dtype", None), "is_complex", False)
-               for m, p in zip(metas, placed))
 
 
 # A rule is a function of the call it is given: the strategies of a call seen before (each

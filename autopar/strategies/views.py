@@ -160,8 +160,8 @@ def _permute(call: OpCall, axis_size: int, perm: Sequence[int]) -> list[Strategy
 def complex_view(call: OpCall, axis_size: int) -> list[Strategy]:
     """Pairs of reals as complex numbers (rotary embeddings by complex products, as
     DeepSeek-V2 and Llama's reference code write them), or back: the last dim of 2 goes or
-    comes, every other dim keeps its shard. No partial sums: a complex one would need a
-    complex all-reduce, which gloo lacks."""
+    comes, every other dim keeps its shard. No partial placements: the ops around it (the
+    complex product) offer those where they compute one."""
     x = call.tensor_args[0]
     kept = x.ndim - 1 if call.target is aten.view_as_complex.default else x.ndim
     strategies = [replicate_all(call)]

@@ -118,8 +118,8 @@ def _param_facts(gm: fx.GraphModule, node: fx.Node) -> ParamFacts | None:
 def _output_requires_grad(node: fx.Node, input_grads: list[bool],
                           vals: list[torch.Tensor] | None = None) -> bool:
     vals = tensor_vals(node) if vals is None else vals
-    if not vals or not any(t.is_floating_point() for t in vals):
-        return False
+    if not vals or not any(t.is_floating_point() or t.is_complex() for t in vals):
+        return False  # complex values carry gradients too (rotary embeddings as products)
     name = str(node.target)
     if "wrap_with_set_grad_enabled" in name and node.args and node.args[0] is False:
         return False
@@ -169,7 +169,7 @@ def _annotate(gm: fx.GraphModule) -> None:
         elif node.op == "call_function" and node.target is operator.getitem:
             source = node.args[0]
             requires_grad[node] = requires_grad.get(source, False) and bool(outs) and (
-                outs[0].is_floating_point()
+                outs[0].is_floating_point() or outs[0].is_complex()
             )
             facts.is_view = True
         elif node.op == "call_function":

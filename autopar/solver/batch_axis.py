@@ -117,9 +117,9 @@ def propagate_input_dim(
             # samples, makes it so -- an op shaping its output to the batch's size
             # (positions expanded over the batch); a partial sum is all-reduced, never
             # reduce-scattered along a dim that is not the batch's
-            whole = (lambda o: o == R) if all(p == R for p in produced) else (
-                lambda o: not isinstance(o, Shard))
-            candidates = [s for s in candidates if all(map(whole, s.outputs))
+            partial = any(isinstance(p, Partial) for p in produced)
+            candidates = [s for s in candidates
+                          if all(o == R or partial and isinstance(o, Partial) for o in s.outputs)
                           or node.target in _SHAPED and _splits_batch_sized(node, s, size)
                           ] or candidates
         slots = written_slots(node)

@@ -8,17 +8,16 @@ Three ways in:
   of the model, ready for an ordinary optimizer loop.
 """
 
-from autopar import moe_ops  # noqa: F401  (autopar::grouped_mm, grouped GEMM FLOPs)
-from autopar.cluster import Cluster, load_cluster
-from autopar.errors import AutoparError
-from autopar.plan import Plan
-from autopar.planning import plan
+from autopar.api.parallelize import parallelize
+from autopar.api.planning import plan
+from autopar.core.cluster import Cluster, load_cluster
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
+from autopar.core.version import __version__
+from autopar.ops import moe_ops  # noqa: F401  (autopar::grouped_mm, grouped GEMM FLOPs)
 from autopar.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from autopar.runtime.loss_scale import LossScaleConfig
-from autopar.runtime.parallelize import parallelize
 from autopar.trace import TensorSpec, trace
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AutoparError",

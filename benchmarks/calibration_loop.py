@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autopar.calibrate.from_run import fit_runs, format_fit, read_run, refit_profile
 from autopar.cli.demo import demo_cluster, run_workers
-from autopar.cluster.profile import write_profile
+from autopar.core.cluster.profile import write_profile
 
 
 def run_and_record(nproc: int, steps: int, cluster: str, tmp: Path, name: str):

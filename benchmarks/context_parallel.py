@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autopar.cluster import usable_cores
+from autopar.core.cluster import usable_cores
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

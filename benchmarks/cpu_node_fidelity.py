@@ -127,7 +127,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from autopar.graph_facts import META_KEY
+    from autopar.core.graph_facts import META_KEY
     from autopar.trace import trace
 
     profile_path = str(Path(args.profile).resolve())

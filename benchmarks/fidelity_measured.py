@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopar.cluster import usable_cores
+from autopar.core.cluster import usable_cores
 
 HERE = Path(__file__).resolve().parent
 CASES = [  # (processes, dp, tp, recompute: a mode or one per layer, precision[, zero,

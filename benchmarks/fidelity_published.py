@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from autopar.cluster import load_cluster
-from autopar.graph_facts import graph_facts
+from autopar.core.cluster import load_cluster
+from autopar.core.graph_facts import graph_facts
 from autopar.models import resolve_model
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace

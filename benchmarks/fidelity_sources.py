@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from autopar.cluster import load_cluster
-from autopar.cluster.presets import (
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.presets import (
     HOPPER_FLASH_ATTENTION_2_CURVE,
     HOPPER_NATIVE_ATTENTION_EFFICIENCY,
 )
+from autopar.core.graph_facts import graph_facts
 from autopar.cost_models.memory import REPORT_FRAGMENTATION
-from autopar.graph_facts import graph_facts
 from autopar.models import resolve_model
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
@@ -295,7 +295,7 @@ def model_spec(row: dict) -> str:
 def row_cluster(row: dict, attention: str | None = None):
     """The row's cluster; ``attention`` names the source's kernel when it is not SDPA's:
     ``hopper-native`` (cuDNN's, FlashAttention-3) or ``flash-attention-2`` (on Hopper, its
-    measured curve: ``autopar.cluster.presets.HOPPER_FLASH_ATTENTION_2_CURVE``)."""
+    measured curve: ``autopar.core.cluster.presets.HOPPER_FLASH_ATTENTION_2_CURVE``)."""
     gpus = int(_num(row, "gpus"))
     per_node = int(_num(row, "devices_per_node", 8))
     preset = preset_of(row["hardware"])

@@ -23,9 +23,9 @@ import sys
 import torch
 from attention import cuda_seconds  # benchmarks/attention.py (this script's folder)
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
 from autopar.cost_models.compute import op_time
-from autopar.fp8_ops import E4M3, quantize
+from autopar.ops.fp8_ops import E4M3, quantize
 
 LINEARS = {  # name: (in features, out features)
     "8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B up+gate": (4096, 28672),

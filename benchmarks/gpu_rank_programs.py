@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
 from autopar.models import resolve_model
 
 LLAMA3_8B_LAYERS = ("llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,"

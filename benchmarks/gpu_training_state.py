@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 import autopar
-from autopar.lora import LoraConfig, apply_lora
 from autopar.models import GPT, GPTConfig
+from autopar.models.lora import LoraConfig, apply_lora
 from autopar.runtime.parallel_module import find_loss
 
 CUDA = torch.cuda.is_available()
@@ -85,7 +85,7 @@ def resume_and_export(args: argparse.Namespace, tmp: Path) -> None:
           f"load {load_s:.2f} s", flush=True)
     from safetensors.torch import load_file
 
-    from autopar.runtime.export import export_checkpoint
+    from autopar.runtime.weights import export_checkpoint
 
     out = export_checkpoint(tmp / "ckpt", tmp / "model.safetensors")
     plain, batch = build(args)

@@ -30,8 +30,8 @@ import torch
 from published_data import load
 
 import autopar
-from autopar.cluster import load_cluster
-from autopar.cluster.presets import HOPPER_NATIVE_ATTENTION_EFFICIENCY
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.presets import HOPPER_NATIVE_ATTENTION_EFFICIENCY
 from autopar.models import resolve_model
 from autopar.trace import trace
 

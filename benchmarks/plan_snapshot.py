@@ -1,11 +1,15 @@
 """Plans and rank programs as files, to show a refactor changed no decision.
 
     python benchmarks/plan_snapshot.py write DIR        # every case's plan JSON and programs
-    python benchmarks/plan_snapshot.py compare OLD NEW  # byte-identical, or the files that differ
+    python benchmarks/plan_snapshot.py compare OLD NEW [--moved OLD.MOD=NEW.MOD ...]
+                                                        # byte-identical, or the files that differ
 
 Each case runs in its own process (a fresh import, plugins discovered as a user's would be).
 Plan JSONs have their wall times removed (the only field that differs run to run: CP-SAT runs
 one worker with a fixed seed); rank programs are ``autopar emit``'s Python, as printed.
+A program names each function it calls by its module (``autopar_ops_comm_ops_redistribute``),
+so ``--moved`` says which modules a refactor moved: OLD's programs are read with those names
+changed, and nothing else.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ sys.stdout.write(p.to_json())
 _LOAD = ("spec = resolve_model({spec!r})\n"
          "with torch.device('meta'):\n    model = spec.build()\n"
          "inputs = spec.example_inputs({batch}, spec.default_seq, device='meta')")
-_LORA = ("from autopar.lora import LoraConfig, apply_lora\n"
+_LORA = ("from autopar.models.lora import LoraConfig, apply_lora\n"
          "model = apply_lora(model, LoraConfig(rank=8, alpha=16, targets=('c_attn',)))")
 
 
@@ -120,10 +124,18 @@ def write(out: Path) -> None:
             job.result()
 
 
-def compare(old: Path, new: Path) -> int:
+def _read(path: Path, moved: list[tuple[str, str]]) -> bytes:
+    text = path.read_text()
+    if path.name.endswith(".py.txt"):
+        for before, after in moved:
+            text = text.replace(before.replace(".", "_") + "_", after.replace(".", "_") + "_")
+    return text.encode()
+
+
+def compare(old: Path, new: Path, moved: list[tuple[str, str]] = ()) -> int:
     names = sorted({p.name for p in old.iterdir()} | {p.name for p in new.iterdir()})
     differ = [n for n in names if not (old / n).exists() or not (new / n).exists()
-              or (old / n).read_bytes() != (new / n).read_bytes()]
+              or _read(old / n, moved) != (new / n).read_bytes()]
     for n in names:
         print(f"{'DIFFERS' if n in differ else 'same   '}  {n}")
     print(f"{len(names) - len(differ)} of {len(names)} files byte-identical")
@@ -133,7 +145,8 @@ def compare(old: Path, new: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "write":
         write(Path(sys.argv[2]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        raise SystemExit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "compare":
+        pairs = [tuple(a.split("=", 1)) for a in sys.argv[5::2]] if "--moved" in sys.argv else []
+        raise SystemExit(compare(Path(sys.argv[2]), Path(sys.argv[3]), pairs))
     else:
         raise SystemExit(__doc__)

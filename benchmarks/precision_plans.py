@@ -16,9 +16,9 @@ import argparse
 import time
 
 import autopar
+from autopar.analysis.precision import KEPT_FP32, LOWERED_TARGETS, NORM_MODULE_SUFFIXES
 from autopar.cli.load import trace_model
-from autopar.graph_facts import META_KEY
-from autopar.precision import KEPT_FP32, LOWERED_TARGETS, NORM_MODULE_SUFFIXES
+from autopar.core.graph_facts import META_KEY
 
 PRECISIONS = ("fp32", "bf16", "fp8")
 

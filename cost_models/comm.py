@@ -36,7 +36,7 @@ inter-node link: NCCL's ring crosses each node boundary with several channels at
 its effective inter-node speed is the node's NICs together, which is what the hierarchical
 form models by giving each of a node's devices its own share of the NICs.
 
->>> from autopar.cluster import load_cluster
+>>> from autopar.core.cluster import load_cluster
 >>> c = load_cluster("2x8xH100-80GB")
 >>> axis_link(c, {"dp": 2, "tp": 8}, "tp") is c.intra_node
 True
@@ -50,8 +50,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autopar.cluster import Cluster, LinkSpec
-from autopar.cluster.spec import COLLECTIVE_KINDS
+from autopar.core.cluster import Cluster, LinkSpec
+from autopar.core.cluster.spec import COLLECTIVE_KINDS
 
 KINDS = COLLECTIVE_KINDS
 ALGORITHMS = ("ring", "tree", "auto")
@@ -154,7 +154,7 @@ def collective_latency(kind: str, n: int, link: LinkSpec, *, algorithm: str = "r
     """The latency part of a collective: its hops times the link's per-hop latency
     (``algorithm`` is ``ring`` or ``tree``).
 
-    >>> from autopar.cluster import LinkSpec
+    >>> from autopar.core.cluster import LinkSpec
     >>> link = LinkSpec(1e9, 1e-5)
     >>> round(collective_latency("all_reduce", 16, link) / 1e-5)   # ring: 2(n-1) hops
     30
@@ -255,7 +255,7 @@ def busy_latency(cluster: Cluster, mesh: Mapping[str, int], axis: str) -> float:
     (``cores_per_node`` <= ``devices_per_node``), else 0. Blocking collectives (tensor
     parallelism) do not pay it: every rank waits for them, so their cores are free.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> c = load_cluster({"nodes": 1, "devices_per_node": 2, "cores_per_node": 2,
     ...                   "device": {"preset": "cpu"}})
     >>> busy_latency(c, {"dp": 2}, "dp") == c.intra_node.busy_latency_s > 0
@@ -325,7 +325,7 @@ def group_collective_time(
     - a ``send_recv`` goes between neighbouring members: across nodes once the group spans
       them.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> c = load_cluster("4x8xH100-80GB")
     >>> hier = group_collective_time("all_reduce", 1e9, {"dp": 32}, "dp", c)
     >>> hier < collective_time("all_reduce", 1e9, 32, c.inter_node)
@@ -366,7 +366,7 @@ def rail_ring_time(kind: str, nbytes: float, per_node: int, nodes: int, intra: L
     "rails"), so a device's NVLink carries its ``(n-1)/n`` share of the data while its NIC
     carries only ``1/per_node`` of the cross-node part, and the two run at once.
 
-    >>> from autopar.cluster import LinkSpec
+    >>> from autopar.core.cluster import LinkSpec
     >>> intra, inter = LinkSpec(300e9, 3e-6), LinkSpec(25e9, 10e-6)
     >>> t = rail_ring_time("all_gather", 1e9, 8, 4, intra, inter)
     >>> round(t * 1e3, 3)   # ms: 28 x 3 + 3 x 10 us + max(31/32 GB / 300, 3/4 x 1/8 GB / 25)
@@ -401,7 +401,7 @@ def hierarchical_time(
       destination, ``(per_node-1)/n`` of them over NVLink and ``(nodes-1)/nodes`` over the
       NICs, both in flight at once.
 
-    >>> from autopar.cluster import LinkSpec
+    >>> from autopar.core.cluster import LinkSpec
     >>> intra, inter = LinkSpec(300e9, 3e-6), LinkSpec(25e9, 10e-6)
     >>> t = hierarchical_time("all_reduce", 1e9, 8, 4, intra, inter)
     >>> round(t * 1e3, 2)   # ms: 2 x 7/8 GB at 300 GB/s + 2 x 3/4 x 1/8 GB at 25 GB/s + hops

@@ -32,7 +32,7 @@ small or skinny ones fall below it for three reasons, each a factor in
 When the device carries a measured ``matmul_efficiency_curve`` (``autopar calibrate``), it
 replaces the parametric curve: efficiency is interpolated in log-FLOPs per call.
 
->>> from autopar.cluster import load_cluster
+>>> from autopar.core.cluster import load_cluster
 >>> dev = load_cluster("8xA100-80GB").device
 >>> big = op_time(2 * 8192**3, 3 * 8192**2 * 2, dev, "bf16", shape=(8192, 8192, 8192))
 >>> small = op_time(2 * 256**3, 3 * 256**2 * 2, dev, "bf16", shape=(256, 256, 256))
@@ -45,8 +45,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autopar.cluster import DeviceSpec
-from autopar.cluster.presets import DEFAULT_ATTENTION_EFFICIENCY
+from autopar.core.cluster import DeviceSpec
+from autopar.core.cluster.presets import DEFAULT_ATTENTION_EFFICIENCY
 
 # --- Device defaults, used until the cluster's DeviceSpec carries the fields ------------
 DEFAULT_KERNEL_FLOOR_S = 4e-6
@@ -183,7 +183,7 @@ def matmul_efficiency(
     query tile fills its load pipeline once and then sweeps every key block, so its depth
     is the key length, not the head dim its matmuls contract.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster("A100-80GB").device
     >>> matmul_efficiency(dev, (8192, 8192, 8192)) > 0.95 * dev.matmul_efficiency
     True
@@ -210,7 +210,7 @@ def best_efficiency(device: DeviceSpec) -> float:
     curve's best point, else the large-GEMM asymptote): ``flops / (peak * best_efficiency)``
     bounds a step's compute from below.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> best_efficiency(load_cluster("A100-80GB").device)
     0.75
     """
@@ -281,13 +281,13 @@ def attention_efficiency(device: DeviceSpec, shape: Sequence[int] | None = None)
     between the two matmuls, so it is below 1; how far below depends on the kernel
     (FlashAttention-2 is an Ampere kernel: on an H100 it reaches about half the share it
     reaches on an A100). ``device.attention_efficiency`` says it: the presets' sources are in
-    ``autopar/cluster/presets.py``; ``autopar calibrate`` measures it.
+    ``autopar/core/cluster/presets.py``; ``autopar calibrate`` measures it.
 
     With a measured ``device.attention_efficiency_curve`` and the score matmul's ``shape``
     (``(batch*heads*seq, seq, head_dim)``), the curve at that matmul's FLOPs: a CPU core's
     flash kernel reaches less of the matmul rate at a short sequence than at a long one.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> attention_efficiency(load_cluster("H100-80GB").device)
     0.4
     """
@@ -348,7 +348,7 @@ def op_time(
     GEMM (fused attention: :func:`attention_efficiency`), ``loop_depth`` the depth of their
     tiles' main loop (:func:`matmul_efficiency`).
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device
     >>> op_time(0, 0, dev, "bf16")   # a view: no kernel
     0.0
@@ -384,7 +384,7 @@ def attention_time(
     not the head dim they contract. ``kernel_speed``: the kernel that runs against the one
     ``attention_efficiency`` describes (``DeviceSpec.generated_attention_forward``).
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster("H100-80GB").device
     >>> f = 4 * 32 * 8192 * 8192 * 128
     >>> attention_time(f, 0, dev, "bf16", shape=(32 * 8192, 8192, 128)) == attention_time(
@@ -428,7 +428,7 @@ def arithmetic_times(target: str, elements: float, device: DeviceSpec) -> tuple[
     the larger of this and the roofline's: on a CPU core GELU's erf or a norm's reductions
     bound the op, not its traffic.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster({"name": "c", "nodes": 1, "devices_per_node": 1, "device": {
     ...     "preset": "cpu", "kernel_floor_us": 0, "op_ns_per_element": {"gelu": [2, 3]}}})
     >>> [round(t * 1e6, 6) for t in arithmetic_times("aten.gelu.default", 1e6, dev.device)]
@@ -471,7 +471,7 @@ def backward_time(
     Without a shape: 2x FLOPs and bytes in 2x kernels. A memory-bound op (no FLOPs) moves
     ``BACKWARD_BYTES_FACTOR`` times its bytes in as many kernels.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster("A100-80GB").device
     >>> f = forward_time(2 * 4096**3, 3 * 4096**2 * 2, dev, "bf16", shape=(4096,) * 3)
     >>> b = backward_time(2 * 4096**3, 3 * 4096**2 * 2, dev, "bf16", shape=(4096,) * 3)
@@ -506,7 +506,7 @@ def efficiency_from_measurement(
     :func:`op_time` for compute-bound calls, so a calibrated ``matmul_efficiency_curve``
     plugged back into :func:`op_time` reproduces the measured time.
 
-    >>> from autopar.cluster import load_cluster
+    >>> from autopar.core.cluster import load_cluster
     >>> dev = load_cluster("A100-80GB").device
     >>> t = op_time(2 * 4096**3, 0, dev, "bf16", shape=(4096,) * 3)
     >>> e = efficiency_from_measurement(2 * 4096**3, t, dev, "bf16")

@@ -25,7 +25,7 @@ Causal masks leave the last contiguous shard ``2 - 1/cp`` times the average work
 zigzag layout (chunks ``i`` and ``2cp - 1 - i`` on rank ``i``) evens it out (Brandon et al.,
 "Striped Attention", 2023, and Megatron-Core's load-balanced CP): :func:`causal_imbalance`.
 
->>> from autopar.cluster import LinkSpec
+>>> from autopar.core.cluster import LinkSpec
 >>> s = AttentionShape(batch=1, heads=32, kv_heads=8, seq=131072, head_dim=128, element_bytes=2)
 >>> link = LinkSpec(4.5e11, 1e-5)
 >>> ring = attention_comm("ring", s, 8, link, compute_fwd_s=0.05, compute_bwd_s=0.1,
@@ -41,17 +41,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.cluster import DeviceSpec, LinkSpec
+from autopar.core.cluster import DeviceSpec, LinkSpec
+from autopar.core.knobs import CP_ALGORITHMS
 from autopar.cost_models.comm import collective_time, send_recv_time
 from autopar.cost_models.compute import op_time
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN, with_contention
-
-CP_ALGORITHMS = ("ring", "all_gather", "ulysses")
-"""The attention algorithms under context parallelism (the ``cp_algorithm`` knob)."""
-
-CP_LAYOUTS = ("zigzag", "contiguous")
-"""How a sequence is cut over ``cp``: ``zigzag`` (2·cp chunks, rank i holds i and
-2cp-1-i) or ``contiguous`` (cp chunks in order)."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autopar.cluster import DeviceSpec
+from autopar.core.cluster import DeviceSpec
 from autopar.cost_models.compute import compute_share, op_time
 
 OVERLAP_SLOWDOWN = 0.189

@@ -44,6 +44,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autopar.core.knobs import OPTIMIZERS
+
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 """fp8 trains with bf16 working weights (only the linears' operands are fp8)."""
 
@@ -73,8 +75,7 @@ OPTIMIZER_STATE_BYTES: dict[str, float] = {
     "sgd": 0,
     "adam8bit": adam8bit_state_bytes(),
 }
-OPTIMIZERS = (*OPTIMIZER_STATE_BYTES, "adafactor")
-"""Every optimizer this module accounts; Adafactor's bytes depend on the parameter's shape."""
+assert OPTIMIZERS == (*OPTIMIZER_STATE_BYTES, "adafactor")  # Adafactor's: shape-dependent
 
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 STORAGE_BITS = (32, 16, 8, 4)

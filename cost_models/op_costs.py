@@ -13,7 +13,7 @@ A package's ``autopar.cost_models`` entry point names a function that registers 
 
 The solver then prices every node of that op with it, on this rank's share of the work.
 
->>> from autopar.cluster import load_cluster
+>>> from autopar.core.cluster import load_cluster
 >>> q = OpCostQuery(0.0, 1e6, load_cluster("H100-80GB").device, "bf16", None, True)
 >>> register_op_cost("doctest.op.default", replace=True)(lambda q: (1e-6, 2e-6))(q)
 (1e-06, 2e-06)
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autopar.cluster import DeviceSpec
+from autopar.core.cluster import DeviceSpec
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ operator): an all-reduce, or a reduce-scatter when the tensor was all-gathered f
 
 from __future__ import annotations
 
-from autopar.cluster import LinkSpec
+from autopar.core.cluster import LinkSpec
+from autopar.core.placements import Partial, Placement, Shard
 from autopar.cost_models.comm import collective_time
-from autopar.placements import Partial, Placement, Shard
 
 
 def _kind(p: Placement) -> str:

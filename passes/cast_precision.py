@@ -1,12 +1,12 @@
 """Write the plan's per-node precision into this rank's program, as casts.
 
 ``plan.precision`` gives every floating node the dtype it computes in
-(:mod:`autopar.precision`). This pass makes each node's floating inputs arrive in that dtype:
+(:mod:`autopar.analysis.precision`). This pass makes each node's floating inputs arrive in that dtype:
 where an input is stored in another one, a ``cast_to(x, dtype)`` is inserted before the
 node. A matmul the plan lowers to bf16 thus reads ``cast_to(weight, torch.bfloat16)`` — the
 fp32 parameter stays the optimizer's master copy, and autograd returns its gradient in fp32
 — and a normalisation kept fp32 reads ``cast_to(x, torch.float32)``. Nodes that follow type
-promotion get no cast. fp8 linears call :func:`autopar.fp8_ops.fp8_linear`.
+promotion get no cast. fp8 linears call :func:`autopar.ops.fp8_ops.fp8_linear`.
 
 Export's ``_assert_tensor_metadata`` checks (that a value keeps its traced dtype) go: the
 plan changes dtypes on purpose.
@@ -24,13 +24,13 @@ from collections.abc import Mapping
 import torch
 import torch.fx as fx
 
-from autopar import comm_ops
-from autopar.fp8_ops import fp8_linear
-from autopar.graph_facts import META_KEY
-from autopar.local_ops import LOCAL_IMPLS
-from autopar.loss_ops import chunked_cross_entropy
+from autopar.analysis.precision import TORCH_DTYPES, WORD_OF_DTYPE, stored_word, traced_noop_cast
+from autopar.core.graph_facts import META_KEY
+from autopar.ops import comm_ops
+from autopar.ops.fp8_ops import fp8_linear
+from autopar.ops.local_ops import LOCAL_IMPLS
+from autopar.ops.loss_ops import chunked_cross_entropy
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.precision import TORCH_DTYPES, WORD_OF_DTYPE, stored_word, traced_noop_cast
 
 aten = torch.ops.aten
 
@@ -122,7 +122,7 @@ def stored_words(gm: fx.GraphModule, words: Mapping[str, str],
 
 def _retarget_noop_casts(gm: fx.GraphModule, words: Mapping[str, str]) -> int:
     """A cast that changed nothing while tracing casts to the plan's dtype instead (see
-    :func:`autopar.precision.traced_noop_cast`); how many."""
+    :func:`autopar.analysis.precision.traced_noop_cast`); how many."""
     count = 0
     for node in gm.graph.nodes:
         word = words.get(_planned_name(node))

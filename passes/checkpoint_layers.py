@@ -29,8 +29,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from autopar.errors import PassError
-from autopar.graph_facts import META_KEY
+from autopar.core.errors import PassError
+from autopar.core.graph_facts import META_KEY
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 

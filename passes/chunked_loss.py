@@ -1,9 +1,9 @@
 """Compute every cross-entropy over class indices a block of tokens at a time.
 
 ``aten.cross_entropy_loss`` keeps the ``[tokens, vocab]`` log-softmax (fp32 under autocast)
-for backward and makes its gradient beside it; :func:`autopar.loss_ops.chunked_cross_entropy`
+for backward and makes its gradient beside it; :func:`autopar.ops.loss_ops.chunked_cross_entropy`
 keeps one log-sum-exp a token. Same function, same gradients; the plan's memory model prices
-the chunked one wherever :func:`autopar.loss_ops.chunkable` holds, so this pass runs on every
+the chunked one wherever :func:`autopar.ops.loss_ops.chunkable` holds, so this pass runs on every
 program (not only long-context ones) and must rewrite exactly those calls.
 """
 
@@ -12,38 +12,12 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from autopar.loss_ops import REDUCTIONS, chunkable, chunked_cross_entropy
-from autopar.passes.attention_sites import arg
+from autopar.analysis.attention_sites import arg
+from autopar.analysis.chunkable_loss import VIEWS, chunkable_loss, fp32_cast
+from autopar.ops.loss_ops import REDUCTIONS, chunked_cross_entropy
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 aten = torch.ops.aten
-
-
-def chunkable_loss(node: fx.Node) -> bool:
-    """Whether ``node`` is a cross-entropy the runtime computes chunked."""
-    if node.op != "call_function" or node.target is not aten.cross_entropy_loss.default:
-        return False
-    logits, target = (a.meta.get("val") if isinstance(a, fx.Node) else None
-                      for a in node.args[:2])
-    if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor):
-        return False
-    return chunkable(logits.dim(), target.dim(), target.is_floating_point())
-
-
-VIEWS = (aten.reshape.default, aten.view.default, aten.alias.default,
-          aten._unsafe_view.default)
-_CASTS = (aten.to.dtype, aten._to_copy.default)
-
-
-def fp32_cast(node: fx.Node) -> fx.Node | None:
-    """The node ``node`` is a cast to fp32 of (Hugging Face's ``logits.float()``), if so."""
-    if node.op != "call_function" or node.target not in _CASTS:
-        return None
-    dtype = node.kwargs.get("dtype", node.args[1] if len(node.args) > 1 else None)
-    source = node.args[0]
-    if dtype is not torch.float32 or not isinstance(source, fx.Node):
-        return None
-    return source
 
 
 def _fold_cast(gm: fx.GraphModule, loss: fx.Node) -> bool:

@@ -1,17 +1,17 @@
 """Expert parallelism: each rank of an ``ep`` group keeps ``experts / ep`` of every MoE
 layer's experts, and tokens travel to them and back.
 
-For every expert region (:func:`autopar.experts.expert_regions`: the grouped matmuls of one
+For every expert region (:func:`autopar.analysis.expert_sites.expert_regions`: the grouped matmuls of one
 MoE layer, or its einsums over GShard's capacity slots, and the row-wise ops between them)
 this pass
 
 - keeps this rank's consecutive block of each stacked expert weight (dim 0);
 - sends the region's sorted rows to the ranks owning their experts before it
-  (:func:`autopar.expert_ops.dispatch`: counts first, then the rows), and gives the grouped
+  (:func:`autopar.ops.expert_ops.dispatch`: counts first, then the rows), and gives the grouped
   matmuls the rows and offsets of the local experts; dense slots go in one even all-to-all
-  (:func:`autopar.expert_ops.dispatch_slots`);
+  (:func:`autopar.ops.expert_ops.dispatch_slots`);
 - brings the results back to the ranks and rows they came from after it
-  (:func:`autopar.expert_ops.combine`).
+  (:func:`autopar.ops.expert_ops.combine`).
 
 Everything outside the regions (attention, the router, the sort that groups tokens by
 expert) runs on the rank's own tokens as under data parallelism, which ``ep`` is carved out
@@ -27,12 +27,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from autopar import expert_ops
-from autopar.errors import PassError
-from autopar.experts import ExpertRegion, ExpertRegionError, expert_regions
+from autopar.analysis.expert_sites import ExpertRegion, ExpertRegionError, expert_regions
+from autopar.core.errors import PassError
+from autopar.core.placements import Shard
+from autopar.ops import expert_ops
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.shard_parameters import _set
-from autopar.placements import Shard
 
 EP = "ep"
 # node.meta key: the index of the expert region a grouped matmul (or einsum, or an expert

@@ -1,7 +1,7 @@
 """Replace each attention site the plan marks fused with one call of the generated kernel.
 
 The plan lists the attention sites of the model (``plan.attention``, found by
-:mod:`autopar.passes.attention_sites` when planning) and which are fused. This pass finds
+:mod:`autopar.analysis.attention_sites` when planning) and which are fused. This pass finds
 them again in the rank's graph — after tensor parallelism, so shapes are local (heads split
 over tp) — and rewrites each into ``autopar.kernels.attention(q, k, v, causal=..., scale=...,
 bias=..., dropout_p=..., softcap=...)`` (several bias terms summed first by
@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from autopar.context_ops import context_attention
-from autopar.kernels import attention as fused_attention
-from autopar.passes.attention_sites import (
+from autopar.analysis.attention_sites import (
     AttentionSite,
     find_attention_sites,
     kernel_compatible,
     placement_ranks,
 )
+from autopar.kernels import attention as fused_attention
+from autopar.ops.context_ops import context_attention
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 aten = torch.ops.aten

@@ -15,13 +15,13 @@ from collections import defaultdict
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from autopar import comm_ops
-from autopar.graph_facts import META_KEY
+from autopar.analysis.plan_view import PlanView
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Replicate, Shard
+from autopar.core.values import tensor_inputs, training_output, value_of
+from autopar.ops import comm_ops
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.passes.plan_view import PlanView
-from autopar.placements import Replicate, Shard
 from autopar.strategies.mutation import check_tied
-from autopar.values import tensor_inputs, training_output, value_of
 
 R = Replicate()
 TP = "tp"
@@ -82,7 +82,7 @@ def redistribution_steps(axes: list[str], have: tuple, need: tuple) -> list[tupl
     alone; the detour gathers only tensors that do not follow the sequence split, such as
     rotary tables and masks, which are small.)
 
-    >>> from autopar.placements import parse_placement as p
+    >>> from autopar.core.placements import parse_placement as p
     >>> [(ax, str(s), str(d)) for ax, s, d in redistribution_steps(
     ...     ["cp", "tp"], (p("R"), p("S(2)")), (p("S(2)"), p("S(2)")))]
     [('tp', 'S(2)', 'R'), ('cp', 'R', 'S(2)'), ('tp', 'R', 'S(2)')]

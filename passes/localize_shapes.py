@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from autopar.graph_facts import META_KEY
+from autopar.analysis.plan_view import PlanView
+from autopar.core.graph_facts import META_KEY
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.passes.plan_view import PlanView
 
 aten = torch.ops.aten
 # op -> position of its output-shape argument

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from autopar.analysis.step_statistics import parts_scaled
+from autopar.core.placements import Partial
+from autopar.core.values import tensor_inputs, training_output, value_of
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.sync_batch_statistics import through_collectives
-from autopar.placements import Partial
-from autopar.step_statistics import parts_scaled
-from autopar.values import tensor_inputs, training_output, value_of
 
 _SUM = Partial("sum")
 

@@ -18,8 +18,8 @@ import operator
 
 import torch.fx as fx
 
-from autopar.errors import PassError
-from autopar.experts import _CHECKS, _bounds, expert_module
+from autopar.analysis.expert_sites import _CHECKS, _bounds, expert_module
+from autopar.core.errors import PassError
 from autopar.passes.expert_parallel import EXPERT_REGION
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.outline_layers import _install

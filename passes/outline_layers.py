@@ -15,7 +15,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.passes.split_module import split_module
 
-from autopar.graph_facts import META_KEY, NodeFacts
+from autopar.core.graph_facts import META_KEY, NodeFacts
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 PRE = 0  # what runs before the first layer

@@ -20,7 +20,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from autopar.errors import PlanError
+from autopar.core.errors import PlanError
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 

@@ -23,7 +23,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from autopar.graph_facts import META_KEY
+from autopar.core.graph_facts import META_KEY
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 from autopar.passes.outline_layers import partition_nodes
 

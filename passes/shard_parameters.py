@@ -14,12 +14,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from autopar.comm_ops import local_slice
-from autopar.graph_facts import META_KEY
+from autopar.analysis.plan_view import PlanView
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Shard
+from autopar.core.plan import Plan
+from autopar.ops.comm_ops import local_slice
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.passes.plan_view import PlanView
-from autopar.placements import Shard
-from autopar.plan import Plan
 
 
 def _set(root: nn.Module, fqn: str, value: torch.Tensor) -> None:

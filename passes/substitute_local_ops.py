@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from autopar.errors import PassError
-from autopar.graph_facts import META_KEY
-from autopar.local_ops import LOCAL_IMPLS, SYNC_BATCH_NORM, sync_batch_norm
-from autopar.loss_ops import REDUCTIONS
-from autopar.passes.attention_sites import arg
+from autopar.analysis.attention_sites import arg
+from autopar.analysis.plan_view import PlanView
+from autopar.core.errors import PassError
+from autopar.core.graph_facts import META_KEY
+from autopar.ops.local_ops import LOCAL_IMPLS, SYNC_BATCH_NORM, sync_batch_norm
+from autopar.ops.loss_ops import REDUCTIONS
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.passes.plan_view import PlanView
 
 
 def substitute_sync_batch_norm(node: fx.Node, axis: str) -> None:

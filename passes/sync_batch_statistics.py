@@ -11,14 +11,14 @@ summed over tokens plus a balancing term read whole). Where the plan has a consu
 the value itself whole (a product of two batch means in a load-balancing loss, a loss
 divided by its count of tokens), this pass makes it whole:
 
-- a statistic of the inputs alone (:func:`autopar.step_statistics.from_inputs`) is computed
+- a statistic of the inputs alone (:func:`autopar.analysis.step_statistics.from_inputs`) is computed
   for the whole step before it runs: its nodes are copied into the program's prologue, and
-  the consumer reads :func:`~autopar.step_statistics.step_statistic`, the sum over every
+  the consumer reads :func:`~autopar.analysis.step_statistics.step_statistic`, the sum over every
   microbatch and every rank it is split over (``dp``, and ``cp`` where the tokens are);
 - any other is all-reduced over the data-parallel group inside the forward, with the
   backward that keeps every rank's gradient that of the global batch
-  (:mod:`autopar.comm_ops`); a batch norm takes its statistics over the group
-  (:func:`autopar.local_ops.sync_batch_norm`). The planner allowed these only with one
+  (:mod:`autopar.ops.comm_ops`); a batch norm takes its statistics over the group
+  (:func:`autopar.ops.local_ops.sync_batch_norm`). The planner allowed these only with one
   microbatch per rank.
 
 A partial value that only reaches the loss linearly is left alone: gradient averaging
@@ -31,14 +31,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from autopar import comm_ops
-from autopar.errors import PassError
-from autopar.local_ops import SYNC_BATCH_NORM
-from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
-from autopar.passes.insert_collectives import replace_tensor_inputs
-from autopar.passes.substitute_local_ops import substitute_sync_batch_norm
-from autopar.placements import Partial, Replicate, parse_placement
-from autopar.step_statistics import (
+from autopar.analysis.step_statistics import (
     META,
     Statistic,
     StepStatistics,
@@ -47,7 +40,14 @@ from autopar.step_statistics import (
     reduce_of,
     step_statistic,
 )
-from autopar.values import tensor_inputs, value_of
+from autopar.core.errors import PassError
+from autopar.core.placements import Partial, Replicate, parse_placement
+from autopar.core.values import tensor_inputs, value_of
+from autopar.ops import comm_ops
+from autopar.ops.local_ops import SYNC_BATCH_NORM
+from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
+from autopar.passes.insert_collectives import replace_tensor_inputs
+from autopar.passes.substitute_local_ops import substitute_sync_batch_norm
 
 DP = "dp"
 _COMM = (comm_ops.redistribute, comm_ops.redistribute_output, comm_ops.grad_all_reduce,

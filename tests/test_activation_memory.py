@@ -84,7 +84,7 @@ device:
   peak_tflops: {fp32: 0.1, bf16: 0.1, fp8: 0.2}
 """
 """A CPU said to have fp8 matmuls: autopar's fp8 linears run emulated there, saving the
-same one-byte copies they save on a GPU (``autopar.fp8_ops``)."""
+same one-byte copies they save on a GPU (``autopar.ops.fp8_ops``)."""
 
 
 def test_fp8_layers_keep_their_fp8_copies(tmp_path) -> None:
@@ -104,7 +104,7 @@ def test_fp8_layers_keep_their_fp8_copies(tmp_path) -> None:
 def test_fp8_linears_reading_one_input_share_its_copy() -> None:
     """q, k and v projections of one input quantize it once (and equal numbers come out);
     a write to the input between them makes a fresh copy."""
-    from autopar.fp8_ops import fp8_linear
+    from autopar.ops.fp8_ops import fp8_linear
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 32, generator=g, requires_grad=True)
@@ -124,7 +124,7 @@ def test_fp8_weight_copy_is_shared_by_the_microbatches_of_a_step() -> None:
     """Inside a training step each weight is quantized once (Transformer Engine's caching):
     a pipeline's microbatches in flight keep one fp8 copy, not one each. Outside a step,
     or once the weight is written, it is quantized again."""
-    from autopar.fp8_ops import fp8_linear, one_weight_copy_per_step
+    from autopar.ops.fp8_ops import fp8_linear, one_weight_copy_per_step
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(16, 32, generator=g, requires_grad=True)

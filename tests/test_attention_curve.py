@@ -15,10 +15,10 @@ import autopar
 from autopar.calibrate import CollectivePoint, DeviceCalibration, make_profile
 from autopar.calibrate.from_run import RunFit
 from autopar.cli.demo_data import demo_batches, demo_model
-from autopar.cluster import load_cluster
-from autopar.cluster.profile import write_profile
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.profile import write_profile
+from autopar.core.errors import ClusterError
 from autopar.cost_models.compute import attention_efficiency, causal_fraction, op_time
-from autopar.errors import ClusterError
 from tests.test_calibrate import recorded_device, sdpa_point
 
 PEAK, FLOOR = 1e11, 2e-6  # recorded_device's
@@ -99,7 +99,7 @@ H100_FLASH_ATTENTION_2 = ((1024, 214.0, 152.6), (4096, 278.7, 242.1), (16384, 31
 def test_the_hopper_flash_attention_2_curve_gives_back_the_measured_times() -> None:
     """The preset curve's measured points are what an H100 ran: a Hopper cluster carrying the
     curve prices each measured call at its measured time (forward plus backward)."""
-    from autopar.cluster.presets import HOPPER_FLASH_ATTENTION_2_CURVE
+    from autopar.core.cluster.presets import HOPPER_FLASH_ATTENTION_2_CURVE
     from autopar.cost_models.compute import attention_time
 
     cluster = load_cluster({"nodes": 1, "devices_per_node": 1, "device": {

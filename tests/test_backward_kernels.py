@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import autopar
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.graph_facts import META_KEY
 from autopar.cost_models.compute import op_time
-from autopar.graph_facts import META_KEY
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 
 WHOLE = PinnedConfig(dp=1, global_batch=32, microbatch=32, precision="fp32", recompute="none")

@@ -22,15 +22,15 @@ from torch import nn
 
 import autopar
 import autopar.cli.main as cli
-from autopar.cluster import Cluster, DeviceSpec, LinkSpec
-from autopar.errors import (
+from autopar.core.cluster import Cluster, DeviceSpec, LinkSpec
+from autopar.core.errors import (
     AutoparError,
     ClusterError,
     ModelSpecError,
     NoFeasiblePlanError,
     TraceError,
 )
-from autopar.knobs import schedule_name
+from autopar.core.knobs import schedule_name
 from autopar.models import GPT, GPTConfig, resolve_model
 from autopar.solver.options import PlanOptions
 from autopar.solver.pinned import PinnedConfig

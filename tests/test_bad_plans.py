@@ -15,8 +15,8 @@ import pytest
 import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.main import main
-from autopar.errors import PlanError
-from autopar.plan import Plan
+from autopar.core.errors import PlanError
+from autopar.core.plan import Plan
 from tests.test_errors import assert_well_formed, run_cli
 
 SPEC = "gpt:layers=4,hidden=32,heads=4,vocab=64,seq=16,batch=8"

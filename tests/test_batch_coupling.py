@@ -2,7 +2,7 @@
 
 A balancing loss multiplies two means over the batch; a batch norm normalises by the batch's
 statistics. Split over data-parallel ranks (or microbatches), each part would compute its
-own. The planner finds such ops (``autopar.solver.batch_coupling``): a batch statistic used
+own. The planner finds such ops (``autopar.analysis.batch_coupling``): a batch statistic used
 whole is all-reduced over dp (``passes/sync_batch_statistics``), an op that reads other
 samples keeps the batch whole, and the plan names them (``plan.batch_coupled``).
 """
@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import autopar
-from autopar.errors import NoFeasiblePlanError
-from autopar.graph_facts import META_KEY
+from autopar.analysis.batch_axis import batch_strategies
+from autopar.analysis.batch_coupling import batch_couplings, splitting
+from autopar.core.errors import NoFeasiblePlanError
+from autopar.core.graph_facts import META_KEY
+from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig
 from autopar.models.moe import MoEConfig, MoEGPT
-from autopar.plan import Plan
-from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.batch_coupling import batch_couplings, splitting
 from tests.distributed import run_cases
 
 IDX = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))

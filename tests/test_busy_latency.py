@@ -7,8 +7,8 @@ import pytest
 
 import autopar
 from autopar.calibrate import busy_latency_from
-from autopar.cluster import load_cluster
-from autopar.errors import ClusterError
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import ClusterError
 from autopar.models import GPT, GPTConfig
 
 

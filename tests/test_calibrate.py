@@ -19,10 +19,10 @@ from autopar.calibrate import (
 from autopar.calibrate.attention import AttentionPoint
 from autopar.calibrate.matmul import BandwidthPoint, MatmulPoint
 from autopar.cli.main import main
-from autopar.cluster import DeviceSpec, format_cluster, load_cluster
-from autopar.cluster.profile import Profile, read_profile, write_profile
+from autopar.core.cluster import DeviceSpec, format_cluster, load_cluster
+from autopar.core.cluster.profile import Profile, read_profile, write_profile
+from autopar.core.errors import ClusterError
 from autopar.cost_models.compute import attention_efficiency, causal_fraction, op_time
-from autopar.errors import ClusterError
 
 PROFILE = {
     "format": "autopar-profile",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autopar.cli.main import main
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 
 SMALL = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,batch=8"
 FAST = "tests/clusters/cpu-fast-links.yaml"

@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from autopar.cluster import Cluster, DeviceSpec, LinkSpec, format_cluster, load_cluster
-from autopar.cluster.presets import PRESETS
-from autopar.errors import ClusterError
+from autopar.core.cluster import Cluster, DeviceSpec, LinkSpec, format_cluster, load_cluster
+from autopar.core.cluster.presets import PRESETS
+from autopar.core.errors import ClusterError
 
 GIB = 2**30
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
-from autopar.errors import AutoparError
 from autopar.models import resolve_model
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.solver.tp_overlap import exposed_s

@@ -10,8 +10,8 @@ import torch
 import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.main import main
-from autopar.cluster import load_cluster
-from autopar.constraints import (
+from autopar.core.cluster import load_cluster
+from autopar.core.constraints import (
     Constraint,
     ConstraintError,
     LayoutView,
@@ -20,7 +20,7 @@ from autopar.constraints import (
     parse_constraint,
     parse_constraints,
 )
-from autopar.errors import ClusterError, NoFeasiblePlanError
+from autopar.core.errors import ClusterError, NoFeasiblePlanError
 from autopar.models import GPT, GPTConfig
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import mesh_memory_floors

@@ -8,19 +8,15 @@ import torch
 import torch.fx as fx
 
 import autopar
+from autopar.analysis.attention_sites import find_attention_sites
+from autopar.analysis.causal_mask import computed_causal
 from autopar.cli.load import trace_model
-from autopar.cluster import LinkSpec
-from autopar.cost_models.context_parallel import (
-    CP_ALGORITHMS,
-    AttentionShape,
-    attention_comm,
-    causal_imbalance,
-)
+from autopar.core.cluster import LinkSpec
+from autopar.core.errors import AutoparError
+from autopar.core.knobs import CP_ALGORITHMS
+from autopar.core.plan import Plan
+from autopar.cost_models.context_parallel import AttentionShape, attention_comm, causal_imbalance
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
-from autopar.errors import AutoparError
-from autopar.passes.attention_sites import find_attention_sites
-from autopar.passes.causal_mask import computed_causal
-from autopar.plan import Plan
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=64"
 
@@ -109,7 +105,7 @@ def test_ring_merges_are_memory_bound_kernels_nothing_hides() -> None:
     """Each visiting block's partial output merges into the running one (and its dQ, dK, dV
     into theirs): fp32 traffic at the device's bandwidth, added whole even where the
     transfers hide; the other algorithms run the kernel once and merge nothing."""
-    from autopar.cluster import load_cluster
+    from autopar.core.cluster import load_cluster
     from autopar.cost_models.compute import op_time
     from autopar.cost_models.context_parallel import ring_merge_bytes
 
@@ -188,7 +184,7 @@ def test_computed_causal_probes_one_sequence_of_a_large_batch() -> None:
 def test_fused_causal_attention_is_priced_at_the_tiles_the_kernel_runs() -> None:
     """The generated kernels (like FlashAttention) skip the score tiles a causal mask hides:
     a causal site costs about half the FLOPs the trace counted, forward and backward."""
-    from autopar.cluster import load_cluster
+    from autopar.core.cluster import load_cluster
     from autopar.cost_models.compute import causal_fraction
     from autopar.solver.pinned import PinnedConfig, estimate_graph
 

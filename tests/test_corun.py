@@ -16,9 +16,9 @@ import autopar
 from autopar.calibrate import CollectivePoint, make_profile, measure_corun
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import demo_batches, demo_model
-from autopar.cluster import load_cluster
-from autopar.cluster.profile import read_profile, write_profile
-from autopar.errors import ClusterError
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.profile import read_profile, write_profile
+from autopar.core.errors import ClusterError
 from tests.test_calibrate import recorded_device
 from tests.test_from_run import synthetic_run
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.placements import Partial, Replicate, Shard
 from autopar.cost_models.comm import axis_link, collective_latency, collective_time
 from autopar.cost_models.memory import model_state_bytes
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
-from autopar.placements import Partial, Replicate, Shard
 
 
 def test_ring_all_reduce_moves_twice_the_data_of_all_gather() -> None:

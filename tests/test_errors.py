@@ -21,8 +21,8 @@ from torch import nn
 
 import autopar
 from autopar.cli.main import main
-from autopar.cluster.presets import PRESETS
-from autopar.errors import (
+from autopar.core.cluster.presets import PRESETS
+from autopar.core.errors import (
     AutoparError,
     ClusterError,
     ModelSpecError,
@@ -31,7 +31,7 @@ from autopar.errors import (
     RuntimeSetupError,
     TraceError,
 )
-from autopar.graph_facts import graph_facts
+from autopar.core.graph_facts import graph_facts
 from autopar.models import GPT, GPTConfig, resolve_model
 from autopar.trace import TensorSpec
 

@@ -10,8 +10,8 @@ import torch
 import autopar
 from autopar.cli.estimate_cmd import EXIT_DOES_NOT_FIT
 from autopar.cli.main import main
+from autopar.core.values import tensor_inputs
 from autopar.models import resolve_model
-from autopar.values import tensor_inputs
 
 ARGS = ["llama3-8b", "--cluster", "8xH100-80GB", "--tp", "1", "--pp", "1", "--dp", "8",
         "--precision", "bf16", "--global-batch", "8", "--seq", "2048"]
@@ -153,8 +153,8 @@ def test_a_training_step_serves_only_the_loss_to_its_caller() -> None:
     """``train_step`` reads only the loss: the planner gives the caller no other output (an
     LM's logits are not made whole, nor kept, for a step that drops them), while a forward
     call still gets them whole (tests/test_equivalence.py, ``forward``)."""
+    from autopar.core.values import training_output
     from autopar.solver.problem import problem_skeleton
-    from autopar.values import training_output
 
     spec = resolve_model("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32")
     with torch.device("meta"):

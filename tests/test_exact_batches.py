@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import autopar
-from autopar.errors import NoFeasiblePlanError
-from autopar.local_ops import _SyncBatchNorm
+from autopar.core.errors import NoFeasiblePlanError
+from autopar.ops.local_ops import _SyncBatchNorm
 from autopar.strategies import has_rule
 from autopar.trace.align import align_to, describe, restore_batch_constants
 from tests import hand_models
@@ -151,7 +151,7 @@ def test_every_rank_gets_rank_0s_graph_whatever_its_hash_seed() -> None:
         graphs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert graphs[0] != graphs[1]  # the trap is real
     model, (args, kwargs) = hand_models.MODELS["set_order"]()
-    from autopar.trace.export import export_model
+    from autopar.trace.capture import export_model
 
     mine, _ = export_model(model, args, kwargs)
     for reference in graphs:
@@ -223,7 +223,7 @@ def test_buffers_filled_by_slices_and_complex_rotations_are_read_as_placed() -> 
     gradient analysis stopped at the first complex value, so a replicated rotary key read
     by sharded computation got no gradient all-reduce (DeepSeek-V2 trained with gradients
     10x off): every value made from a weight, complex ones included, needs a gradient."""
-    from autopar.graph_facts import META_KEY
+    from autopar.core.graph_facts import META_KEY
 
     model, (args, _) = hand_models._built(hand_models.SlicedKeys, hand_models._tokens(1),
                                           hand_models._labels(2))()

@@ -2,7 +2,7 @@
 them and combined back by all-to-all, training equal to one device.
 
 The planner offers ``ep`` where the model's experts are grouped matmuls over stacked
-weights (autopar.experts); ``passes/expert_parallel`` keeps each rank's block of experts and
+weights (autopar.analysis.expert_sites); ``passes/expert_parallel`` keeps each rank's block of experts and
 moves the rows; the runtime sums expert gradients over the ranks holding the same block.
 """
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import autopar
-from autopar.errors import AutoparError, ModelSpecError
-from autopar.experts import expert_regions
+from autopar.analysis.expert_sites import expert_regions
+from autopar.core.errors import AutoparError, ModelSpecError
+from autopar.core.plan import Plan
 from autopar.models.moe import MoEConfig, MoEGPT
-from autopar.plan import Plan
 from tests.distributed import FAST, run_cases
 
 IDX = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
@@ -87,7 +87,7 @@ def test_experts_are_priced_by_the_tokens_they_expect() -> None:
     """An expert picking its rows with ``where(indices == e)`` has a row count known only at
     run time: it is priced at tokens x top-k / experts, as grouped matmuls over the sorted
     tokens are, not at one row (free) nor at every token."""
-    from autopar.graph_facts import META_KEY
+    from autopar.core.graph_facts import META_KEY
 
     def expert_flops(routing: str) -> int:
         gm = autopar.trace(_moe(routing, experts=8), (IDX, IDX))
@@ -179,7 +179,7 @@ def test_no_tensor_parallel_collective_splits_an_expert_region(routing: str) -> 
     region in two, and outline-experts failed)."""
     import yaml
 
-    from autopar.values import tensor_inputs
+    from autopar.core.values import tensor_inputs
 
     model = _moe(routing)
     cluster = yaml.safe_load(Path(FAST).read_text())

@@ -50,7 +50,7 @@ def test_pinned_tp_that_shards_no_weight_says_why(gpt) -> None:
 def test_the_megatron_alternative_shards_the_matmul_weights(gpt) -> None:
     """The forced alternative really shards: solved alone, its plan splits every matrix
     weight a matmul reads."""
-    from autopar.cluster import load_cluster
+    from autopar.core.cluster import load_cluster
     from autopar.solver.explain_tp import _shard_matmul_weights, tp_usage
     from autopar.solver.search import search
 
@@ -61,7 +61,7 @@ def test_the_megatron_alternative_shards_the_matmul_weights(gpt) -> None:
                 if d.kind == "param" and len(d.facts.param.shape) == 2]
     assert matrices
     for d in matrices:
-        assert d.candidates[result.best.choice[d.index]].outputs[0] != autopar.placements.R, d.name
+        assert d.candidates[result.best.choice[d.index]].outputs[0] != autopar.core.placements.R, d.name
     assert usage["weights_sharded"] >= len(matrices) and usage["work_split"] > 0.5
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import autopar
+from autopar.api.planning import device_counts
 from autopar.cli.summary import format_plan
-from autopar.errors import AutoparError, PlanError
+from autopar.core.errors import AutoparError, PlanError
+from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig
-from autopar.plan import Plan
-from autopar.planning import device_counts
 from tests.distributed import FAST, ROOT, run_cases
 
 SLOW = str(ROOT / "tests" / "clusters" / "cpu-slow-links.yaml")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
 from autopar.cost_models.compute import op_time
-from autopar.errors import AutoparError
 
 SHAPE = (8192, 14336, 4096)
 FLOPS = 2.0 * 8192 * 14336 * 4096

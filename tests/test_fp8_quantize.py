@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autopar import fp8_ops
 from autopar.calibrate.live_bytes import LiveBytes
+from autopar.ops import fp8_ops
 
 
 def _reference(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,9 +14,9 @@ import pytest
 from autopar.calibrate import CalibrationError
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.main import main
-from autopar.cluster import load_cluster
-from autopar.cluster.profile import read_profile
-from autopar.cluster.spec import LinkSpec
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.profile import read_profile
+from autopar.core.cluster.spec import LinkSpec
 from autopar.cost_models.comm import collective_time
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
 from tests.distributed import ROOT, free_port

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import autopar
+from autopar.analysis.attention_sites import find_attention_sites
 from autopar.passes import FuseAttention, PassContext, PassManager, program_passes
-from autopar.passes.attention_sites import find_attention_sites
 from autopar.runtime.parallel_module import find_loss
 
 
@@ -239,7 +239,7 @@ def test_causal_sdpa_with_a_traced_mask_keeps_only_its_log_sum_exp() -> None:
     copy of the mask PyTorch's CPU kernel keeps: the attention's own memory grows with the
     sequence, not its square (modelled, H100)."""
     from autopar.cli.load import trace_model
-    from autopar.cluster import load_cluster
+    from autopar.core.cluster import load_cluster
     from autopar.solver.pinned import PinnedConfig, estimate_graph
 
     def kept(seq: int) -> float:
@@ -305,8 +305,8 @@ def test_grouped_keys_are_kept_as_the_kernel_reads_them() -> None:
     fused kernel reads them grouped, so what it keeps for backward is the grouped tensor
     (a quarter of the repeated one with 2 kv heads of 8), and the repeat runs no kernel."""
     from autopar.cli.load import trace_model
-    from autopar.cluster import load_cluster
-    from autopar.placements import Replicate
+    from autopar.core.cluster import load_cluster
+    from autopar.core.placements import Replicate
     from autopar.solver.pinned import PinnedConfig, estimate_graph
 
     traced = trace_model("llama:layers=1,hidden=256,heads=8,kv_heads=2,ffn=512,vocab=256,"

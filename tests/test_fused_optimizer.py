@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import autopar
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
 from autopar.cost_models.compute import optimizer_step_time
 from autopar.cost_models.memory import optimizer_state_bytes
-from autopar.errors import AutoparError
 from autopar.models import GPT, GPTConfig
 
 

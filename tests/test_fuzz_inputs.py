@@ -17,9 +17,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autopar.cluster import Cluster, load_cluster
-from autopar.cluster.presets import PRESETS
-from autopar.errors import AutoparError
+from autopar.core.cluster import Cluster, load_cluster
+from autopar.core.cluster.presets import PRESETS
+from autopar.core.errors import AutoparError
 from autopar.models import ModelSpec, resolve_model
 from tests.fuzzing import FUZZ
 

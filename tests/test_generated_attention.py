@@ -10,10 +10,10 @@ import torch
 
 import autopar
 from autopar.cli.summary import format_attention
-from autopar.cluster import load_cluster
-from autopar.errors import AutoparError
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
 from autopar.models import resolve_model
-from autopar.plan import Plan
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 

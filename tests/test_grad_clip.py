@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import autopar
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.models import GPT, GPTConfig
 from autopar.runtime.parallel_module import find_loss
 from tests.distributed import FAST, run_pinned

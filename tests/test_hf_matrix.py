@@ -11,8 +11,8 @@ building, training on one device and tracing each architecture once
 (tests/workers/hf_matrix.py); each kind of model is judged by its own test.
 
 ``AUTOPAR_HF_ZOO=all`` runs every model of the zoo, not only ``hf_zoo.MATRIX``. Set
-``AUTOPAR_HF_TABLE=README.md`` to write the README's supported-models table from the
-results (tests/hf_table.py).
+``AUTOPAR_HF_TABLE=docs/models.md`` to write the supported-models table of docs/models.md
+from the results (tests/hf_table.py).
 """
 
 from __future__ import annotations

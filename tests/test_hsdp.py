@@ -10,8 +10,8 @@ import torch
 
 import autopar
 from autopar.cli.summary import format_plan
+from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig
-from autopar.plan import Plan
 
 
 def _cluster(inter_gb_per_s: float) -> dict:

@@ -16,14 +16,14 @@ import yaml
 from torch import nn
 
 import autopar
-from autopar.errors import AutoparError
-from autopar.graph_facts import META_KEY
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Shard
+from autopar.core.values import tensor_inputs, value_of
 from autopar.passes import PassContext, PassManager, sharding_passes
-from autopar.placements import Shard
 from autopar.solver import search
 from autopar.solver.problem import restrict_to
 from autopar.strategies.mutation import layer_writes_outside, ties
-from autopar.values import tensor_inputs, value_of
 from tests.distributed import FAST
 
 

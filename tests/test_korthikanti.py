@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.placements import Shard
 from autopar.models import resolve_model
-from autopar.placements import Shard
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
@@ -143,8 +143,8 @@ def test_megatron_layout_on_llama_pairs_linears_and_splits_the_stream(sp: bool) 
     written out of elementwise ops -- stay whole, or split along the sequence with sp.
     (A norm's weight path says "norm" too: it once stood in for the stream's shape, and the
     layout was left to the solver.)"""
-    from autopar.graph_facts import META_KEY
-    from autopar.placements import Replicate
+    from autopar.core.graph_facts import META_KEY
+    from autopar.core.placements import Replicate
 
     spec = resolve_model("llama:layers=2,hidden=256,heads=8,kv_heads=4,ffn=512,vocab=512,"
                          "seq=128")

@@ -10,9 +10,9 @@ import pytest
 import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.summary import format_plan
-from autopar.cluster import load_cluster
-from autopar.errors import AutoparError, PlanError
-from autopar.plan import Plan
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError, PlanError
+from autopar.core.plan import Plan
 from autopar.solver.costs import CostTables
 from autopar.solver.evaluate import assemble
 from autopar.solver.layer_recompute import compose_units

@@ -15,9 +15,9 @@ import pytest
 import autopar
 from autopar.calibrate import CollectivePoint, make_profile
 from autopar.cli.demo_data import demo_batches, demo_model
-from autopar.cluster import LinkSpec, load_cluster
-from autopar.cluster.profile import write_profile
-from autopar.errors import ClusterError
+from autopar.core.cluster import LinkSpec, load_cluster
+from autopar.core.cluster.profile import write_profile
+from autopar.core.errors import ClusterError
 from tests.test_calibrate import recorded_device
 
 LATENCY_ONLY = {"bandwidth_gb_per_s": 1000.0, "latency_us": 10_000}

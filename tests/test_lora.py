@@ -1,4 +1,4 @@
-"""LoRA and QLoRA (autopar.lora): exact at init, trains only adapters, merges back to the
+"""LoRA and QLoRA (autopar.models.lora): exact at init, trains only adapters, merges back to the
 original names, NF4 within its resolution, and traces with torch.export."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import autopar
-from autopar.errors import AutoparError
-from autopar.lora import (
+from autopar.core.errors import AutoparError
+from autopar.models.lora import (
     NF4_CODE,
     LoraConfig,
     LoraLinear,

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import autopar.loss_ops as loss_ops
-from autopar.loss_ops import chunked_cross_entropy
+import autopar.ops.loss_ops as loss_ops
+from autopar.ops.loss_ops import chunked_cross_entropy
 
 CASES = list(itertools.product(("mean", "sum", "none"), (0.0, 0.1), (False, True)))
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig
 from tests.distributed import free_port
 

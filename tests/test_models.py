@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 from autopar.models import GPT, GPTConfig, builtin_names, hf, resolve_model
 
 TINY_GPT = "gpt:layers=2,hidden=32,heads=4,vocab=97,seq=16,batch=4"

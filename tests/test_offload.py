@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import autopar
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
 from autopar.models import GPT, GPTConfig
 from autopar.solver.options import PlanOptions
 from autopar.solver.search import lowest_memory

@@ -19,9 +19,9 @@ import autopar
 from autopar.calibrate.from_run import relative_time
 from autopar.calibrate.op_rates import OPS, measure_op_rates
 from autopar.cli.demo_data import demo_batches, demo_model
-from autopar.cluster import load_cluster
-from autopar.cluster.profile import Profile
-from autopar.errors import ClusterError
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.profile import Profile
+from autopar.core.errors import ClusterError
 
 GELU_ELEMENTS = 4 * (8 * 64) * 512  # 4 layers' GELU on the demo batch (8 x 64 tokens, MLP 512)
 LINEAR_BIAS_ELEMENTS = 4 * (8 * 64) * (384 + 128 + 512 + 128)  # qkv, proj, fc, fc-proj outputs

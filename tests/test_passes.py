@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 
 import autopar
-from autopar.errors import PassError
+from autopar.core.errors import PassError
 from autopar.models import GPT, GPTConfig
 from autopar.passes import GraphPass, PassContext, PassManager, PassResult, sharding_passes
 from autopar.passes.outline_layers import OutlineLayers
@@ -147,8 +147,8 @@ def test_a_whole_op_reading_a_split_input_for_its_dtype_keeps_whole_gradients(ot
     """``type_as(R, split) -> R`` computes the same whole output on every device, so the
     gradient of its replicated input is whole too. It was all-reduced as if partial, which
     doubled it under tp=2 (tiny Gemma 2 trained wrong on such a layout)."""
-    from autopar import comm_ops
-    from autopar.plan import Plan
+    from autopar.core.plan import Plan
+    from autopar.ops import comm_ops
 
     torch.manual_seed(0)
     x = torch.randn(4, 8, requires_grad=True)
@@ -188,8 +188,8 @@ def test_a_weight_with_a_whole_gradient_term_is_summed_at_once(tied: bool) -> No
     sum may wait for the end of the step (one bucketed all-reduce) only when no other read
     adds a whole term to the same ``.grad``: deferred, the whole term was summed too,
     counted once per device (tiny BERT, RoBERTa and BART's tied embeddings trained wrong)."""
-    from autopar import comm_ops
-    from autopar.plan import Plan
+    from autopar.core.plan import Plan
+    from autopar.ops import comm_ops
 
     idx = torch.randint(0, 16, (4, 8))
     gm = autopar.trace(TiedHead(tied), ((idx,), {}))
@@ -232,8 +232,8 @@ def test_a_buffer_filled_in_place_is_synced_once_filled() -> None:
     """The gradient all-reduce of a replicated value read by split work is a view of it, so
     it must come after the last in-place write: made before, autograd refused to run the
     program ("a view was created ... its base ... modified inplace")."""
-    from autopar import comm_ops
-    from autopar.plan import Plan
+    from autopar.core.plan import Plan
+    from autopar.ops import comm_ops
 
     x = torch.randn(4, 8)
     gm = autopar.trace(FilledBuffer(), ((x,), {}))
@@ -256,8 +256,8 @@ def test_a_buffer_filled_in_place_is_synced_once_filled() -> None:
 
 
 def _steps(axes: list[str], have: str, need: str) -> list[str]:
+    from autopar.core.placements import parse_placement
     from autopar.passes.insert_collectives import redistribution_steps
-    from autopar.placements import parse_placement
 
     steps = redistribution_steps(axes, tuple(map(parse_placement, have.split())),
                                  tuple(map(parse_placement, need.split())))

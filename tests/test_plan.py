@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 
 import autopar
+from autopar.api.parallelize import error_from_json, error_to_json
 from autopar.cli.load import trace_model
-from autopar.cluster import load_cluster
-from autopar.errors import AutoparError, NoFeasiblePlanError, PlanError, RuntimeSetupError
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError, NoFeasiblePlanError, PlanError, RuntimeSetupError
+from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig
-from autopar.plan import Plan
-from autopar.runtime.parallelize import error_from_json, error_to_json
 from tests.distributed import ROOT, free_port
 
 
@@ -146,7 +146,7 @@ def test_llama3_70b_needs_tensor_parallelism_inside_nodes() -> None:
     assert plan.predicted["peak_memory_bytes"] <= 80 * 2**30
     # Without tensor or context parallelism (and without recomputing activations) no plan
     # fits. (Left free, cp would be tried once nothing fits without it.)
-    with pytest.raises(autopar.errors.NoFeasiblePlanError, match="fits on no mesh"):
+    with pytest.raises(autopar.core.errors.NoFeasiblePlanError, match="fits on no mesh"):
         autopar.plan(traced.gm, "16x8xH100-80GB", global_batch=traced.batch, tp=1, cp=1,
                      recompute=("none",))
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import autopar
-from autopar.graph_facts import META_KEY
+from autopar.core.graph_facts import META_KEY
 from autopar.models.gpt import GPT, GPTConfig
-from autopar.trace import export as export_module
-from autopar.trace.export import _export, export_model
+from autopar.trace import capture as export_module
+from autopar.trace.capture import _export, export_model
 from autopar.trace.inputs import split_example_inputs
 from autopar.trace.repeat import _same, export_repeated, find_stack
 from tests import hf_zoo
@@ -101,11 +101,11 @@ def test_shallow_stacks_are_traced_whole() -> None:
 def test_batch_marking_asks_each_layer_kind_once(build, monkeypatch) -> None:
     """The batch dimension is marked once per layer kind and input placements, then copied
     to the alike layers: the same strategies as asking every node's rule."""
-    from autopar.solver import batch_axis
+    from autopar.analysis import batch_axis
 
     model, inputs = BUILDERS[build]()
     gm = autopar.trace(model, inputs)
-    batch = autopar.graph_facts.graph_facts(gm).batch_size
+    batch = autopar.core.graph_facts.graph_facts(gm).batch_size
     asked: list[str] = []
     real = batch_axis.strategies_for
     monkeypatch.setattr(batch_axis, "strategies_for",

@@ -13,9 +13,10 @@ import torch
 import autopar
 from autopar.cli.main import main
 from autopar.cli.plugins_cmd import format_plugins
-from autopar.errors import AutoparError, PassError
+from autopar.core.errors import AutoparError, PassError
+from autopar.core.plugins import PluginWarning, discover
 from autopar.passes import GraphPass, PassResult, place_passes, program_passes
-from autopar.plugins import PluginWarning, discover, program_for
+from autopar.passes.program import program_for
 from tests.distributed import FAST, run_cases
 from tests.plugin_dist import install_broken, install_costly, install_example
 

@@ -9,13 +9,13 @@ import torch.fx as fx
 from torch import nn
 
 import autopar
-from autopar.cluster import load_cluster
-from autopar.errors import AutoparError, PlanError
-from autopar.fp8_ops import fp8_linear
-from autopar.graph_facts import META_KEY
+from autopar.analysis.precision import assign_precision
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError, PlanError
+from autopar.core.graph_facts import META_KEY
+from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig, resolve_model
-from autopar.plan import Plan
-from autopar.precision import assign_precision
+from autopar.ops.fp8_ops import fp8_linear
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32"

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import autopar
+from autopar.analysis.precision import WORD_OF_DTYPE, assign_precision, params_word
 from autopar.cli.load import trace_model
-from autopar.cluster import load_cluster
-from autopar.errors import AutoparError
-from autopar.graph_facts import META_KEY
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY
 from autopar.passes import PassContext, PassManager
 from autopar.passes.cast_precision import CastPrecision, cast_to
 from autopar.passes.chunked_loss import ChunkedLoss
-from autopar.precision import WORD_OF_DTYPE, assign_precision, params_word
 from autopar.solver.cast_costs import inserted_casts
 from autopar.solver.elementwise_fusion import fused_bytes
 from autopar.solver.pinned import PinnedConfig, estimate_graph

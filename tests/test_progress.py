@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from autopar import progress
+from autopar.core import progress
 from tests.distributed import ROOT
 
 pty = pytest.importorskip("pty")

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
 from autopar.models import resolve_model
 from autopar.passes.checkpoint_layers import checkpointed
 from autopar.solver.pinned import PinnedConfig, estimate_graph

@@ -16,8 +16,9 @@ import autopar
 from autopar.calibrate import CalibrationError
 from autopar.cli.load import trace_model
 from autopar.cli.report_cmd import run_report
-from autopar.errors import PlanError
-from autopar.plan import Plan
+from autopar.core.errors import PlanError
+from autopar.core.plan import Plan
+from autopar.core.units import format_seconds
 from autopar.report import ReportError, build_report, report_html, write_report
 from autopar.report.facts import candidates, memory_bars, step_parts
 from autopar.report.schedule import step_lanes
@@ -34,7 +35,6 @@ from autopar.report.timeline import (
     span,
 )
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
-from autopar.units import format_seconds
 from tests.test_errors import assert_well_formed, run_cli
 
 SPEC = "gpt:layers=4,hidden=32,heads=4,vocab=64,seq=16,batch=8"
@@ -45,7 +45,7 @@ URL_ATTR = re.compile(r"""\b(src|href)\s*=\s*["']?\s*(https?:)?//""", re.IGNOREC
 def _check_schedule(blocks: list[Block], schedule: str, pp: int, m: int, v: int = 1) -> None:
     """Every chunk runs F and B (and W under zb_v) of every microbatch exactly once, on the
     rank that holds it; dependencies hold; a rank runs one action at a time."""
-    from autopar.solver.stages import rank_of_chunk
+    from autopar.core.knobs import rank_of_chunk
 
     n_chunks = pp * chunks_per_rank(schedule, v)
     kinds = (FORWARD, BACKWARD, WEIGHT) if schedule == "zb_v" else (FORWARD, BACKWARD)

@@ -37,10 +37,10 @@ from torch.distributed.tensor._op_schema import OpSchema
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-import autopar.moe_ops  # noqa: F401  (registers autopar::grouped_mm)
+import autopar.ops.moe_ops  # noqa: F401  (registers autopar::grouped_mm)
 import autopar.strategies.builtin  # noqa: F401  (registers the rules)
+from autopar.core.placements import Partial, Placement, Replicate, Shard, can_shard, local_shape
 from autopar.passes.localize_shapes import SHAPE_ARG
-from autopar.placements import Partial, Placement, Replicate, Shard, can_shard, local_shape
 from autopar.strategies import (
     OpCall,
     Strategy,

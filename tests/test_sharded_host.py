@@ -22,9 +22,9 @@ from autopar.calibrate import (
     sharded_host_from,
 )
 from autopar.cli.demo_data import demo_batches, demo_model
-from autopar.cluster import load_cluster
-from autopar.cluster.profile import read_profile, write_profile
-from autopar.errors import ClusterError
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.profile import read_profile, write_profile
+from autopar.core.errors import ClusterError
 from tests.test_calibrate import recorded_device
 
 HOST, OPTIMIZER = 4e-4, 6e-4

@@ -8,9 +8,9 @@ import torch
 
 import autopar
 import autopar.solver.solve_ahead as solve_ahead
-from autopar.cluster.load import load_cluster
+from autopar.analysis.batch_axis import batch_strategies
+from autopar.core.cluster.load import load_cluster
 from autopar.models.gpt import GPT, GPTConfig
-from autopar.solver.batch_axis import batch_strategies
 from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import build, run
 from autopar.solver.options import PlanOptions

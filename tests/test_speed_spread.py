@@ -10,11 +10,11 @@ import math
 import pytest
 
 from autopar.cli.load import trace_model
-from autopar.cluster import load_cluster
-from autopar.cluster.presets import GPU_SPEED_SPREAD, PRESETS
-from autopar.cluster.show import format_cluster
-from autopar.cluster.spec import slowest_of
-from autopar.errors import ClusterError
+from autopar.core.cluster import load_cluster
+from autopar.core.cluster.presets import GPU_SPEED_SPREAD, PRESETS
+from autopar.core.cluster.show import format_cluster
+from autopar.core.cluster.spec import slowest_of
+from autopar.core.errors import ClusterError
 from autopar.solver.pinned import PinnedConfig, estimate_graph
 
 

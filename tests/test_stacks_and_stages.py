@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import autopar
-from autopar.graph_facts import META_KEY
+from autopar.api.parallelize import _microbatch_graph
+from autopar.core.graph_facts import META_KEY
 from autopar.passes import PassContext, PassManager, program_passes
 from autopar.passes.outline_layers import OutlineLayers, partition_nodes
 from autopar.passes.pipeline_split import sendable
 from autopar.passes.recompute_inputs import RecomputeInputs, _weightless
-from autopar.runtime.parallelize import _microbatch_graph
 from autopar.runtime.pipeline import _split_loses_weights
 
 

@@ -27,8 +27,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from autopar.errors import TraceError
-from autopar.graph_facts import META_KEY, GraphFacts, NodeFacts, graph_facts
+from autopar.core.errors import TraceError
+from autopar.core.graph_facts import META_KEY, GraphFacts, NodeFacts, graph_facts
 from autopar.models import GPT, GPTConfig
 from autopar.trace import TensorSpec
 
@@ -225,7 +225,7 @@ def test_total_forward_flops_match_flop_counter(traced: Traced) -> None:
     real = counter.get_total_flops()
     assert real > 0
     # Eager Mixtral runs its experts through torch._grouped_mm, whose FLOPs autopar registers
-    # (autopar.moe_ops); the trace counts Hugging Face's traced fallback op the same way.
+    # (autopar.ops.moe_ops); the trace counts Hugging Face's traced fallback op the same way.
     assert g.fwd_flops == pytest.approx(real, rel=0.01), (traced.name, g.fwd_flops, real)
 
 

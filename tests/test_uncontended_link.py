@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cluster import format_cluster, load_cluster
-from autopar.errors import ClusterError
-from autopar.planning import sub_cluster
+from autopar.core.cluster import format_cluster, load_cluster
+from autopar.core.cluster.subset import sub_cluster
+from autopar.core.errors import ClusterError
 
 CROWDED = {"bandwidth_gb_per_s": 1.7, "latency_us": 940, "busy_latency_us": 1170}
 ONE_PER_CORE = {"bandwidth_gb_per_s": 2.3, "latency_us": 440, "busy_latency_us": 1000}

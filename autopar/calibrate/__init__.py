@@ -9,7 +9,7 @@ and the collectives between ``--nproc`` local processes (``collectives``: gloo o
 on GPUs, fitted to the ring model; on CPU also ``busy``: what an asynchronous message waits
 for a core while every process computes; ``corun``: how much slower a training step runs
 while the other cores train too; ``sharded``: FSDP2's host work per parameter tensor), and
-writes them as a profile (``autopar.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
+writes them as a profile (``autopar.core.cluster.profile``). A cluster file then says ``profile: cpu-profile.json`` and its
 device and intra-node link take the measured numbers over the preset's.
 
 ``--from-run`` measures nothing itself: it refits the device speed and the link to the step
@@ -51,7 +51,7 @@ from autopar.calibrate.sharded import (
     measure_sharded_host,
     sharded_host_from,
 )
-from autopar.cluster.profile import Profile
+from autopar.core.cluster.profile import Profile
 
 __all__ = [
     "KINDS",

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from autopar.analysis.precision import BYTES
 from autopar.cost_models.compute import causal_fraction, matmul_efficiency
-from autopar.precision import BYTES
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -156,7 +156,7 @@ def measure_attention(
     """Time causal SDPA at :func:`attention_shapes` in ``dtype`` on ``device``."""
     # FlopCounterMode knows only the CUDA attention kernels until the tracer teaches it
     # PyTorch's CPU flash kernel (the same formulas): importing the tracer does that.
-    from autopar.trace import op_costs  # noqa: F401
+    from autopar.trace import op_measure as op_costs  # noqa: F401
 
     return [
         _time_sdpa((batch, heads, seq, head_dim), dtype, device, repeats)

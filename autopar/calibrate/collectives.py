@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 LINK_KIND = "all_reduce"

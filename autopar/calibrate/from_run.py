@@ -48,8 +48,8 @@ from typing import Any
 
 from autopar.calibrate.collectives import CalibrationError, CollectivePoint
 from autopar.calibrate.run_files import RankRecord, Run, _overlapped, read_run
-from autopar.cluster.profile import _HOST_KEYS, Profile
-from autopar.cluster.spec import LinkSpec
+from autopar.core.cluster.profile import _HOST_KEYS, Profile
+from autopar.core.cluster.spec import LinkSpec
 from autopar.cost_models.comm import collective_time
 
 __all__ = ["RankRecord", "Run", "RunFit", "fit_runs", "format_fit", "read_run", "refit_profile"]

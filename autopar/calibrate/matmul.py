@@ -62,7 +62,7 @@ from autopar.calibrate.attention import (
     stored_bytes,
 )
 from autopar.calibrate.op_rates import measure_op_rates, measure_view_seconds
-from autopar.cluster.spec import _FrozenMap
+from autopar.core.cluster.spec import _FrozenMap
 from autopar.cost_models.compute import curve_efficiency, matmul_flops
 
 _TORCH_DTYPES = {

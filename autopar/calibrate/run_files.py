@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.calibrate.collectives import KINDS, CalibrationError
-from autopar.errors import ClusterError
+from autopar.core.errors import ClusterError
 from autopar.runtime.record import RUN_FORMAT, RUN_VERSION
 
 _RECORD_FIX = ("record one with `pm.record_run(DIR)` around the training loop "
@@ -197,7 +197,7 @@ def read_run(directory: str | os.PathLike[str]) -> Run:
 
 
 def _read_rank(path: Path) -> RankRecord:
-    from autopar.cluster.text import parse_json, read_text
+    from autopar.core.cluster.text import parse_json, read_text
 
     shown = str(path)
     try:

@@ -36,9 +36,9 @@ from autopar.calibrate import (
     measure_sharded_host,
 )
 from autopar.calibrate.rounds import DEVICE_ROUNDS, average_rounds
-from autopar.cluster.profile import Profile, write_profile
-from autopar.cluster.spec import usable_cores
-from autopar.units import format_bytes, format_seconds
+from autopar.core.cluster.profile import Profile, write_profile
+from autopar.core.cluster.spec import usable_cores
+from autopar.core.units import format_bytes, format_seconds
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -29,10 +29,10 @@ import torch
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import BATCH, SEQ, demo_batches, demo_model
 from autopar.cli.summary import format_plan
-from autopar.cluster import usable_cores
-from autopar.cluster.profile import read_profile, write_profile
-from autopar.errors import AutoparError
-from autopar.plan import Plan
+from autopar.core.cluster import usable_cores
+from autopar.core.cluster.profile import read_profile, write_profile
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
 
 
 def _free_port() -> int:
@@ -115,7 +115,7 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
     """The plan autopar makes on ``cluster`` with every choice of ``plan`` pinned (mesh,
     microbatches, schedule, ZeRO, recomputation, and the devices of a plan that uses fewer
     than the cluster has): its modelled step under other numbers."""
-    import autopar
+    from autopar.api.planning import plan
 
     pins: dict = {"dp": plan.mesh.get("dp", 1), "tp": plan.mesh.get("tp", 1),
                   "pp": plan.mesh.get("pp", 1), "microbatches": plan.batch["microbatches"],
@@ -127,7 +127,7 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
         pins["schedule"] = plan.pipeline["schedule"]
         if plan.pipeline["schedule"] == "interleaved":
             pins["virtual_stages"] = plan.pipeline["virtual_stages"]
-    return autopar.plan(demo_model(), cluster, demo_batches(1)[0], **pins)
+    return plan(demo_model(), cluster, demo_batches(1)[0], **pins)
 
 
 def why_chosen(plan: Plan) -> list[str]:

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import autopar
+from autopar.api.parallelize import parallelize
 from autopar.cli.demo_data import demo_batches, demo_model
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     )
     cluster = args.cluster or f"{world}xcpu"
     started = time.perf_counter()
-    pm = autopar.parallelize(model, cluster, batches[0], plan=args.plan)
+    pm = parallelize(model, cluster, batches[0], plan=args.plan)
     setup_s = time.perf_counter() - started
     opt = torch.optim.AdamW(pm.parameters(), lr=3e-3)
     losses, step_s = [], []

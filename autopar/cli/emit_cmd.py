@@ -10,16 +10,16 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-import autopar
 from autopar.cli.load import trace_model
 from autopar.cli.plan_cmd import plan_from_args
-from autopar.cluster import load_cluster
-from autopar.constraints import parse_constraint
-from autopar.errors import AutoparError
-from autopar.knobs import schedule_name
+from autopar.core.cluster import load_cluster
+from autopar.core.constraints import parse_constraint
+from autopar.core.errors import AutoparError
+from autopar.core.knobs import schedule_name
+from autopar.core.plan import Plan
+from autopar.core.version import __version__
 from autopar.passes import PassContext, PassManager
-from autopar.plan import Plan
-from autopar.plugins import program_for
+from autopar.passes.program import program_for
 from autopar.runtime.parallel_module import rank_code
 from autopar.trace.align import rename_like
 
@@ -144,7 +144,7 @@ def run_emit(args: argparse.Namespace) -> int:
     passes = program_for(plan, disable=args.disable_pass or ())
     program, results = PassManager(passes).run(gm, PassContext(plan, coords, device))
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
-    print(f"# autopar {autopar.__version__} (plan schema {plan.schema_version}): rank "
+    print(f"# autopar {__version__} (plan schema {plan.schema_version}): rank "
           f"{args.rank} of {plan.world_size}, mesh {mesh}, coordinates {coords}")
     print(f"# model {plan.model['name']} (fingerprint {plan.model['fingerprint']}); "
           f"microbatch {plan.batch['microbatch']} x {plan.batch['microbatches']} per rank; "

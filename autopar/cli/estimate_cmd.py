@@ -16,15 +16,15 @@ import argparse
 import json
 from typing import Any
 
+from autopar.api.planning import resolve_precision
 from autopar.cli.load import TracedModel, trace_model
-from autopar.cluster import load_cluster
+from autopar.core.cluster import load_cluster
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import graph_facts
+from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.cost_models.memory import lora_params, model_state_bytes
-from autopar.errors import AutoparError
-from autopar.graph_facts import graph_facts
-from autopar.planning import resolve_precision
 from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
 from autopar.solver.stages import layer_ranges
-from autopar.units import format_bytes, format_count, format_seconds
 
 EXIT_DOES_NOT_FIT = 3
 """Exit status of ``autopar estimate`` when the configuration does not fit in memory."""

@@ -17,11 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
-from autopar.cost_models.memory import OPTIMIZERS
-from autopar.errors import AutoparError
-from autopar.knobs import PRECISION_CHOICES, PRECISIONS, RECOMPUTE_MODES, schedule_name, zero_stages
-from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
+from autopar.core.errors import AutoparError
+from autopar.core.knobs import (
+    BATCH_COUPLING_MODES,
+    CP_ALGORITHMS,
+    CP_LAYOUTS,
+    OPTIMIZERS,
+    PRECISION_CHOICES,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    schedule_name,
+    zero_stages,
+)
 
 # --- value types --------------------------------------------------------------------------
 
@@ -92,7 +99,7 @@ def output_file(text: str) -> str:
 
 
 def _knob(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type from a parser in :mod:`autopar.knobs`: its errors become argparse
+    """An argparse type from a parser in :mod:`autopar.core.knobs`: its errors become argparse
     errors, and its deprecation warnings lines on stderr."""
 
     def convert(text: str) -> Any:
@@ -344,9 +351,9 @@ def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
 
 
 def constraint(text: str) -> str:
-    """A constraint's text, read now so a typo fails before tracing (autopar.constraints)."""
-    from autopar.constraints import parse_constraint
-    from autopar.errors import AutoparError
+    """A constraint's text, read now so a typo fails before tracing (autopar.core.constraints)."""
+    from autopar.core.constraints import parse_constraint
+    from autopar.core.errors import AutoparError
 
     try:
         parse_constraint(text)

@@ -9,9 +9,9 @@ from collections import defaultdict
 import torch.fx as fx
 
 from autopar.cli.load import trace_model
-from autopar.graph_facts import META_KEY, graph_facts
-from autopar.units import format_bytes, format_count
-from autopar.values import tensor_inputs, value_of
+from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.units import format_bytes, format_count
+from autopar.core.values import tensor_inputs, value_of
 
 
 def _nbytes(node: fx.Node, index: int) -> int:

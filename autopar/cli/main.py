@@ -23,10 +23,8 @@ import sys
 
 from autopar.cli import flags
 from autopar.cli.estimate_cmd import DESCRIPTION
-from autopar.errors import AutoparError
-from autopar.knobs import SEARCHED_RECOMPUTE_MODES
-from autopar.precision import MASTER_WEIGHTS
-from autopar.solver.options import ZERO_STAGES_RUNNABLE
+from autopar.core.errors import AutoparError
+from autopar.core.knobs import MASTER_WEIGHTS, SEARCHED_RECOMPUTE_MODES, ZERO_STAGES_RUNNABLE
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -236,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_report(args)
     if args.command == "cluster":
-        from autopar.cluster import format_cluster, load_cluster
+        from autopar.core.cluster import format_cluster, load_cluster
 
         print(format_cluster(load_cluster(args.spec)))
         return 0
@@ -249,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_calibrate(args)
     if args.command == "export":
-        from autopar.runtime.export import export_checkpoint
+        from autopar.runtime.weights import export_checkpoint
 
         out = export_checkpoint(args.checkpoint, args.to)
         print(f"wrote {out}")

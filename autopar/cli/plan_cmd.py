@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from autopar import progress
+from autopar.api.planning import plan
 from autopar.cli.load import TracedModel, trace_model
 from autopar.cli.summary import format_plan
-from autopar.cluster import load_cluster
-from autopar.plan import Plan
-from autopar.planning import plan
+from autopar.core import progress
+from autopar.core.cluster import load_cluster
+from autopar.core.plan import Plan
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from autopar.plugins import GROUPS, PluginWarning, discover
+from autopar.core.plugins import GROUPS, PluginWarning, discover
 
 
 def format_plugins() -> str:

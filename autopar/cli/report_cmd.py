@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.report import build_report, save
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from autopar.cluster.spec import slowest_chip_delay
-from autopar.plan import Plan
-from autopar.units import format_bytes, format_count, format_seconds
+from autopar.core.cluster.spec import slowest_chip_delay
+from autopar.core.plan import Plan
+from autopar.core.units import format_bytes, format_count, format_seconds
 
 _KEY_OPS = ("linear", "addmm", "matmul", "bmm", "scaled_dot_product", "embedding", "layer_norm",
             "cross_entropy")

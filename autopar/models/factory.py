@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 from autopar.models.spec import Device, ModelSpec
 
 RETURNS = ("return (model, example_args, example_kwargs), where model(*example_args, "

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 
 
 @dataclass(frozen=True)

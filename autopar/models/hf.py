@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 
 
 def build_gpt2(

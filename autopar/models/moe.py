@@ -8,7 +8,7 @@ write it, so autopar is checked on all three:
   expert, every expert computed with einsum on its slots (Mesh-TensorFlow, GShard, Switch);
 - ``"sorted"``: tokens sorted by expert, counted with ``histc``, and run through one
   grouped matmul, as torchtitan and Hugging Face's Mixtral, Qwen-MoE and DeepSeek-V3 do
-  (``autopar.moe_ops.grouped_mm``: ``torch._grouped_mm`` where it runs).
+  (``autopar.ops.moe_ops.grouped_mm``: ``torch._grouped_mm`` where it runs).
 
 Routing is top-k over a softmax of the router logits (computed in fp32), the k weights
 renormalised (Mixtral). The training loss adds, as the model writes them:
@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 from autopar.models.gpt import CausalSelfAttention, GPTConfig
-from autopar.moe_ops import grouped_mm
+from autopar.ops.moe_ops import grouped_mm
 
 ROUTINGS = ("loop", "dense", "sorted")
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 from autopar.models import hf
 from autopar.models.factory import resolve_factory
 from autopar.models.gpt import GPT, GPTConfig

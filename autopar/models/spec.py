@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopar.errors import ModelSpecError
+from autopar.core.errors import ModelSpecError
 
 Device = str | torch.device
 InputsFn = Callable[[int, int, Device], tuple[tuple, dict]]

@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopar.errors import AutoparError
-from autopar.plan import Plan
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
 
 
 class ReportError(AutoparError):

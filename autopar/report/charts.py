@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from autopar.core.units import format_bytes, format_seconds
 from autopar.report.facts import MemoryBar
 from autopar.report.schedule import COMPUTE, DP, OPTIMIZER, TP, StepLanes
 from autopar.report.timeline import BACKWARD, FORWARD, WEIGHT
-from autopar.units import format_bytes, format_seconds
 
 TEMPLATE = "plotly_white"
 KIND_STYLE = {  # kind -> (legend name, colour of the first chunk on a rank, of the second)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "temporaries",
                 "fragmentation")

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from autopar.calibrate.run_files import read_run
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 
 
 @dataclass

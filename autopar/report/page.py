@@ -11,8 +11,8 @@ from html import escape
 import plotly.graph_objects as go
 import plotly.offline
 
-from autopar import __version__
-from autopar.plan import Plan
+from autopar.core.plan import Plan
+from autopar.core.version import __version__
 from autopar.report import Report, facts
 from autopar.report.candidates_chart import candidates_figure
 from autopar.report.charts import breakdown_figure, memory_figure, timeline_figure

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from autopar.core.units import format_seconds
 from autopar.report.charts import TEMPLATE, title_of
 from autopar.report.measured import RunSteps
-from autopar.units import format_seconds
 
 
 def run_figure(run: RunSteps) -> go.Figure:

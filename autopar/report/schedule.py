@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.report.timeline import FORWARD, Action, Block, chunks_per_rank, idle, simulate, span
 
 COMPUTE, TP, DP, OPTIMIZER = "compute", "tp", "dp", "optimizer"

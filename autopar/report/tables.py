@@ -7,11 +7,11 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from autopar.plan import Plan
+from autopar.core.plan import Plan
+from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.report.facts import Candidates
 from autopar.report.measured import RunSteps
 from autopar.solver.candidate import setting_text
-from autopar.units import format_bytes, format_count, format_seconds
 
 EXAMPLES = 50
 """Settings listed under each reason a candidate lost (the rest are counted)."""

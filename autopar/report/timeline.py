@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autopar.core.knobs import rank_of_chunk
 from autopar.cost_models.pipeline import ZB_V_CHUNKS, schedule_name
-from autopar.solver.stages import rank_of_chunk
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
 KIND_NAMES = {FORWARD: "forward", BACKWARD: "backward", WEIGHT: "weight gradient"}

@@ -42,7 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.runtime.checkpoint_layout import (
     Layout,
     copy_back,
@@ -124,7 +124,7 @@ def load_checkpoint(path: str | os.PathLike[str], module: nn.Module,
     path = Path(path)
     pm = _parallel_module(module)
     if path.is_file():
-        from autopar.runtime.export import load_weights_file
+        from autopar.runtime.weights import load_weights_file
 
         load_weights_file(path, pm)
         return 0

@@ -29,8 +29,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Shard as DShard
 
-from autopar.comm_ops import _gather, local_slice
-from autopar.placements import Shard, parse_placement
+from autopar.core.placements import Shard, parse_placement
+from autopar.ops.comm_ops import _gather, local_slice
 from autopar.runtime.mesh import MeshContext
 
 _PREFIX = re.compile(r"^(wrapped|_program)\.(\d+\.)?(module\.)?")

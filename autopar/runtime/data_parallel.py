@@ -25,7 +25,7 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from autopar.errors import RuntimeSetupError
+from autopar.core.errors import RuntimeSetupError
 from autopar.runtime.mesh import MeshContext
 
 

@@ -5,7 +5,7 @@ holds a block of experts, and only the ranks of the other ``ep`` groups (``edp``
 expert data-parallel ranks) hold the same block. DDP, which averages over all of dp, must
 leave them alone; after backward their gradients are summed over ``edp`` and divided by
 dp. Each rank's expert gradient already sums the loss terms of every ``ep`` rank whose
-tokens it served (:mod:`autopar.expert_ops`), so that division gives the same average over
+tokens it served (:mod:`autopar.ops.expert_ops`), so that division gives the same average over
 the global batch as every other weight gets.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from autopar import comm_ops
-from autopar.plan import Plan
+from autopar.core.plan import Plan
+from autopar.ops import comm_ops
 
 
 def expert_parameters(program: nn.Module) -> list[str]:

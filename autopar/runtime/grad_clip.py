@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.runtime.checkpoint_layout import layout_of, named_parameters
 from autopar.runtime.experts import expert_parameters
 

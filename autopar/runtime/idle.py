@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.errors import RuntimeSetupError
-from autopar.plan import Plan
+from autopar.core.errors import RuntimeSetupError
+from autopar.core.plan import Plan
 from autopar.runtime.grad_clip import clip_grad_norm_
 from autopar.runtime.mesh import MeshContext
 from autopar.runtime.parallel_module import ParallelModule, scaler_for

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 _STATE_KEYS = ("scale", "growth_tracker", "skipped_steps", "last_step_skipped",
                "growth_factor", "backoff_factor", "growth_interval")

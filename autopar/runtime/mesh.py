@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autopar import comm_ops
-from autopar.errors import RuntimeSetupError
-from autopar.plan import Plan
+from autopar.core.errors import RuntimeSetupError
+from autopar.core.plan import Plan
+from autopar.ops import comm_ops
 
 
 @dataclass

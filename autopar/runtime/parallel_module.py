@@ -14,10 +14,11 @@ import torch.fx._pytree as fx_pytree
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from autopar import comm_ops, fp8_ops, step_statistics
-from autopar.errors import RuntimeSetupError
-from autopar.placements import Shard, parse_placement
-from autopar.plan import Plan
+from autopar.analysis import step_statistics
+from autopar.core.errors import RuntimeSetupError
+from autopar.core.placements import Shard, parse_placement
+from autopar.core.plan import Plan
+from autopar.ops import comm_ops, fp8_ops
 from autopar.runtime.experts import expert_parameters, reduce_expert_grads
 from autopar.runtime.grad_clip import clip_grad_norm_
 from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig

@@ -33,9 +33,9 @@ from torch.distributed.pipelining._backward import (
 )
 from torch.distributed.tensor import DTensor
 
-from autopar.comm_ops import all_reduce_in_place
-from autopar.errors import RuntimeSetupError
-from autopar.plan import Plan
+from autopar.core.errors import RuntimeSetupError
+from autopar.core.plan import Plan
+from autopar.ops.comm_ops import all_reduce_in_place
 from autopar.runtime.mesh import MeshContext
 
 SCHEDULES = {

@@ -15,7 +15,7 @@ Every ``train_step`` inside is one recorded step (all numbers measured, seconds)
   convention), ``group_size``, ``seconds`` and ``source``:
 
   - ``autopar``: the tensor-parallel collectives the rewritten graph calls
-    (``autopar.comm_ops``), timed around the blocking call;
+    (``autopar.ops.comm_ops``), timed around the blocking call;
   - ``loss``: a pipeline's loss, sent from the last stage and averaged over data-parallel
     ranks for the caller, which the plan prices as one blocking scalar collective each
     (``solver.evaluate.loss_for_caller_s``); without a pipeline that average runs beside
@@ -70,7 +70,7 @@ def _group_size(group: Any) -> int:
 
 
 class _TimedDist:
-    """Stands in for ``torch.distributed`` inside ``autopar.comm_ops`` while recording: the
+    """Stands in for ``torch.distributed`` inside ``autopar.ops.comm_ops`` while recording: the
     blocking collectives it calls are timed; everything else passes through."""
 
     def __init__(self, real: Any, recorder: RunRecorder, source: str = "autopar"):
@@ -143,7 +143,7 @@ class RunRecorder:
         self.module = module
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
-            from autopar.errors import RuntimeSetupError
+            from autopar.core.errors import RuntimeSetupError
 
             raise RuntimeSetupError(
                 f"cannot record a run into {self.directory}: it is a file",
@@ -255,7 +255,7 @@ class RunRecorder:
 
     # --- hooks ------------------------------------------------------------------------------
     def _patch(self) -> None:
-        from autopar import comm_ops
+        from autopar.ops import comm_ops
 
         real_dist, real_gather = comm_ops.dist, comm_ops._all_gather_single
         comm_ops.dist = _TimedDist(real_dist, self)

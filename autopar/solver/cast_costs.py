@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from autopar.precision import PrecisionAssignment, stored_word
+from autopar.analysis.precision import PrecisionAssignment, stored_word
+from autopar.core.values import tensor_inputs
 from autopar.solver.elementwise_fusion import fusable, through_views
-from autopar.values import tensor_inputs
 
 _CASTS_ITSELF = ("cross_entropy", "nll_loss")
 """Losses the program computes chunked, upcasting one block of logits at a time."""
@@ -48,7 +48,7 @@ def inserted_casts(gm: fx.GraphModule, precision: PrecisionAssignment,
 
     >>> import torch
     >>> from autopar.trace import trace
-    >>> from autopar.precision import assign_precision
+    >>> from autopar.analysis.precision import assign_precision
     >>> class Norm(torch.nn.Module):
     ...     def __init__(self):
     ...         super().__init__()

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch.fx as fx
 from ortools.sat.python import cp_model
 
-from autopar.cluster import Cluster
-from autopar.constraints import Constraint, MemoryCap, SettingView
-from autopar.errors import NoFeasiblePlanError
+from autopar.core.cluster import Cluster
+from autopar.core.constraints import Constraint, MemoryCap, SettingView
+from autopar.core.errors import NoFeasiblePlanError
+from autopar.core.knobs import RUNNABLE_SCHEDULES
+from autopar.core.units import format_bytes
 from autopar.solver.options import PlanOptions
-from autopar.solver.stages import RUNNABLE_SCHEDULES
-from autopar.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def conflicting(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
                 counts: list[int]) -> NoFeasiblePlanError | None:
     """The error naming the smallest set of constraints (and pins) that leave no plan, or
     None when the model of the search sees none."""
-    from autopar.planning import sub_cluster
+    from autopar.core.cluster.subset import sub_cluster
     from autopar.solver.search import mesh_memory_floors
 
     rules = _rules(options)

@@ -1,7 +1,7 @@
 """Context parallelism in the search: which meshes may split the sequence, what the
 sequence marking scales, and which attention algorithm a setting runs (chosen by cost).
 
-The sequence is marked like the batch (:mod:`autopar.solver.batch_axis`): every token
+The sequence is marked like the batch (:mod:`autopar.analysis.batch_axis`): every token
 input is split along dim 1 and the split is carried through the graph; a value that follows
 it shrinks ``cp`` times on a rank. Attention is the one place tokens meet, so each attention
 site is priced with :func:`autopar.cost_models.context_parallel.attention_comm` for the
@@ -15,19 +15,19 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from autopar.analysis.attention_sites import arg, find_attention_sites, shape_of
+from autopar.analysis.batch_axis import propagate_input_dim
+from autopar.core.knobs import CP_ALGORITHMS
+from autopar.core.placements import Partial, Replicate, Shard
+from autopar.core.values import tensor_inputs
 from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.context_parallel import (
-    CP_ALGORITHMS,
     AttentionComm,
     AttentionShape,
     attention_comm,
     unsupported,
 )
-from autopar.passes.attention_sites import arg, find_attention_sites, shape_of
-from autopar.placements import Partial, Replicate, Shard
-from autopar.solver.batch_axis import propagate_input_dim
 from autopar.strategies import Strategy
-from autopar.values import tensor_inputs
 
 CP_LONG_CONTEXT = 32768
 """Sequences from this length on are searched with cp > 1 beside cp = 1; shorter ones only

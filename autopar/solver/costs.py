@@ -28,7 +28,18 @@ from functools import cached_property
 import torch
 import torch.fx as fx
 
-from autopar.cluster import Cluster, LinkSpec
+from autopar.analysis.batch_axis import batch_scaled
+from autopar.analysis.chunkable_loss import VIEWS, chunkable_loss, fp32_cast
+from autopar.analysis.expert_sites import regions_of
+from autopar.analysis.precision import (
+    BYTES,
+    PrecisionAssignment,
+    stored_word,
+)
+from autopar.core.cluster import Cluster, LinkSpec
+from autopar.core.graph_facts import META_KEY, NodeFacts
+from autopar.core.knobs import CP_ALGORITHMS
+from autopar.core.placements import Placement, Shard, divisor
 from autopar.cost_models.comm import axis_link, collective_transfer_time, group_collective_time
 from autopar.cost_models.compute import (
     allocation_time,
@@ -41,21 +52,11 @@ from autopar.cost_models.compute import (
     forward_time,
     op_time,
 )
-from autopar.cost_models.context_parallel import CP_ALGORITHMS, AttentionComm, causal_imbalance
+from autopar.cost_models.context_parallel import AttentionComm, causal_imbalance
 from autopar.cost_models.memory import StateBytes, activation_bytes_per_element, model_state_bytes
 from autopar.cost_models.op_costs import OpCostQuery, op_cost_for
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
-from autopar.experts import regions_of
-from autopar.graph_facts import META_KEY, NodeFacts
-from autopar.loss_ops import chunked_saved_floats, chunked_working_bytes
-from autopar.passes.chunked_loss import VIEWS, chunkable_loss, fp32_cast
-from autopar.placements import Placement, Shard, divisor
-from autopar.precision import (
-    BYTES,
-    PrecisionAssignment,
-    stored_word,
-)
-from autopar.solver.batch_axis import batch_scaled
+from autopar.ops.loss_ops import chunked_saved_floats, chunked_working_bytes
 from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
 from autopar.solver.loss_costs import chunked_loss_times
 from autopar.solver.options import PlanOptions
@@ -257,7 +258,7 @@ class CostTables:
     # --- precision -------------------------------------------------------------------
     @cached_property
     def precision(self) -> PrecisionAssignment:
-        """Which dtype each node computes and stores in (:mod:`autopar.precision`); shared
+        """Which dtype each node computes and stores in (:mod:`autopar.analysis.precision`); shared
         by every setting with the same parameter dtype."""
         return precision_assignment(self.problem, self.options, self.setting.zero)
 
@@ -755,7 +756,7 @@ class CostTables:
         return self.own_activation(d, s) * d.count
 
     def fp8_linear(self, d: Decision) -> bool:
-        """Does ``d`` run as an fp8 linear (``autopar.fp8_ops``)?"""
+        """Does ``d`` run as an fp8 linear (``autopar.ops.fp8_ops``)?"""
         return d.kind == "op" and self.dtype(d) == "fp8"
 
     def fp8_weight_bytes(self, d: Decision, s: Strategy) -> float:

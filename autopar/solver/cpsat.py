@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autopar.constraints import Constraint, DecisionView, LayoutView
+from autopar.core.constraints import Constraint, DecisionView, LayoutView
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Replicate
 from autopar.cost_models.comm import busy_latency, group_collective_time
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.memory import ddp_buffer_bytes
-from autopar.graph_facts import META_KEY
-from autopar.placements import Replicate
 from autopar.solver.costs import CostTables, fp8_copy
 
 NS = 1e-7

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from autopar.graph_facts import META_KEY, NodeFacts
+from autopar.core.graph_facts import META_KEY, NodeFacts
 
 _NOT_FUSED = ("embedding", "index_put", "scatter", "sort", "topk", "nonzero", "unique",
               "multinomial", "bernoulli", "cumsum", "argmax", "argmin")

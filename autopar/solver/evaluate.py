@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from autopar.core.knobs import rank_of_chunk
 from autopar.cost_models.comm import (
     LinkSpec,
     axis_link,
@@ -35,7 +36,7 @@ from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
 from autopar.solver.costs import CostTables
 from autopar.solver.setting import Setting
-from autopar.solver.stages import StageLoad, equal_partition, rank_of_chunk
+from autopar.solver.stages import StageLoad, equal_partition
 from autopar.solver.unit_costs import UnitCosts, unit_costs
 
 

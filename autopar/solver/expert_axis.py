@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from autopar.errors import AutoparError
-from autopar.experts import ExpertRegionError, expert_module, expert_regions, regions_of
-from autopar.graph_facts import META_KEY
+from autopar.analysis.expert_sites import (
+    ExpertRegionError,
+    expert_module,
+    expert_regions,
+    regions_of,
+)
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY
 from autopar.solver.options import PlanOptions
 
 
@@ -83,7 +88,7 @@ def check_ep(gm: fx.GraphModule, options: PlanOptions, devices: int) -> None:
     except ExpertRegionError as e:
         raise AutoparError(f"ep={ep}: the experts cannot be spread: {e}", where="ep",
                            fix="write the experts as grouped matmuls over stacked weights "
-                           "(torch._grouped_mm, autopar.moe_ops.grouped_mm), or plan with "
+                           "(torch._grouped_mm, autopar.ops.moe_ops.grouped_mm), or plan with "
                            "ep=1") from e
     if not regions:
         raise AutoparError(f"ep={ep}, but the model has no experts autopar can spread "

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from autopar.analysis.expert_sites import ExpertRegion, regions_of
+from autopar.core.graph_facts import META_KEY
 from autopar.cost_models.expert_load import busiest_rank_excess, dropped_fraction
-from autopar.experts import ExpertRegion, regions_of
-from autopar.graph_facts import META_KEY
 from autopar.solver.costs import CostTables
 
 

@@ -17,14 +17,14 @@ from dataclasses import replace
 
 import torch.fx as fx
 
-from autopar.cluster import Cluster
-from autopar.errors import AutoparError
-from autopar.graph_facts import graph_facts
-from autopar.placements import Replicate, Shard
+from autopar.core.cluster import Cluster
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import graph_facts
+from autopar.core.placements import Replicate, Shard
+from autopar.core.units import format_seconds
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Problem, splits_batch
 from autopar.solver.search import SearchResult, search
-from autopar.units import format_seconds
 
 _MATMULS = ("aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.bmm", "aten.embedding")
 

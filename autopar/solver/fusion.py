@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from autopar.passes.attention_sites import (
+from autopar.analysis.attention_sites import (
     find_attention_sites,
     kernel_compatible,
     placement_ranks,

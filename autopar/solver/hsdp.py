@@ -16,7 +16,7 @@ replicas' memory, and a larger one crosses the node boundary again; a pinned
 
 from __future__ import annotations
 
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.solver.options import PlanOptions
 
 

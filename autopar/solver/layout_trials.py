@@ -13,8 +13,8 @@ import functools
 import math
 from dataclasses import replace
 
-from autopar.cluster import Cluster
-from autopar.constraints import stage_cuts
+from autopar.core.cluster import Cluster
+from autopar.core.constraints import stage_cuts
 from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.ground import load_ground

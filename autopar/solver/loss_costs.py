@@ -1,8 +1,8 @@
 """What a cross-entropy costs as the runtime computes it: a block of tokens at a time.
 
 ``passes/chunked_loss.py`` replaces every cross-entropy over class indices with
-:func:`autopar.loss_ops.chunked_cross_entropy`, whose passes over the logits and kernel
-launches per block :func:`autopar.loss_ops.block_passes` counts from its code. Priced from
+:func:`autopar.ops.loss_ops.chunked_cross_entropy`, whose passes over the logits and kernel
+launches per block :func:`autopar.ops.loss_ops.block_passes` counts from its code. Priced from
 the traced op instead, the loss wrote the whole fp32 log-softmax that the blocks never make
 and was charged one kernel: on an H200 at 16,384 tokens and 128,256 classes that was 13 ms
 modelled against ~54 ms of the loss's kernels, plus their launches
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch.fx as fx
 
 from autopar.cost_models.compute import forward_time
-from autopar.loss_ops import block_passes, chunk_rows
+from autopar.ops.loss_ops import block_passes, chunk_rows
 from autopar.solver.precision_costs import inserted_cast_time
 from autopar.solver.problem import Decision
 from autopar.strategies import Strategy

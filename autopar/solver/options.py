@@ -6,27 +6,24 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
-from autopar.cost_models.memory import OPTIMIZERS
-from autopar.errors import AutoparError
-from autopar.knobs import (
+from autopar.core.errors import AutoparError
+from autopar.core.knobs import (
+    BATCH_COUPLING_MODES,
+    CP_ALGORITHMS,
+    CP_LAYOUTS,
+    MASTER_WEIGHTS,
+    OFFLOADS_RUNNABLE,
+    OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE_MODES,
     SEARCHED_RECOMPUTE_MODES,
+    ZERO_STAGES_RUNNABLE,
     schedule_name,
     zero_stages,
 )
-from autopar.precision import MASTER_WEIGHTS
-from autopar.solver.batch_coupling import BATCH_COUPLING_MODES
-
-OFFLOADS_RUNNABLE = ("none", "optimizer+params")
-"""Offload modes the runtime executes ("optimizer+params": FSDP2's CPUOffloadPolicy)."""
 
 ATTENTION_KERNELS = ("generated", "device")
 """What runs the fused attention sites, as the cost model prices them (PlanOptions)."""
-
-ZERO_STAGES_RUNNABLE = (0, 1, 2, 3)
-"""The ZeRO stages the runtime executes (DDP; FSDP2: :mod:`autopar.runtime.data_parallel`)."""
 
 
 FP8_WEIGHT_COPIES = ("step", "use")
@@ -48,7 +45,7 @@ class PlanOptions:
       "interleaved", "zb_v" — the zero-bubble schedule ``torch.distributed.pipelining``
       runs) and the chunks per pipeline rank (interleaved only).
     - ``precision``: compute precision ("bf16", "fp16" and "fp8" mean mixed precision with
-      fp32 master weights; which node computes in what: :mod:`autopar.precision`).
+      fp32 master weights; which node computes in what: :mod:`autopar.analysis.precision`).
     - ``precision_overrides``: node name or module path -> dtype word, over the policy.
     - ``zero``: ZeRO stages the solver may pick (0 = DDP, 3 = FSDP2 fully_shard).
     - ``dp_replicate``: pin HSDP, ZeRO sharded within dp/dp_replicate ranks and replicated
@@ -58,7 +55,7 @@ class PlanOptions:
     - ``recompute_layers``: pins one mode per repeated layer, in the order they run.
     - ``fuse_attention``: run every attention site the kernels support as one fused call.
     - ``chunked_loss``: compute cross-entropy over class indices a block of tokens at a
-      time (``autopar.loss_ops``), keeping no ``[tokens, vocab]`` log-softmax.
+      time (``autopar.ops.loss_ops``), keeping no ``[tokens, vocab]`` log-softmax.
     - ``memory_fraction``: share of device memory a plan may fill (the rest is headroom
       for the allocator and the runtime's own buffers).
     - ``time_limit_s``: CP-SAT time limit per mesh candidate.
@@ -91,7 +88,7 @@ class PlanOptions:
     batch_coupling: str = "exact"
     precision: str = "fp32"
     precision_overrides: tuple[tuple[str, str], ...] = ()
-    # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS); the runtime
+    # where the fp32 master weights live (autopar.analysis.precision.MASTER_WEIGHTS); the runtime
     # executes "params" (and ZeRO-3's gathered 16-bit parameters); "optimizer" is priced only
     master_weights: str = "params"
     # how long an fp8 linear's fp8 weight copy lives (FP8_WEIGHT_COPIES): "step", one copy
@@ -128,7 +125,7 @@ class PlanOptions:
     # gradient and optimizer shards in host memory and steps the optimizer there (FSDP2's
     # CPUOffloadPolicy). Chosen only when no plan fits in device memory without it.
     offload: tuple[str, ...] = ("none", "optimizer+params")
-    # What the plan must obey (autopar.constraints): settings they rule out are skipped,
+    # What the plan must obey (autopar.core.constraints): settings they rule out are skipped,
     # stage cuts bound the pipeline partition, a memory cap lowers the capacity.
     constraints: tuple = ()
 
@@ -256,13 +253,13 @@ class PlanOptions:
                 where="PlanOptions.memory_fraction",
                 fix="e.g. 0.9 leaves 10% headroom",
             )
-        from autopar.constraints import Constraint
+        from autopar.core.constraints import Constraint
 
         if not isinstance(self.constraints, tuple) or not all(
                 isinstance(c, Constraint) for c in self.constraints):
             raise AutoparError(f"constraints must be a tuple of Constraint, got "
                                f"{self.constraints!r}", where="PlanOptions.constraints",
-                               fix="parse text with autopar.constraints.parse_constraints")
+                               fix="parse text with autopar.core.constraints.parse_constraints")
         margin = self.extrapolation_margin
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                    or not math.isfinite(margin) or margin < 0):
@@ -281,12 +278,12 @@ class PlanOptions:
     def capacity(self, device_memory_bytes: float) -> float:
         """Bytes a plan may fill on one device: ``memory_fraction`` of it, or less under a
         memory cap constraint."""
-        from autopar.constraints import memory_cap
+        from autopar.core.constraints import memory_cap
 
         cap = memory_cap(self.constraints)
         usable = device_memory_bytes * self.memory_fraction
         return min(usable, cap.bytes) if cap else usable
 
     def allows(self, setting) -> bool:
-        """Whether every constraint allows ``setting`` (an ``autopar.constraints.SettingView``)."""
+        """Whether every constraint allows ``setting`` (an ``autopar.core.constraints.SettingView``)."""
         return all(c.allows(setting) for c in self.constraints)

@@ -14,15 +14,21 @@ from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
-from autopar.cluster import Cluster
-from autopar.cost_models.context_parallel import CP_ALGORITHMS, CP_LAYOUTS
-from autopar.cost_models.memory import OPTIMIZERS, PRECISIONS
+from autopar.analysis.attention_sites import find_attention_sites
+from autopar.analysis.batch_axis import batch_strategies, propagate_input_dim
+from autopar.core.cluster import Cluster
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.knobs import (
+    CP_ALGORITHMS,
+    CP_LAYOUTS,
+    LEANNESS,
+    OPTIMIZERS,
+    RECOMPUTE_MODES,
+    schedule_name,
+)
+from autopar.cost_models.memory import PRECISIONS
 from autopar.cost_models.pipeline import ZB_V_CHUNKS
-from autopar.errors import AutoparError
-from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import LEANNESS, RECOMPUTE_MODES, schedule_name
-from autopar.passes.attention_sites import find_attention_sites
-from autopar.solver.batch_axis import batch_strategies, propagate_input_dim
 from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
 from autopar.solver.costs import CostTables
 from autopar.solver.cpsat import solve
@@ -68,7 +74,7 @@ class PinnedConfig:
     precision: str = "bf16"
     # node name or module path -> dtype word, over autopar's precision policy
     precision_overrides: tuple[tuple[str, str], ...] = ()
-    # where the fp32 master weights live (autopar.precision.MASTER_WEIGHTS): "optimizer"
+    # where the fp32 master weights live (autopar.analysis.precision.MASTER_WEIGHTS): "optimizer"
     # prices 16-bit parameters as Megatron-LM keeps them
     master_weights: str = "params"
     # how long an fp8 weight copy lives: PlanOptions.fp8_weight_copies
@@ -90,7 +96,7 @@ class PinnedConfig:
     # Model a program that fuses its elementwise chains (Transformer Engine's kernels,
     # torch.compile): autopar.solver.elementwise_fusion. autopar's runtime runs them eagerly.
     fuse_elementwise: bool = False
-    # Cross-entropy a block of tokens at a time (autopar.loss_ops), as the runtime runs it.
+    # Cross-entropy a block of tokens at a time (autopar.ops.loss_ops), as the runtime runs it.
     chunked_loss: bool = True
     # Model a program that pipelines its tensor-parallel collectives with the matmuls beside
     # them (Transformer Engine's userbuffers, PyTorch's async TP): autopar.solver.tp_overlap.

@@ -12,15 +12,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autopar.analysis.precision import (
+    BYTES,
+    PrecisionAssignment,
+    assign_precision,
+    params_word,
+    stored_word,
+)
+from autopar.core.placements import divisor
+from autopar.core.values import tensor_inputs
 from autopar.cost_models.compute import forward_time
-from autopar.placements import divisor
-from autopar.precision import BYTES, PrecisionAssignment, assign_precision, params_word, stored_word
 from autopar.solver.cast_costs import Cast, fp8_quantize_bytes, inserted_casts
 from autopar.solver.elementwise_fusion import fusable, through_views
 from autopar.solver.options import PlanOptions
 from autopar.solver.problem import Decision, Problem, ValueKey
 from autopar.strategies import Strategy
-from autopar.values import tensor_inputs
 
 if TYPE_CHECKING:
     from autopar.solver.costs import CostTables

@@ -14,13 +14,13 @@ from functools import cached_property
 
 import torch.fx as fx
 
-from autopar.graph_facts import META_KEY, NodeFacts, graph_facts
-from autopar.placements import Replicate, Shard
-from autopar.precision import NORM_MODULE_SUFFIXES
+from autopar.analysis.precision import NORM_MODULE_SUFFIXES
+from autopar.core.graph_facts import META_KEY, NodeFacts, graph_facts
+from autopar.core.placements import Replicate, Shard
+from autopar.core.values import is_decision, tensor_inputs, training_output, value_of
 from autopar.strategies import Strategy, has_rule, strategies_for
 from autopar.strategies.calls import op_call
 from autopar.strategies.mutation import ties
-from autopar.values import is_decision, tensor_inputs, training_output, value_of
 
 R = Replicate()
 ValueKey = tuple[int, int]  # (decision index, output index)

@@ -18,21 +18,21 @@ from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
-from autopar import progress
-from autopar.cluster import Cluster
-from autopar.constraints import memory_cap
-from autopar.cost_models.context_parallel import CP_ALGORITHMS
-from autopar.cost_models.memory import MemoryBreakdown
-from autopar.errors import AutoparError, NoFeasiblePlanError
-from autopar.graph_facts import META_KEY, graph_facts
-from autopar.knobs import LEANNESS, RECOMPUTE_MODES
-from autopar.solver.batch_axis import batch_strategies
-from autopar.solver.batch_coupling import (
+from autopar.analysis.batch_axis import batch_strategies
+from autopar.analysis.batch_coupling import (
     Coupling,
     batch_couplings,
     coupling_refusal,
     splitting,
 )
+from autopar.core import progress
+from autopar.core.cluster import Cluster
+from autopar.core.constraints import memory_cap
+from autopar.core.errors import AutoparError, NoFeasiblePlanError
+from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.knobs import CP_ALGORITHMS, LEANNESS, RECOMPUTE_MODES, RUNNABLE_SCHEDULES
+from autopar.core.units import format_bytes
+from autopar.cost_models.memory import MemoryBreakdown
 from autopar.solver.candidate import Candidate, setting_text
 from autopar.solver.context import (
     CP_LONG_CONTEXT,
@@ -69,8 +69,6 @@ from autopar.solver.problem import (
 )
 from autopar.solver.setting import Setting
 from autopar.solver.solve_ahead import SolveAhead
-from autopar.solver.stages import RUNNABLE_SCHEDULES
-from autopar.units import format_bytes
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -147,7 +145,7 @@ def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
 def _mesh_allowed(options: PlanOptions, pp: int, dp: int, cp: int, tp: int) -> bool:
     """Whether the mesh constraints (degrees and device budgets, which see nothing else)
     allow a mesh; the others are checked on each whole setting."""
-    from autopar.constraints import Degree, DeviceBudget, SettingView
+    from autopar.core.constraints import Degree, DeviceBudget, SettingView
 
     view = SettingView(dp=dp, tp=tp, pp=pp, cp=cp)
     return all(c.allows(view) for c in options.constraints

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.constraints import SettingView
-from autopar.knobs import RECOMPUTE_MODES
+from autopar.core.constraints import SettingView
+from autopar.core.knobs import RECOMPUTE_MODES
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Setting:
 
     @property
     def view(self) -> SettingView:
-        """This setting as constraints see it (``autopar.constraints.SettingView``)."""
+        """This setting as constraints see it (``autopar.core.constraints.SettingView``)."""
         return SettingView(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep,
                            zero=self.zero, microbatch=self.microbatch,
                            microbatches=self.microbatches,

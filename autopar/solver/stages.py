@@ -24,22 +24,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from autopar.core.knobs import rank_of_chunk
 from autopar.cost_models.pipeline import in_flight, schedule_name
-
-RUNNABLE_SCHEDULES = ("1f1b", "interleaved", "zb_v", "gpipe")
-"""Schedules ``torch.distributed.pipelining`` runs (ScheduleGPipe, Schedule1F1B,
-ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)."""
-
-
-def rank_of_chunk(chunk: int, pp: int, schedule: str) -> int:
-    """The pipeline rank that runs ``chunk``.
-
-    >>> [rank_of_chunk(c, 2, "interleaved") for c in range(4)], [rank_of_chunk(c, 2, "zb_v") for c in range(4)]
-    ([0, 1, 0, 1], [0, 1, 1, 0])
-    """
-    if schedule_name(schedule) == "zb_v" and chunk >= pp:
-        return 2 * pp - 1 - chunk
-    return chunk % pp
 
 
 def equal_partition(n_layers: int, chunks: int) -> tuple[int, ...]:

@@ -7,15 +7,17 @@ from dataclasses import replace
 
 import torch.fx as fx
 
-from autopar.cluster import Cluster
+from autopar.analysis.attention_sites import find_attention_sites
+from autopar.analysis.batch_coupling import coupling_exact
+from autopar.analysis.expert_sites import regions_of
+from autopar.core.cluster import Cluster
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.knobs import rank_of_chunk
+from autopar.core.placements import Replicate
+from autopar.core.plan import SCHEMA_VERSION, Plan, strategy_to_json
+from autopar.core.values import value_of
 from autopar.cost_models.ground import load_ground
-from autopar.errors import AutoparError
-from autopar.experts import regions_of
-from autopar.graph_facts import META_KEY, graph_facts
-from autopar.passes.attention_sites import find_attention_sites
-from autopar.placements import Replicate
-from autopar.plan import SCHEMA_VERSION, Plan, strategy_to_json
-from autopar.solver.batch_coupling import coupling_exact
 from autopar.solver.context import algorithm_costs, cp_strategies
 from autopar.solver.costs import CostTables, runs_generated_attention
 from autopar.solver.evaluate import Prediction
@@ -25,9 +27,8 @@ from autopar.solver.options import PlanOptions
 from autopar.solver.precision_costs import precision_assignment
 from autopar.solver.search import SearchResult
 from autopar.solver.setting import Setting
-from autopar.solver.stages import layer_ranges, rank_of_chunk
+from autopar.solver.stages import layer_ranges
 from autopar.strategies.mutation import check_tied, describe, layer_writes_outside
-from autopar.values import value_of
 
 
 def make_plan(

@@ -24,8 +24,8 @@ autopar's own runtime issues its collectives whole, so its plans are priced with
 
 from __future__ import annotations
 
+from autopar.core.placements import Partial, Placement
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN, with_contention
-from autopar.placements import Partial, Placement
 from autopar.solver.costs import CostTables
 from autopar.solver.problem import ValueKey
 

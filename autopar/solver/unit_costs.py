@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch.fx as fx
 
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Placement, Replicate, Shard, divisor
+from autopar.core.values import tensor_inputs, value_of
 from autopar.cost_models.comm import collective_time
-from autopar.graph_facts import META_KEY
-from autopar.placements import Placement, Replicate, Shard, divisor
 from autopar.solver.costs import CostTables, fp8_copy
 from autopar.solver.precision_costs import precision_key
 from autopar.solver.problem import Problem, ValueKey
 from autopar.solver.tp_overlap import exposed_s, paired_matmul_s
 from autopar.strategies import Strategy
-from autopar.values import tensor_inputs, value_of
 
 R = Replicate()
 

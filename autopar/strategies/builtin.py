@@ -4,7 +4,7 @@ Each rule file registers its ops with :func:`autopar.strategies.register_rule` w
 imported; this module only imports them, so the set of built-in rules is listed in one
 place. Ops with a data-dependent output shape (``nonzero``, ``histc``, ...) deliberately
 have no rule and run replicated (on the batch axis they run on each rank's own tokens:
-:mod:`autopar.solver.batch_axis`).
+:mod:`autopar.analysis.batch_axis`).
 """
 
 from autopar.strategies import (  # noqa: F401  (imported for their registrations)

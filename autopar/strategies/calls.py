@@ -12,8 +12,8 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
-from autopar.graph_facts import META_KEY
-from autopar.strategies.rule import OpCall, TensorMeta
+from autopar.core.graph_facts import META_KEY
+from autopar.core.strategy import OpCall, TensorMeta
 
 _SPLITS = {"aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default"}
 

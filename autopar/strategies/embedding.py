@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from autopar.local_ops import vocab_parallel_lookup as vocab_parallel_embedding  # noqa: F401
-from autopar.placements import Shard, can_shard
+from autopar.core.placements import Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, replicate_all
+from autopar.ops.local_ops import vocab_parallel_lookup as vocab_parallel_embedding  # noqa: F401
 from autopar.strategies.pointwise import PSUM, R, group_options, partial_strategies
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
 aten = torch.ops.aten
 

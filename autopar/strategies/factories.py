@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placements import Partial, Placement, Shard, can_shard
+from autopar.core.placements import Partial, Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, replicate_all
 from autopar.strategies.pointwise import PAVG, PSUM, R, any_placements, group_options, is_zero
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
 aten = torch.ops.aten
 

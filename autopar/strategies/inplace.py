@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from autopar.core.strategy import OpCall, Rule, Strategy, replicate_all
 from autopar.strategies.pointwise import is_zero, partial_strategies, shard_each_dim
 from autopar.strategies.registry import register_rule, registered, rule_for
-from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
 
 aten = torch.ops.aten
 

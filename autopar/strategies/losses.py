@@ -29,10 +29,10 @@ import math
 
 import torch
 
-from autopar.placements import Partial, Placement, Shard, can_shard
+from autopar.core.placements import Partial, Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, replicate_all
 from autopar.strategies.pointwise import R, partial_strategies
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
 aten = torch.ops.aten
 
@@ -90,7 +90,7 @@ def cross_entropy_loss(call: OpCall, axis_size: int) -> list[Strategy]:
     if plain and x.ndim == 2 and target.ndim == 1 and not target.dtype.is_floating_point \
             and can_shard(x.shape[1], axis_size):
         # Megatron's vocabulary-parallel cross-entropy: classes split, the loss whole on
-        # every device (autopar.loss_ops; two token-sized all-reduces inside)
+        # every device (autopar.ops.loss_ops; two token-sized all-reduces inside)
         strategies.append(Strategy((Shard(1), R), (R,) * len(call.out),
                                    local_impl=VOCAB_PARALLEL_LOSS))
     if target.ndim == x.ndim:  # class probabilities

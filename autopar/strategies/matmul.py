@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from autopar.placements import Placement, Shard, can_shard
+from autopar.core.placements import Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, TensorMeta, replicate_all
 from autopar.strategies.pointwise import (
     PSUM,
     R,
@@ -32,7 +33,6 @@ from autopar.strategies.pointwise import (
     tensor_slot,
 )
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, TensorMeta, replicate_all
 
 aten = torch.ops.aten
 

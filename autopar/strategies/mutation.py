@@ -31,10 +31,10 @@ from typing import Any
 
 import torch.fx as fx
 
-from autopar.errors import AutoparError
-from autopar.graph_facts import META_KEY
-from autopar.placements import Placement
-from autopar.values import tensor_inputs, tensor_nodes
+from autopar.core.errors import AutoparError
+from autopar.core.graph_facts import META_KEY
+from autopar.core.placements import Placement
+from autopar.core.values import tensor_inputs, tensor_nodes
 
 
 @dataclass(frozen=True)

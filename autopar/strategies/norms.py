@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from autopar.local_ops import SYNC_BATCH_NORM
-from autopar.placements import Placement, Shard, can_shard
+from autopar.core.placements import Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, norm_dim, replicate_all
+from autopar.ops.local_ops import SYNC_BATCH_NORM
 from autopar.strategies.pointwise import (
     R,
     group_options,
@@ -24,7 +25,6 @@ from autopar.strategies.pointwise import (
     tensor_slot,
 )
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, norm_dim, replicate_all
 
 aten = torch.ops.aten
 
@@ -87,7 +87,7 @@ def batch_norm(call: OpCall, axis_size: int) -> list[Strategy]:
     ``(batch, channels, *spatial)``: each channel alone, so channels shard with the
     per-channel tensors. In training the statistics are over the batch: splitting it is
     exact only with the statistics synchronised over the axis (``local_impl``
-    ``sync_batch_norm``, :mod:`autopar.local_ops`), which the batch axis runs. In eval the
+    ``sync_batch_norm``, :mod:`autopar.ops.local_ops`), which the batch axis runs. In eval the
     running statistics are used and samples are independent."""
     x = call.tensor_args[0]
     n_in = len(call.tensor_args)

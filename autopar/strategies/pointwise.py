@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch.utils._pytree import tree_flatten
 
-from autopar.placements import Partial, Placement, Replicate, Shard, can_shard
+from autopar.core.placements import Partial, Placement, Replicate, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, TensorMeta, norm_dim, replicate_all
 from autopar.strategies.registry import register_kind_rule, register_rule
-from autopar.strategies.rule import OpCall, Strategy, TensorMeta, norm_dim, replicate_all
 
 aten = torch.ops.aten
 R = Replicate()

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from autopar.placements import Partial, Placement, Shard, can_shard
+from autopar.core.placements import Partial, Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, norm_dim, replicate_all
 from autopar.strategies.pointwise import group_options, normalized_dims, partial_strategies
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, norm_dim, replicate_all
 
 aten = torch.ops.aten
 

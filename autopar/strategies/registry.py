@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from autopar.strategies.rule import OpCall, Rule, Strategy, replicate_all
+from autopar.core.strategy import OpCall, Rule, Strategy, replicate_all
 
 _RULES: dict[Any, Rule] = {}
 # rules for ops a model library defines when it is imported, by "namespace::name" (Hugging

@@ -5,18 +5,18 @@ grouped matmuls.
 Each acts on every token independently, so every dim a token lives on may be sharded. The
 data-dependent ops of routing (``nonzero``, ``argsort`` over tokens, ``histc``, grouped
 matmuls with computed offsets) have no global-index rule; on the batch axis they run on
-each rank's own tokens (:mod:`autopar.solver.batch_axis`).
+each rank's own tokens (:mod:`autopar.analysis.batch_axis`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from autopar.placements import Partial, Replicate, Shard, can_shard
+from autopar.core.placements import Partial, Replicate, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, norm_dim, replicate_all
 from autopar.strategies.matmul import product_strategies
 from autopar.strategies.pointwise import partial_strategies
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, norm_dim, replicate_all
 from autopar.strategies.views import reshape_strategies
 
 aten = torch.ops.aten
@@ -117,7 +117,7 @@ def grouped_mm(call: OpCall, axis_size: int) -> list[Strategy]:
     group through its expert's matrix. Tensor parallelism inside the experts, as
     Megatron's: ``out`` sharded on ``w`` gives sharded columns (``x`` whole); ``in`` sharded
     on both gives a partial sum. Rows hold global offsets, so they are not split here
-    (data and expert parallelism split them: ``autopar.solver.batch_axis``,
+    (data and expert parallelism split them: ``autopar.analysis.batch_axis``,
     ``passes/expert_parallel``). Linear in ``x`` and in ``w``."""
     if len(call.tensor_args) < 3 or call.tensor_args[1].ndim != 3:
         return [replicate_all(call)]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from autopar.placements import Shard, can_shard
+from autopar.core.placements import Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, replicate_all
 from autopar.strategies.pointwise import R, partial_strategies
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, replicate_all
 
 aten = torch.ops.aten
 

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from autopar.placements import Placement, Shard, can_shard
+from autopar.core.placements import Placement, Shard, can_shard
+from autopar.core.strategy import OpCall, Strategy, TensorMeta, norm_dim, replicate_all
 from autopar.strategies.pointwise import (
     R,
     aligned_dim,
@@ -27,7 +28,6 @@ from autopar.strategies.pointwise import (
     tensor_slot,
 )
 from autopar.strategies.registry import register_rule
-from autopar.strategies.rule import OpCall, Strategy, TensorMeta, norm_dim, replicate_all
 
 aten = torch.ops.aten
 

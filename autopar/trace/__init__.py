@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopar.collector import collector_paused
-from autopar.errors import TraceError
-from autopar.graph_facts import META_KEY, GraphFacts
+from autopar.core.collector import collector_paused
+from autopar.core.errors import TraceError
+from autopar.core.graph_facts import META_KEY, GraphFacts
 from autopar.trace.annotate import annotate, tensor_vals
 from autopar.trace.blocks import assign_blocks, fingerprint
-from autopar.trace.export import export_model
+from autopar.trace.capture import export_model
 from autopar.trace.inputs import TensorSpec, split_example_inputs
 
 __all__ = ["TensorSpec", "trace"]

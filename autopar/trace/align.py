@@ -17,7 +17,7 @@ import hashlib
 import torch
 import torch.fx as fx
 
-from autopar.errors import PlanError
+from autopar.core.errors import PlanError
 
 
 def _key(node: fx.Node) -> tuple[str, str]:

@@ -11,9 +11,9 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten
 
-from autopar.graph_facts import META_KEY, NodeFacts, ParamFacts
+from autopar.core.graph_facts import META_KEY, NodeFacts, ParamFacts
 from autopar.trace.expected_rows import expected_sizes
-from autopar.trace.op_costs import EXPECTED, OpCostMeter, concrete
+from autopar.trace.op_measure import EXPECTED, OpCostMeter, concrete
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 

@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from autopar.graph_facts import META_KEY, BlockFacts, NodeFacts
+from autopar.core.graph_facts import META_KEY, BlockFacts, NodeFacts
 
 _NUMBERED = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
 

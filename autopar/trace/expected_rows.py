@@ -12,7 +12,7 @@ condition:
 - any other condition: 1, every element (an upper bound: never an underestimate).
 
 :func:`expected_sizes` maps each unbacked symbol of a graph to its expected value;
-:func:`autopar.trace.op_costs.concrete` reads it while the graph is annotated.
+:func:`autopar.trace.op_measure.concrete` reads it while the graph is annotated.
 """
 
 from __future__ import annotations

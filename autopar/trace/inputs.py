@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autopar.errors import TraceError
+from autopar.core.errors import TraceError
 
 DTYPES = {
     "float32": torch.float32,

@@ -8,7 +8,7 @@ expert. Under data parallelism, each rank would then count its own tokens only, 
 ranks' biases would drift apart without any error.
 
 So the block's ops are inlined into the graph, where the batch-coupling analysis sees them
-(``autopar.solver.batch_coupling``). Its inputs are read through ``detach``, which computes
+(``autopar.analysis.batch_coupling``). Its inputs are read through ``detach``, which computes
 what the block computed and keeps autograd out, as ``no_grad`` did. Buffers are read
 directly: they never need gradients, and an in-place update must reach the buffer itself.
 

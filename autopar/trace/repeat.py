@@ -27,7 +27,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from autopar.trace.export import canonicalize
+from autopar.trace.capture import canonicalize
 
 MIN_LAYERS = 4  # below this, two shallow exports cost about what the whole one does
 _SUFFIX = re.compile(r"^(.*)_(\d+)$")

@@ -57,7 +57,7 @@ def main() -> None:
     model = GPT(GPTConfig(block_size=args.seq, vocab_size=args.vocab, n_layer=args.layers,
                           n_head=8, n_embd=args.hidden))
     if args.lora != "none":
-        from autopar.lora import LoraConfig, apply_lora
+        from autopar.models.lora import LoraConfig, apply_lora
 
         apply_lora(model, LoraConfig(rank=8, alpha=16, targets=("c_attn", "c_fc"),
                                      quantize="nf4" if args.lora == "qlora" else None))

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar import comm_ops
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
+from autopar.ops import comm_ops
 
 Batch = tuple[tuple, dict]
 

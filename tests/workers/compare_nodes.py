@@ -17,8 +17,8 @@ import torch.fx as fx
 import yaml
 
 import autopar
-from autopar import comm_ops
-from autopar.placements import Partial, Replicate, Shard, parse_placement
+from autopar.core.placements import Partial, Replicate, Shard, parse_placement
+from autopar.ops import comm_ops
 from tests.workers.equivalence import build
 
 

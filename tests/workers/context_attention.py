@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from equivalence import serve_cases  # noqa: E402
 
-from autopar.comm_ops import local_slice  # noqa: E402
-from autopar.context_ops import (  # noqa: E402
+from autopar.core.placements import Shard  # noqa: E402
+from autopar.kernels import attention  # noqa: E402
+from autopar.ops.comm_ops import local_slice  # noqa: E402
+from autopar.ops.context_ops import (  # noqa: E402
     all_gather_kv_attention,
     ring_kv_attention,
 )
-from autopar.kernels import attention  # noqa: E402
-from autopar.placements import Shard  # noqa: E402
 
 TOL = 1e-5
 

@@ -58,7 +58,7 @@ def build(name: str):
 def head_buffer():
     """tests/test_inplace.py's HeadBuffer (queries assembled in a new buffer), with the
     solver made to split the buffer by heads: the written buffer really is sharded."""
-    from autopar.placements import Shard
+    from autopar.core.placements import Shard
     from autopar.solver import search
     from autopar.solver.problem import restrict_to
     from tests.test_inplace import HeadBuffer

@@ -43,7 +43,7 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
     attention's query and value projections with LoRA (rank 4), every other weight frozen;
     ``<model>+qlora`` also stores those frozen weights in 4-bit NF4."""
     if "+" in name:
-        from autopar.lora import LoraConfig, apply_lora
+        from autopar.models.lora import LoraConfig, apply_lora
 
         base, _, adapter = name.partition("+")
         model, batch = build(base, layers, tied)

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autopar.comm_ops import local_slice
-from autopar.placements import Shard, parse_placement
+from autopar.core.placements import Shard, parse_placement
+from autopar.ops.comm_ops import local_slice
 from autopar.runtime.parallel_module import find_loss
 
 

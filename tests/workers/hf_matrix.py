@@ -45,9 +45,9 @@ from grad_check import compare, train_parallel, train_reference  # noqa: E402
 from reuse import Traces  # noqa: E402
 
 import autopar  # noqa: E402
-import autopar.runtime.parallelize as parallelize_module  # noqa: E402
-from autopar.errors import AutoparError  # noqa: E402
-from autopar.plan import Plan  # noqa: E402
+import autopar.api.parallelize as parallelize_module  # noqa: E402
+from autopar.core.errors import AutoparError  # noqa: E402
+from autopar.core.plan import Plan  # noqa: E402
 from autopar.runtime.idle import IdleRank  # noqa: E402
 from autopar.solver import cpsat  # noqa: E402
 from tests import hand_models, hf_zoo  # noqa: E402

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 
 import torch.fx as fx
 
-from autopar.placements import Shard, parse_placement
-from autopar.plan import Plan, strategy_to_json
+from autopar.core.placements import Shard, parse_placement
+from autopar.core.plan import Plan, strategy_to_json
+from autopar.core.values import tensor_inputs
 from autopar.strategies import strategies_for
 from autopar.strategies.calls import op_call
-from autopar.values import tensor_inputs
 
 
 def nest_cp_tp(plan: Plan, gm: fx.GraphModule) -> tuple[Plan, list[str]]:

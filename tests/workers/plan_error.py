@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import autopar
-from autopar.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.models import GPT, GPTConfig
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.fx as fx
 
-import autopar.runtime.parallelize as parallelize_module
+import autopar.api.parallelize as parallelize_module
 
 
 def copy_traced(gm: fx.GraphModule) -> fx.GraphModule:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from equivalence import serve_cases  # noqa: E402
 
-import autopar.loss_ops as loss_ops  # noqa: E402
+import autopar.ops.loss_ops as loss_ops  # noqa: E402
 
 TOL = 1e-5
 

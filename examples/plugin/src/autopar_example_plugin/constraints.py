@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from autopar.constraints import Constraint, SettingView
+from autopar.core.constraints import Constraint, SettingView
 
 
 class DpPowerOfTwo(Constraint):

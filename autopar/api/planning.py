@@ -1,0 +1,437 @@
+"""``autopar.plan``: trace (if needed) and solve, with no process group."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from autopar.analysis.precision import assign_precision
+from autopar.core.cluster import Cluster, load_cluster
+from autopar.core.cluster.subset import sub_cluster
+from autopar.core.collector import collector_paused
+from autopar.core.constraints import (
+    Constraint,
+    DeviceBudget,
+    ModuleDtype,
+    check_stage_cuts,
+    parse_constraints,
+)
+from autopar.core.errors import AutoparError, NoFeasiblePlanError, TraceError
+from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.knobs import (
+    PRECISION_CHOICES,
+    SEARCHED_RECOMPUTE_MODES,
+    ZERO_STAGES_RUNNABLE,
+    check_keywords,
+    zero_stages,
+)
+from autopar.core.plan import Plan
+from autopar.core.plugins import discover as discover_plugins
+from autopar.cost_models.compute import best_efficiency
+from autopar.models.spec import SPEC_LIMITS
+from autopar.solver.constraint_core import conflicting
+from autopar.solver.options import PlanOptions
+from autopar.solver.search import SearchResult, n_layers_of, search
+from autopar.solver.to_plan import make_plan
+from autopar.strategies.calls import remembered_calls
+from autopar.trace import trace
+
+
+def default_precision(cluster: Cluster) -> str:
+    """bf16 mixed precision on accelerators, fp32 on CPU (gloo) clusters."""
+    return "fp32" if cluster.backend == "gloo" else "bf16"
+
+
+def resolve_precision(precision: str | None, cluster: Cluster) -> str:
+    """The plan's precision word: ``None`` -> :func:`default_precision`; ``"auto"`` -> the
+    fastest the device runs without loss scaling (bf16, else fp32; fp8 and fp16 change
+    training numerics, so they are asked for by name). A word the device cannot run is an
+    error naming it: fp8 needs fp8 tensor cores (H100, H200, B200, MI300X); bf16/fp16 a
+    device that lists them."""
+    if precision is None:
+        return default_precision(cluster)
+    if not isinstance(precision, str) or precision not in PRECISION_CHOICES:
+        raise AutoparError(f"unknown precision {precision!r}", where="precision",
+                           fix=f"use one of {', '.join(PRECISION_CHOICES)}")
+    device = cluster.device
+    if precision == "auto":
+        return "bf16" if "bf16" in device.peak_flops else "fp32"
+    if precision not in device.peak_flops:
+        has = ", ".join(w for w in PRECISION_CHOICES if w in device.peak_flops)
+        need = "fp8 tensor cores (H100, H200, B200, MI300X)" if precision == "fp8" else (
+            f"{precision} arithmetic")
+        raise AutoparError(
+            f"precision {precision!r} needs {need}; device {device.name} has none",
+            where=f"precision (cluster {cluster.name!r}, device {device.name})",
+            fix=f"use one of {has} (or auto), or a cluster file whose device lists "
+            f"{precision} under peak_tflops")
+    return precision
+
+
+def plan(
+    model: nn.Module | fx.GraphModule,
+    cluster: Cluster | str | Path,
+    example_inputs: Any = None,
+    *,
+    dp: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    cp: int | None = None,
+    ep: int | None = None,
+    cp_algorithm: str | None = None,
+    cp_layout: str = "zigzag",
+    devices: int | None = None,
+    global_batch: int | None = None,
+    microbatch: int | None = None,
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    virtual_stages: int | None = None,
+    precision: str | None = None,
+    precision_overrides: dict[str, str] | None = None,
+    optimizer: str = "adamw",
+    zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
+    recompute: str | tuple[str, ...] = SEARCHED_RECOMPUTE_MODES,
+    recompute_layers: tuple[str, ...] | None = None,
+    tp_splits_batch: bool | None = None,
+    fuse_attention: bool = True,
+    attention_kernel: str = "generated",
+    chunked_loss: bool = True,
+    batch_coupling: str = "exact",
+    memory_fraction: float = 0.9,
+    time_limit_s: float = 20.0,
+    extrapolation_margin: float | None = None,
+    max_solves: int | None = 300,
+    offload: str | tuple[str, ...] = ("none", "optimizer+params"),
+    dp_replicate: int | None = None,
+    constraints: Sequence[Constraint | str] | None = None,
+    model_name: str | None = None,
+    **old_spellings: Any,
+) -> Plan:
+    """Plan ``model`` for ``cluster`` without starting any process.
+
+    ``model`` is a module (traced with ``example_inputs``, which may be TensorSpecs) or a
+    GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
+    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``/``cp``,
+    ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
+    "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
+    ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
+    the rest. ``devices`` pins how many of the cluster's devices the plan uses (the first
+    ones: whole nodes, or part of one node); left to the planner (``None``) with no mesh
+    degree pinned, it also plans on fewer devices (divisors of the count: fewer nodes, or
+    fewer devices of one node) and keeps the fastest prediction, so a model too small to
+    gain from more devices runs on fewer, and ``plan.explanation["devices"]`` says so.
+    ``offload`` ("none", "optimizer+params", or both: the default) lets the plan keep
+    ZeRO-3's parameter, gradient and optimizer shards in host memory (FSDP2's
+    ``CPUOffloadPolicy``); it is used only when no plan fits in device memory without it,
+    and priced with the host link and a host optimizer (:mod:`autopar.cost_models.offload`).
+    ``dp_replicate`` pins HSDP: ZeRO shards within groups of dp/dp_replicate consecutive
+    ranks and the groups replicate, all-reducing their gradient shards once per step (by
+    default the solver prices full sharding and, where ZeRO spans nodes, one group per node:
+    :mod:`autopar.solver.hsdp`).
+    ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
+    ground must be predicted than the best validated one (``None``: the model's own error
+    there, ``0``: no preference; see ``plan.predicted["ground"]``).
+    ``ep`` spreads each MoE layer's experts over that many data-parallel ranks (expert
+    parallelism: tokens go to their experts' ranks and back by all-to-all); it divides dp
+    and the experts (:mod:`autopar.solver.expert_axis`).
+    ``cp`` splits each sequence over that many ranks (context parallelism); attention then
+    runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
+    named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
+    causal work) or "contiguous" chunks.
+    ``precision`` ("fp32", "bf16", "fp16", "fp8" or "auto"; default bf16 on GPUs, fp32
+    on CPU) is the compute precision; :mod:`autopar.analysis.precision` says which node computes in
+    what (``plan.precision``), and ``precision_overrides`` (node name or module path ->
+    dtype word) changes single nodes.
+    ``recompute`` lists the recomputation modes the solver may give each layer (a plan may
+    recompute some layers and not others: ``training.recompute`` "mixed", with
+    ``training.recompute_layers``); ``recompute_layers`` pins one mode per repeated layer,
+    in the order they run.
+    ``batch_coupling`` ("exact", the default) splits the batch (over dp, or into
+    microbatches) only where ops that couple its samples stay exact: a batch statistic a
+    balancing loss uses whole is all-reduced over dp, and an op that reads other samples
+    (batch norm) keeps the batch whole; "local" splits anyway, each rank's statistics its
+    own as under DDP. ``plan.batch_coupled`` names those ops (:mod:`autopar.solver.
+    batch_coupling`).
+    ``constraints`` (:mod:`autopar.core.constraints`: objects or text such as ``"tp<=4"``,
+    ``"memory<=40GiB"``, ``"cut after 11"``, ``"replicate lm_head"``) are obeyed; when
+    they leave no plan the error names the smallest set of them that conflict.
+    ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
+    tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
+    ``attention_kernel`` says what the fused attention sites are priced as: "generated"
+    (autopar's own kernels, which its program runs on GPUs, at the device's
+    ``generated_attention_forward``/``_backward``) or "device" (the kernel the cluster's
+    ``attention_efficiency`` describes: to price a run by another framework).
+    Keyword names are those of :mod:`autopar.core.knobs`. A pinned ``tp`` is Megatron's
+    tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
+    plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
+
+    >>> import torch, autopar
+    >>> from autopar.models import GPT, GPTConfig
+    >>> gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    >>> idx = torch.randint(0, 64, (4, 16))
+    >>> autopar.plan(gpt, "2xcpu", (idx, idx), dp=2).mesh
+    {'dp': 2, 'tp': 1}
+    """
+    if old_spellings:
+        given = locals()
+        explicit = [k for k in PLAN_KEYWORDS if given[k] is not _DEFAULTS[k]]
+        given.update(check_keywords(old_spellings, PLAN_KEYWORDS, "autopar.plan", explicit))
+        virtual_stages, precision, zero = (given["virtual_stages"], given["precision"],
+                                           given["zero"])
+    if not isinstance(model, nn.Module):
+        raise AutoparError(
+            f"autopar.plan() plans an nn.Module, got {type(model).__name__}",
+            where="autopar.plan(model=...)",
+            fix="pass the model object (or a graph from autopar.trace); for a model name such "
+            "as 'gpt2', use `autopar plan gpt2 --cluster ...` or autopar.models.resolve_model",
+        )
+    discover_plugins()  # installed packages' rules and op costs join before tracing
+    cluster = load_cluster(cluster)
+    constraints = parse_constraints([*cluster.constraints, *(constraints or ())])
+    precision_overrides = {**{c.module: c.dtype for c in constraints
+                              if isinstance(c, ModuleDtype)}, **(precision_overrides or {})}
+    gm = model if isinstance(model, fx.GraphModule) and META_KEY in model.meta else None
+    if gm is None:
+        gm = trace(model, example_inputs)
+    check_returns_loss(gm)
+    check_stage_cuts(constraints, n_layers_of(gm))
+    check_batch_size(global_batch or graph_facts(gm).batch_size or 1)
+    options = PlanOptions(
+        global_batch=global_batch,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        cp_algorithm=cp_algorithm,
+        cp_layout=cp_layout,
+        microbatch=microbatch,
+        microbatches=microbatches,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        precision=resolve_precision(precision, cluster),
+        precision_overrides=tuple((precision_overrides or {}).items()),
+        optimizer=optimizer,
+        zero=zero_stages(zero),
+        recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
+        recompute_layers=recompute_layers,
+        tp_splits_batch=tp_splits_batch,
+        fuse_attention=fuse_attention,
+        attention_kernel=attention_kernel,
+        chunked_loss=chunked_loss,
+        batch_coupling=batch_coupling,
+        memory_fraction=memory_fraction,
+        time_limit_s=time_limit_s,
+        extrapolation_margin=extrapolation_margin,
+        max_solves=max_solves,
+        offload=offload,
+        dp_replicate=dp_replicate,
+        constraints=constraints,
+    )
+    if options.precision_overrides:  # a key naming nothing fails here, before any solve
+        assign_precision(gm, options.precision, dict(options.precision_overrides))
+    name = model_name or type(model).__name__
+    counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
+                           or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count
+    budget = [k for k in counts if all(k <= c.devices for c in constraints
+                                       if isinstance(c, DeviceBudget))] or counts[-1:]
+    try:
+        with remembered_calls(), collector_paused():  # the graph is read, not changed
+            if budget == [cluster.world_size]:
+                result, used = _search_offloading_last(gm, cluster, options)
+                return make_plan(gm, result, cluster, used, name)
+            return _plan_fewest_fastest(gm, cluster, options, name, budget,
+                                        pinned=devices is not None)
+    except NoFeasiblePlanError as e:
+        if not constraints:
+            raise
+        conflict = conflicting(gm, cluster, options, device_counts(cluster, None))
+        if conflict is None:
+            raise NoFeasiblePlanError(f"{e.what} (under the constraints "
+                                      f"{', '.join(map(str, constraints))})",
+                                      where=e.where, fix=e.fix) from e
+        raise conflict from e
+
+
+def device_counts(cluster: Cluster, devices: int | None, pinned_mesh: bool = False) -> list[int]:
+    """The device counts to plan for, most first: ``devices`` when pinned (checked: at most
+    the cluster's, and whole nodes or part of one node); with it unpinned, every count that
+    divides the cluster's (whole nodes, or part of one node), unless a mesh degree is pinned
+    (the pinned layout then fills the cluster)."""
+    total, per_node = cluster.world_size, cluster.devices_per_node
+    if devices is not None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise AutoparError(f"devices must be a positive integer, got {devices!r}",
+                               where="devices", fix="pass devices=None to let the planner "
+                               "choose, or how many of the cluster's devices to use")
+        if devices > total:
+            raise AutoparError(
+                f"devices={devices} is more than the {total} device(s) of cluster "
+                f"{cluster.name!r}", where="devices",
+                fix=f"pass at most {total}, or plan for a larger cluster")
+        if devices > per_node and devices % per_node:
+            raise AutoparError(
+                f"devices={devices} is neither whole nodes nor part of one node of cluster "
+                f"{cluster.name!r} ({cluster.nodes} node(s) x {per_node} devices)",
+                where="devices", fix=f"pass a multiple of {per_node}, or at most {per_node}")
+        return [devices]
+    if pinned_mesh:
+        return [total]
+    nodes = [n * per_node for n in range(cluster.nodes, 0, -1) if cluster.nodes % n == 0]
+    within = [d for d in range(per_node - 1, 0, -1) if per_node % d == 0]
+    return nodes + within
+
+
+def _plan_fewest_fastest(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions, name: str,
+                         counts: list[int], pinned: bool) -> Plan:
+    """Plan on each device count (most first) and keep the fastest prediction; ties go to
+    fewer devices. A count whose compute alone (the model's FLOPs at the best efficiency the
+    cost model grants any op) cannot beat the best so far is not solved, nor is any smaller
+    one."""
+    total = cluster.world_size
+    best: Plan | None = None
+    first_error: AutoparError | None = None
+    tried: list[dict[str, Any]] = []
+    for k in counts:
+        if best is not None:
+            device = sub_cluster(cluster, k).device  # fewer CPU processes: more core each
+            floor = best.predicted["model_flops_per_step"] / (
+                k * device.peak(options.precision) * best_efficiency(device)
+                * device.compute_share)
+            if floor >= best.predicted["step_time_s"]:
+                tried += [{"devices": c, "step_time_s": None, "status": "pruned: the "
+                           "model's FLOPs at the best efficiency take longer than the best plan"}
+                          for c in counts[counts.index(k):]]
+                break
+        sub = sub_cluster(cluster, k)
+        try:
+            result, used = _search_offloading_last(gm, sub, options)
+            candidate = make_plan(gm, result, sub, used, name)
+        except KeyboardInterrupt:
+            if best is None:
+                raise
+            best.solver["interrupted"] = True  # Ctrl-C: the best plan so far
+            break
+        except AutoparError as e:
+            first_error = first_error or e
+            tried.append({"devices": k, "step_time_s": None,
+                          "status": f"no plan: {e.what}"[:300]})
+            continue
+        tried.append({"devices": k, "step_time_s": candidate.predicted["step_time_s"],
+                      "status": "solved", "mesh": dict(candidate.mesh)})
+        # A tie goes to fewer devices: the same step, with devices to spare (a plan on more
+        # that predicts no gain, e.g. tp replicating every weight, wastes them).
+        if best is None or (candidate.predicted["step_time_s"]
+                            <= best.predicted["step_time_s"] * (1 + 1e-9)):
+            best = candidate
+        if result.interrupted:
+            best.solver["interrupted"] = True
+            break
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    used = best.world_size
+    cluster_dict = cluster.to_dict()
+    cluster_dict["devices"] = total
+    best.cluster = cluster_dict
+    best.explanation["devices"] = {
+        "used": used, "cluster": total, "pinned": pinned,
+        "why": devices_why(used, total, pinned, tried), "alternatives": tried}
+    return best
+
+
+def devices_why(used: int, total: int, pinned: bool, tried: list[dict[str, Any]]) -> str:
+    """One line: how many devices the plan uses, and why (modelled step times)."""
+    if pinned:
+        return f"uses {used} of {total} devices: pinned (devices={used})"
+    mine = next(t["step_time_s"] for t in tried if t["devices"] == used)
+    others = [t for t in tried if t["devices"] != used and t["step_time_s"] is not None]
+    if used < total:
+        full = next((t for t in tried if t["devices"] == total), None)
+        other = full["step_time_s"] if full else None
+        if other is None:
+            vs = f"no plan fits all {total}"
+        elif mine < other * (1 - 1e-9):
+            vs = (f"{other * 1e3:.3g} ms with all {total} (modelled; the communication more "
+                  "devices need costs more than it saves)")
+        else:
+            vs = f"no faster with all {total} (modelled)"
+        return (f"uses {used} of {total} devices: predicted step {mine * 1e3:.3g} ms, {vs}; "
+                f"ranks {used} and up idle (or launch {used} process{'es' if used > 1 else ''}"
+                " with this plan)")
+    best_other = min(others, key=lambda t: t["step_time_s"], default=None)
+    tail = (f" vs {best_other['step_time_s'] * 1e3:.3g} ms with {best_other['devices']} "
+            "(modelled)" if best_other else "")
+    return f"uses all {total} devices: predicted step {mine * 1e3:.3g} ms{tail}"
+
+
+def check_batch_size(batch: int) -> None:
+    """The search tries the batch's divisors as microbatch sizes: bound it (as model specs
+    are bounded) so that a stray 10**12 fails at once instead of searching for hours."""
+    limit = SPEC_LIMITS["batch"]
+    if isinstance(batch, int) and batch > limit:
+        raise AutoparError(f"global batch {batch} is above autopar's limit of {limit} sequences",
+                           where="global_batch (or the example inputs' batch)",
+                           fix=f"plan for at most {limit} sequences per step")
+
+
+def check_returns_loss(gm: fx.GraphModule) -> None:
+    """Training needs a scalar loss among the outputs (a 0-dim floating tensor: alone, in a
+    tuple or dict, or as ``.loss``); refuse now rather than plan a step that cannot run."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    shown = []
+    for value in tree_leaves(output.args):
+        val = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if isinstance(val, torch.Tensor):
+            if val.ndim == 0 and val.is_floating_point():
+                return
+            shown.append(f"{str(val.dtype).removeprefix('torch.')} tensor {tuple(val.shape)}")
+        else:
+            shown.append(repr(val) if val is None or isinstance(val, (int, float)) else
+                         type(val).__name__)
+    raise TraceError(
+        f"the model returns no scalar loss to train on; its outputs are: "
+        f"{', '.join(shown) or 'nothing'}",
+        where="model.forward outputs",
+        fix="make forward compute and return the loss as a 0-dim float tensor (alone, in a "
+        "tuple, or as .loss), e.g. pass the targets too: model(tokens, targets) returning "
+        "(logits, F.cross_entropy(...)); for Hugging Face models pass labels=",
+    )
+
+
+PLAN_KEYWORDS = tuple(name for name, p in inspect.signature(plan).parameters.items()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY)
+"""The keywords ``autopar.plan`` takes (``parallelize`` passes them through)."""
+_DEFAULTS = {name: p.default for name, p in inspect.signature(plan).parameters.items()}
+
+
+def _search_offloading_last(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions
+                            ) -> tuple[SearchResult, PlanOptions]:
+    """The search without offload, then, only when nothing fits in device memory, with it:
+    the host link and a host optimizer are slower than any plan that fits (a pinned
+    ``offload="optimizer+params"`` is searched directly)."""
+    modes = options.offload
+    if modes == ("none",) or modes == ("optimizer+params",):
+        return search(gm, cluster, options), options
+    first = dataclasses.replace(options, offload=("none",))
+    try:
+        return search(gm, cluster, first), first
+    except NoFeasiblePlanError as refused:
+        if "optimizer+params" not in modes or 3 not in options.zero:
+            raise  # FSDP2 offloads ZeRO-3's shards: not when the stages exclude it
+        offloading = dataclasses.replace(options, offload=("optimizer+params",), zero=(3,))
+        try:
+            return search(gm, cluster, offloading), offloading
+        except NoFeasiblePlanError as also:
+            if not getattr(also, "tried", True):  # nothing offloads: say why without it
+                raise refused from None
+            raise
+

@@ -56,7 +56,7 @@ def model_and_batch(name: str, batch: int):
 def modelled_times(model, example, profile_path: str) -> dict[str, tuple[float, float]]:
     """Node name -> (forward, backward) seconds the cost model gives it (one device)."""
     import autopar
-    from autopar.solver import costs
+    from autopar.solver.pricing import costs
 
     recorded: dict[str, tuple[float, float]] = {}
     original = costs.CostTables._compute_times

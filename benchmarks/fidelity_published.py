@@ -33,7 +33,7 @@ import torch
 from autopar.core.cluster import load_cluster
 from autopar.core.graph_facts import graph_facts
 from autopar.models import resolve_model
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -36,7 +36,7 @@ from autopar.core.cluster.presets import (
 from autopar.core.graph_facts import graph_facts
 from autopar.cost_models.memory import REPORT_FRAGMENTATION
 from autopar.models import resolve_model
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 HARDWARE = (  # (words in the source's device name, autopar preset), first match wins
@@ -88,7 +88,7 @@ _MEGATRON_CORE = {
     "attention": "hopper-native",
     # Transformer Engine fuses the elementwise work around the matmuls (RMSNorm with the
     # fp8 cast of its output, SwiGLU, rotary embeddings, bias-dropout-add): priced as a
-    # program whose elementwise chains run as one kernel (autopar.solver.elementwise_fusion).
+    # program whose elementwise chains run as one kernel (autopar.solver.pricing.elementwise_fusion).
     "fuse_elementwise": True,
     # Megatron-Core's context parallelism passes keys and values around a ring
     # (``cp_comm_type="p2p"``, its only algorithm until mid-2024 and still the default).

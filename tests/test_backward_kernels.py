@@ -14,7 +14,7 @@ import autopar
 from autopar.core.cluster import load_cluster
 from autopar.core.graph_facts import META_KEY
 from autopar.cost_models.compute import op_time
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
 WHOLE = PinnedConfig(dp=1, global_batch=32, microbatch=32, precision="fp32", recompute="none")
 """The traced batch in one microbatch, in fp32: the tensors the trace measured."""

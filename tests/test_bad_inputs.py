@@ -33,7 +33,7 @@ from autopar.core.errors import (
 from autopar.core.knobs import schedule_name
 from autopar.models import GPT, GPTConfig, resolve_model
 from autopar.solver.options import PlanOptions
-from autopar.solver.pinned import PinnedConfig
+from autopar.solver.search.pinned import PinnedConfig
 from autopar.trace import TensorSpec
 from tests.test_errors import assert_well_formed, run_cli
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from autopar.cost_models.pipeline import in_flight
-from autopar.solver.stages import StageLoad, balance
+from autopar.solver.model.stages import StageLoad, balance
 
 
 def _cuts(n: int, chunks: int):

@@ -318,7 +318,7 @@ def test_attention_efficiency_inverts_the_cost_model_on_recorded_times(tmp_path)
 
 def predicted_sdpa_seconds(dev, p: AttentionPoint) -> float:
     """The cost model's forward plus backward of a causal SDPA node of ``p``'s shape, as
-    ``solver/costs.py`` prices it: the FLOPs the causal kernel runs, the score matmul's shape
+    ``solver/pricing/costs.py`` prices it: the FLOPs the causal kernel runs, the score matmul's shape
     for the efficiency, fused attention's efficiency scale, the backward moving 2x bytes."""
     work = causal_fraction(p.seq)
     shape = (p.batch * p.heads * p.seq, p.seq, p.head_dim)

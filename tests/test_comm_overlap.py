@@ -13,8 +13,8 @@ from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.models import resolve_model
-from autopar.solver.pinned import PinnedConfig, estimate_graph
-from autopar.solver.tp_overlap import exposed_s
+from autopar.solver.pricing.tp_overlap import exposed_s
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 

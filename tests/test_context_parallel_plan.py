@@ -186,7 +186,7 @@ def test_fused_causal_attention_is_priced_at_the_tiles_the_kernel_runs() -> None
     a causal site costs about half the FLOPs the trace counted, forward and backward."""
     from autopar.core.cluster import load_cluster
     from autopar.cost_models.compute import causal_fraction
-    from autopar.solver.pinned import PinnedConfig, estimate_graph
+    from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
     spec = "llama:layers=1,hidden=512,heads=8,kv_heads=2,ffn=1024,vocab=128,seq=8192"
     est = estimate_graph(trace_model(spec, 1, 8192).gm, load_cluster("1xH100-80GB"),

@@ -362,7 +362,7 @@ def test_attention_runs_at_the_cluster_files_attention_efficiency() -> None:
     attention's time: twice the share, half the time of a compute-bound attention; the A100
     preset's FlashAttention-2 share is twice the H100's (modelled)."""
     from autopar.cli.load import trace_model
-    from autopar.solver.pinned import PinnedConfig, estimate_graph
+    from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
     traced = trace_model("llama:layers=1,hidden=1024,heads=8,kv_heads=2,ffn=2048,vocab=256,"
                          "seq=8192", 1, None)
@@ -476,7 +476,7 @@ def test_a_dropout_that_returns_its_input_costs_no_time(monkeypatch) -> None:
     import autopar
     from autopar.cli.demo_data import demo_batches
     from autopar.models.gpt import GPT, GPTConfig
-    from autopar.solver.costs import identity_dropout
+    from autopar.solver.pricing.costs import identity_dropout
     from autopar.trace import trace
 
     batch = demo_batches(1)[0]
@@ -490,7 +490,7 @@ def test_a_dropout_that_returns_its_input_costs_no_time(monkeypatch) -> None:
 
     free, paid = compute_s(0.0), compute_s(0.1)
     assert free < paid
-    from autopar.solver import costs
+    from autopar.solver.pricing import costs
 
     monkeypatch.setattr(costs, "identity_dropout", lambda node: False)
     assert compute_s(0.0) > free  # priced as a kernel, it would cost time

@@ -154,7 +154,7 @@ def test_a_training_step_serves_only_the_loss_to_its_caller() -> None:
     LM's logits are not made whole, nor kept, for a step that drops them), while a forward
     call still gets them whole (tests/test_equivalence.py, ``forward``)."""
     from autopar.core.values import training_output
-    from autopar.solver.problem import problem_skeleton
+    from autopar.solver.model.problem import problem_skeleton
 
     spec = resolve_model("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32")
     with torch.device("meta"):

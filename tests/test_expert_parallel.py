@@ -203,7 +203,7 @@ def test_no_tensor_parallel_collective_splits_an_expert_region(routing: str) -> 
 def test_why_experts_stay_whole_never_calls_a_faster_setting_slower() -> None:
     """A setting spreading the experts that was predicted faster but lost on the
     extrapolation handicap is said to be faster, and why it lost."""
-    from autopar.solver.explain_experts import _why
+    from autopar.solver.explain.explain_experts import _why
 
     spread = [{"ep": 8, "dp": 1024, "step_time_s": 44.7}]
     assert _why(1, None, spread, chosen_step_s=49.7).count("faster than the chosen 49.7 s")

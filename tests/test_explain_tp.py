@@ -51,8 +51,8 @@ def test_the_megatron_alternative_shards_the_matmul_weights(gpt) -> None:
     """The forced alternative really shards: solved alone, its plan splits every matrix
     weight a matmul reads."""
     from autopar.core.cluster import load_cluster
-    from autopar.solver.explain_tp import _shard_matmul_weights, tp_usage
-    from autopar.solver.search import search
+    from autopar.solver.explain.explain_tp import _shard_matmul_weights, tp_usage
+    from autopar.solver.search.mesh_search import search
 
     options = PlanOptions(tp=2, tp_splits_batch=False)
     result = search(gpt, load_cluster("4xcpu"), options, _shard_matmul_weights)

@@ -240,7 +240,7 @@ def test_causal_sdpa_with_a_traced_mask_keeps_only_its_log_sum_exp() -> None:
     sequence, not its square (modelled, H100)."""
     from autopar.cli.load import trace_model
     from autopar.core.cluster import load_cluster
-    from autopar.solver.pinned import PinnedConfig, estimate_graph
+    from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
     def kept(seq: int) -> float:
         traced = trace_model(f"llama:layers=1,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=256,"
@@ -284,7 +284,7 @@ def test_the_cost_model_prices_no_op_the_fused_program_erases() -> None:
     """HF Llama builds its causal mask from positions (``le``/``eq`` over seq² pairs, with
     export's metadata assertions on them); fusing erases it for ``causal=True``. The cost
     model must charge none of those ops: at a million tokens they were 8% of a step."""
-    from autopar.solver.fusion import Fusion
+    from autopar.solver.pricing.fusion import Fusion
 
     model, inputs = _hf("llama")
     plan = autopar.plan(model, "1xcpu", inputs, recompute=("none",))
@@ -307,7 +307,7 @@ def test_grouped_keys_are_kept_as_the_kernel_reads_them() -> None:
     from autopar.cli.load import trace_model
     from autopar.core.cluster import load_cluster
     from autopar.core.placements import Replicate
-    from autopar.solver.pinned import PinnedConfig, estimate_graph
+    from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
     traced = trace_model("llama:layers=1,hidden=256,heads=8,kv_heads=2,ffn=512,vocab=256,"
                          "seq=256", 1, None)

@@ -14,7 +14,7 @@ from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
 from autopar.models import resolve_model
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 

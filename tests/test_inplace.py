@@ -21,8 +21,8 @@ from autopar.core.graph_facts import META_KEY
 from autopar.core.placements import Shard
 from autopar.core.values import tensor_inputs, value_of
 from autopar.passes import PassContext, PassManager, sharding_passes
-from autopar.solver import search
-from autopar.solver.problem import restrict_to
+from autopar.solver.model.problem import restrict_to
+from autopar.solver.search import mesh_search as search
 from autopar.strategies.mutation import layer_writes_outside, ties
 from tests.distributed import FAST
 

@@ -25,7 +25,7 @@ import torch
 from autopar.core.cluster import load_cluster
 from autopar.core.placements import Shard
 from autopar.models import resolve_model
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / (

@@ -13,12 +13,12 @@ from autopar.cli.summary import format_plan
 from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError, PlanError
 from autopar.core.plan import Plan
-from autopar.solver.costs import CostTables
-from autopar.solver.evaluate import assemble
-from autopar.solver.layer_recompute import compose_units
+from autopar.solver.model.layer_recompute import compose_units
 from autopar.solver.options import PlanOptions
-from autopar.solver.search import search
-from autopar.solver.unit_costs import unit_costs
+from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.evaluate import assemble
+from autopar.solver.pricing.unit_costs import unit_costs
+from autopar.solver.search.mesh_search import search
 
 GPT16 = "gpt:layers=16,hidden=1024,heads=16,vocab=50304,seq=2048"
 A100 = "1xA100-40GB"

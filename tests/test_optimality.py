@@ -12,7 +12,7 @@ import autopar
 from autopar.cli.summary import format_plan
 from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig
-from autopar.solver.cpsat import solve_stats
+from autopar.solver.model.cpsat import solve_stats
 
 
 def _plan(**pins) -> Plan:

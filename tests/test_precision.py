@@ -16,7 +16,7 @@ from autopar.core.graph_facts import META_KEY
 from autopar.core.plan import Plan
 from autopar.models import GPT, GPTConfig, resolve_model
 from autopar.ops.fp8_ops import fp8_linear
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32"
 

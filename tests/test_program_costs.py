@@ -1,6 +1,6 @@
 """What the cost model prices matches the program that runs: the casts autopar's precision
-inserts (``solver/cast_costs.py``), and the bytes a program that fuses its elementwise ops
-does not move (``solver/elementwise_fusion.py``, ``PinnedConfig.fuse_elementwise``)."""
+inserts (``solver/pricing/cast_costs.py``), and the bytes a program that fuses its elementwise ops
+does not move (``solver/pricing/elementwise_fusion.py``, ``PinnedConfig.fuse_elementwise``)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from autopar.core.graph_facts import META_KEY
 from autopar.passes import PassContext, PassManager
 from autopar.passes.cast_precision import CastPrecision, cast_to
 from autopar.passes.chunked_loss import ChunkedLoss
-from autopar.solver.cast_costs import inserted_casts
-from autopar.solver.elementwise_fusion import fused_bytes
-from autopar.solver.pinned import PinnedConfig, estimate_graph
-from autopar.solver.precision_costs import fp8_quantize_times, inserted_cast_time
+from autopar.solver.pricing.cast_costs import inserted_casts
+from autopar.solver.pricing.elementwise_fusion import fused_bytes
+from autopar.solver.pricing.precision_costs import fp8_quantize_times, inserted_cast_time
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=100,seq=16"
 

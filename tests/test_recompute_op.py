@@ -10,7 +10,7 @@ import torch.nn as nn
 from autopar.core.cluster import load_cluster
 from autopar.models import resolve_model
 from autopar.passes.checkpoint_layers import checkpointed
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=100,seq=32"

@@ -1,4 +1,4 @@
-"""Layout solves run ahead on a second core (autopar.solver.solve_ahead) change how long a
+"""Layout solves run ahead on a second core (autopar.solver.search.solve_ahead) change how long a
 plan takes, never which plan: the same graph and cluster give the same plan with the
 worker as without it, and a solve taken from the worker is the one solved in turn."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 
 import autopar
-import autopar.solver.solve_ahead as solve_ahead
+import autopar.solver.search.solve_ahead as solve_ahead
 from autopar.analysis.batch_axis import batch_strategies
 from autopar.core.cluster.load import load_cluster
 from autopar.models.gpt import GPT, GPTConfig
-from autopar.solver.costs import CostTables
-from autopar.solver.cpsat import build, run
+from autopar.solver.model.cpsat import build, run
+from autopar.solver.model.problem import build_problem
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import build_problem
+from autopar.solver.pricing.costs import CostTables
 from autopar.solver.setting import Setting
 
 

@@ -15,7 +15,7 @@ from autopar.core.cluster.presets import GPU_SPEED_SPREAD, PRESETS
 from autopar.core.cluster.show import format_cluster
 from autopar.core.cluster.spec import slowest_of
 from autopar.core.errors import ClusterError
-from autopar.solver.pinned import PinnedConfig, estimate_graph
+from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
 
 def _gpus(count: int, preset: str = "H100-80GB", **device):

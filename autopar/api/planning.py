@@ -37,10 +37,10 @@ from autopar.core.plan import Plan
 from autopar.core.plugins import discover as discover_plugins
 from autopar.cost_models.compute import best_efficiency
 from autopar.models.spec import SPEC_LIMITS
-from autopar.solver.constraint_core import conflicting
+from autopar.solver.explain.to_plan import make_plan
 from autopar.solver.options import PlanOptions
-from autopar.solver.search import SearchResult, n_layers_of, search
-from autopar.solver.to_plan import make_plan
+from autopar.solver.search.constraint_core import conflicting
+from autopar.solver.search.mesh_search import SearchResult, n_layers_of, search
 from autopar.strategies.calls import remembered_calls
 from autopar.trace import trace
 
@@ -135,13 +135,13 @@ def plan(
     ``dp_replicate`` pins HSDP: ZeRO shards within groups of dp/dp_replicate consecutive
     ranks and the groups replicate, all-reducing their gradient shards once per step (by
     default the solver prices full sharding and, where ZeRO spans nodes, one group per node:
-    :mod:`autopar.solver.hsdp`).
+    :mod:`autopar.solver.axes.hsdp`).
     ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
     ground must be predicted than the best validated one (``None``: the model's own error
     there, ``0``: no preference; see ``plan.predicted["ground"]``).
     ``ep`` spreads each MoE layer's experts over that many data-parallel ranks (expert
     parallelism: tokens go to their experts' ranks and back by all-to-all); it divides dp
-    and the experts (:mod:`autopar.solver.expert_axis`).
+    and the experts (:mod:`autopar.solver.axes.expert_axis`).
     ``cp`` splits each sequence over that many ranks (context parallelism); attention then
     runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
     named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even

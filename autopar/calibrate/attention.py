@@ -1,6 +1,6 @@
 """Measure fused attention's share of the matmul rate: the device's ``attention_efficiency``.
 
-The cost model prices a ``scaled_dot_product_attention`` node (``autopar/solver/costs.py``)
+The cost model prices a ``scaled_dot_product_attention`` node (``autopar/solver/pricing/costs.py``)
 with the compute model's roofline (``cost_models/compute.py``), at the FLOPs the kernel
 runs and a scaled matmul efficiency::
 

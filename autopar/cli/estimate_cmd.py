@@ -23,8 +23,8 @@ from autopar.core.errors import AutoparError
 from autopar.core.graph_facts import graph_facts
 from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.cost_models.memory import lora_params, model_state_bytes
-from autopar.solver.pinned import Estimate, PinnedConfig, estimate_graph
-from autopar.solver.stages import layer_ranges
+from autopar.solver.model.stages import layer_ranges
+from autopar.solver.search.pinned import Estimate, PinnedConfig, estimate_graph
 
 EXIT_DOES_NOT_FIT = 3
 """Exit status of ``autopar estimate`` when the configuration does not fit in memory."""

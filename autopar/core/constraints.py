@@ -20,7 +20,7 @@ and use two hooks: :meth:`Constraint.allows` sees each candidate setting as a
 views are documented and stable.
 
 When the constraints leave no plan, the error names the smallest set of them that conflict
-(:mod:`autopar.solver.constraint_core`), not "no plan found".
+(:mod:`autopar.solver.search.constraint_core`), not "no plan found".
 
 >>> [str(c) for c in parse_constraints(["tp<=2", "memory<=40GiB", "cut after 3"])]
 ['tp<=2', 'memory<=40GiB', 'cut after 3']

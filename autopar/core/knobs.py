@@ -53,7 +53,7 @@ without loss scaling (bf16 where it has bf16, else fp32); fp8 and fp16 are asked
 RECOMPUTE_MODES = ("none", "selective", "full", "op")
 """Activation recomputation: keep everything; drop the sequence-squared tensors (Korthikanti
 et al.); keep only each layer's inputs; torchtitan's per-op policy (keep matmul outputs but
-every second, and attention's). See ``autopar/solver/costs.py``."""
+every second, and attention's). See ``autopar/solver/pricing/costs.py``."""
 
 LEANNESS = ("full", "op", "selective", "none")
 """Recomputation modes from the least kept to the most (a plan with a mode per layer is

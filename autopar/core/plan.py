@@ -76,10 +76,10 @@ class Plan:
     attention: list[dict[str, Any]] = field(default_factory=list)
     # why the plan is as it is where a user might not expect it: "tp" -> how tensor
     # parallelism is used (weights/work/batch split) and, for a pinned tp that shards no
-    # weight or splits the batch, the modelled alternatives (autopar.solver.explain_tp)
+    # weight or splits the batch, the modelled alternatives (autopar.solver.explain.explain_tp)
     explanation: dict[str, Any] = field(default_factory=dict)
     # context parallelism when mesh.cp > 1: cp, algorithm, layout, pinned, the modelled
-    # cost of each algorithm ("algorithms"), and why this one (autopar.solver.context)
+    # cost of each algorithm ("algorithms"), and why this one (autopar.solver.axes.context)
     context: dict[str, Any] = field(default_factory=dict)
     # per-node precision: fx node name -> "fp32" | "bf16" | "fp16" | "fp8" (every node that
     # makes a float), and the policy it came from: compute word, parameter dtype, user

@@ -11,7 +11,7 @@ ones that other parts of autopar extend (the modelled memory breakdown, the solv
 candidate log) accept added keys holding plain numbers or text. The cluster is checked by
 the cluster loader itself, so both read the same rules.
 
-Cross-field rules, under the conventions :mod:`autopar.solver.to_plan` writes:
+Cross-field rules, under the conventions :mod:`autopar.solver.explain.to_plan` writes:
 
 - the mesh is ``[pp,] dp, tp`` in that order (tp innermost) and its product is
   ``cluster.devices`` (= nodes x devices per node), or fewer devices when
@@ -247,7 +247,7 @@ def cluster_entry(value: Any, where: str) -> None:
 COUNT = integer(1)
 SIZE = integer(0)
 SECONDS = number()
-# autopar.solver.cpsat.solve_stats: one CP-SAT solve (objective and bound in ``unit``)
+# autopar.solver.model.cpsat.solve_stats: one CP-SAT solve (objective and bound in ``unit``)
 SOLVE = obj({"what": text(), "status": text(), "objective": nullable(number(-math.inf)),
              "bound": nullable(number(-math.inf)), "unit": text(),
              "gap": nullable(number(0.0, 1.0)), "wall_s": SECONDS,
@@ -278,7 +278,7 @@ EXPLANATION = obj({}, {
                    {"alternatives": list_of(obj(
                        {"devices": COUNT, "step_time_s": nullable(SECONDS), "status": text()},
                        {"mesh": map_of(COUNT)}))}),
-    # autopar.solver.explain_tp: how the plan uses tensor parallelism, and why
+    # autopar.solver.explain.explain_tp: how the plan uses tensor parallelism, and why
     "tp": empty_or(obj({
         "tp": COUNT, "pinned": flag, "splits_batch_allowed": flag, "weights_sharded": SIZE,
         "weights": SIZE, "weight_bytes_sharded": number(0, 1), "work_split": number(0, 1),
@@ -287,7 +287,7 @@ EXPLANATION = obj({}, {
     }, {"alternatives": list_of(obj(
         {"what": text(), "step_time_s": nullable(SECONDS)},
         {"status": text(empty=True), "peak_memory_bytes": SIZE, "mesh": map_of(COUNT)}))})),
-    # autopar.solver.explain_experts: the MoE layers, how their experts are spread, and the
+    # autopar.solver.explain.explain_experts: the MoE layers, how their experts are spread, and the
     # modelled token all-to-all
     "experts": obj({"layers": COUNT, "experts": plain, "ep": COUNT, "per_rank": plain,
                     "all_to_all_bytes_per_step": SIZE, "all_to_all_s": SECONDS,
@@ -353,7 +353,7 @@ PLAN = obj(
                        "candidates": list_of(obj({}, {"solve_stats": list_of(SOLVE)},
                                                  extra=plain))},
                       {"solves": SIZE, "max_solves": nullable(COUNT), "budget_reached": flag,
-                       # autopar.solver.to_plan.optimality: the solves that chose this plan
+                       # autopar.solver.explain.to_plan.optimality: the solves that chose this plan
                        "plan_solves": list_of(SOLVE), "proved_optimal": flag,
                        "gap": nullable(number(0.0, 1.0)), "interrupted": flag}),
     },

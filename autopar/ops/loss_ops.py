@@ -62,7 +62,7 @@ exp_, sum, log_, add_: torch.profiler on an H200, torch 2.11); one op at the dis
 class BlockPasses:
     """What the chunked cross-entropy below costs, counted from its code: bytes of memory
     traffic per logit element and kernel launches per block of tokens, in forward and in
-    backward. The plan's step time prices these (``solver/loss_costs.py``); change them
+    backward. The plan's step time prices these (``solver/pricing/loss_costs.py``); change them
     with the code."""
 
     forward_bytes: float

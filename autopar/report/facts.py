@@ -16,7 +16,7 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "tempo
 STEP_PARTS = (("compute_s", "compute"), ("tp_comm_s", "tensor-parallel comm"),
               ("bubble_s", "pipeline bubble"), ("dp_exposed_s", "data-parallel comm (exposed)"),
               ("p2p_s", "pipeline p2p"), ("optimizer_s", "optimizer"))
-"""The parts of ``predicted.step_time_s`` (``autopar.solver.evaluate.assemble``), in order."""
+"""The parts of ``predicted.step_time_s`` (``autopar.solver.pricing.evaluate.assemble``), in order."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ data-parallel communication and optimizer step; without a pipeline, one lane per
 The plan records each rank's forward and backward time per microbatch, not each chunk's: a
 rank holding several chunks (interleaved, zb_v) has its time split among them by their
 layer counts. Tensor-parallel time is spread half over the forward, half over the
-backward (as :func:`autopar.solver.evaluate.data_parallel_costs` does), and a rank's p2p
+backward (as :func:`autopar.solver.pricing.evaluate.data_parallel_costs` does), and a rank's p2p
 time per microbatch evenly over the sends it makes, each a delay on the receiving side.
 """
 

@@ -73,9 +73,9 @@ class PlanOptions:
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
-    ep: int | None = None  # expert parallelism, carved out of dp (autopar.solver.expert_axis)
+    ep: int | None = None  # expert parallelism, carved out of dp (autopar.solver.axes.expert_axis)
     # HSDP: ZeRO shards within dp/dp_replicate consecutive ranks and replicates across the
-    # dp_replicate groups (autopar.solver.hsdp); None: chosen by cost, 1: shard over all dp
+    # dp_replicate groups (autopar.solver.axes.hsdp); None: chosen by cost, 1: shard over all dp
     dp_replicate: int | None = None
     cp_algorithm: str | None = None  # ring | all_gather | ulysses; None: by cost
     cp_layout: str = "zigzag"

@@ -1,6 +1,6 @@
 """One point of the planner's outer search: the knobs a layout is solved under (mesh degrees,
 ZeRO stage, microbatching, recomputation, pipeline, context and expert parallelism), with the
-meshes they imply. The cost tables (:mod:`autopar.solver.costs`) price a problem at one."""
+meshes they imply. The cost tables (:mod:`autopar.solver.pricing.costs`) price a problem at one."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def main():
     if args.layout_seed is not None:
         import zlib
 
-        from autopar.solver import cpsat
+        from autopar.solver.model import cpsat
 
         cpsat.LAYOUT_NOISE_SEED = args.layout_seed + zlib.crc32(args.model[4:].encode())
     if args.model.startswith("zoo:"):

@@ -59,8 +59,8 @@ def head_buffer():
     """tests/test_inplace.py's HeadBuffer (queries assembled in a new buffer), with the
     solver made to split the buffer by heads: the written buffer really is sharded."""
     from autopar.core.placements import Shard
-    from autopar.solver import search
-    from autopar.solver.problem import restrict_to
+    from autopar.solver.model.problem import restrict_to
+    from autopar.solver.search import mesh_search as search
     from tests.test_inplace import HeadBuffer
 
     real = search.build_problem

@@ -49,7 +49,7 @@ import autopar.api.parallelize as parallelize_module  # noqa: E402
 from autopar.core.errors import AutoparError  # noqa: E402
 from autopar.core.plan import Plan  # noqa: E402
 from autopar.runtime.idle import IdleRank  # noqa: E402
-from autopar.solver import cpsat  # noqa: E402
+from autopar.solver.model import cpsat  # noqa: E402
 from tests import hand_models, hf_zoo  # noqa: E402
 
 STEPS = 3

@@ -61,7 +61,7 @@ def scrambled_costs(seed: int) -> Iterator[None]:
     the solver lands on another valid layout: every constraint it keeps (ties, memory,
     parameter placements) still holds, only the preferences move. What the runtime must run
     right is any layout the planner may pick, whatever the cost model says."""
-    from autopar.solver.costs import CostTables
+    from autopar.solver.pricing.costs import CostTables
 
     times, moves = CostTables._compute_times, CostTables._redistribution
 

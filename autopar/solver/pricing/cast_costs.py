@@ -14,7 +14,7 @@ A program that fuses its elementwise ops (``PinnedConfig.fuse_elementwise``: Tra
 Engine, ``torch.compile``) folds a cast into the fused kernel next to it: there a cast
 beside an elementwise op costs nothing (``elementwise_fusion.fusable``).
 
-This is an analysis of the traced graph; :class:`autopar.solver.costs.CostTables` prices it.
+This is an analysis of the traced graph; :class:`autopar.solver.pricing.costs.CostTables` prices it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from autopar.analysis.precision import PrecisionAssignment, stored_word
 from autopar.core.values import tensor_inputs
-from autopar.solver.elementwise_fusion import fusable, through_views
+from autopar.solver.pricing.elementwise_fusion import fusable, through_views
 
 _CASTS_ITSELF = ("cross_entropy", "nll_loss")
 """Losses the program computes chunked, upcasting one block of logits at a time."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from autopar.core.cluster.spec import usable_cores
-from autopar.solver.cpsat import LayoutModel, SolveResult, run
+from autopar.solver.model.cpsat import LayoutModel, SolveResult, run
 
 
 class SolveAhead:

@@ -33,24 +33,32 @@ from autopar.core.graph_facts import META_KEY, graph_facts
 from autopar.core.knobs import CP_ALGORITHMS, LEANNESS, RECOMPUTE_MODES, RUNNABLE_SCHEDULES
 from autopar.core.units import format_bytes
 from autopar.cost_models.memory import MemoryBreakdown
-from autopar.solver.candidate import Candidate, setting_text
-from autopar.solver.context import (
+from autopar.solver.axes.context import (
     CP_LONG_CONTEXT,
     CP_SEARCH_MIN_TOKENS,
     algorithm_costs,
     cp_refusal,
     held_to_ground,
 )
-from autopar.solver.costs import CostTables
-from autopar.solver.cpsat import SolveResult
-from autopar.solver.cpsat import build as build_layout
-from autopar.solver.evaluate import (
+from autopar.solver.axes.expert_axis import check_ep, ep_degrees, ep_refusal
+from autopar.solver.axes.hsdp import check_dp_replicate, replicate_degrees
+from autopar.solver.model.cpsat import SolveResult
+from autopar.solver.model.cpsat import build as build_layout
+from autopar.solver.model.problem import (
+    Problem,
+    Skeleton,
+    build_problem,
+    forbid_splitting_batch,
+    problem_skeleton,
+)
+from autopar.solver.options import PlanOptions
+from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.evaluate import (
     evaluate,
 )
-from autopar.solver.expert_axis import check_ep, ep_degrees, ep_refusal
-from autopar.solver.fusion import Fusion
-from autopar.solver.hsdp import check_dp_replicate, replicate_degrees
-from autopar.solver.layout_trials import (
+from autopar.solver.pricing.fusion import Fusion
+from autopar.solver.search.candidate import Candidate, setting_text
+from autopar.solver.search.layout_trials import (
     ground_margin,
     least_idle,
     lower_bounds,
@@ -58,17 +66,9 @@ from autopar.solver.layout_trials import (
     try_layout,
     try_mixed,
 )
-from autopar.solver.options import PlanOptions
-from autopar.solver.pin_conflicts import Conflict, conflict, pinned
-from autopar.solver.problem import (
-    Problem,
-    Skeleton,
-    build_problem,
-    forbid_splitting_batch,
-    problem_skeleton,
-)
+from autopar.solver.search.pin_conflicts import Conflict, conflict, pinned
+from autopar.solver.search.solve_ahead import SolveAhead
 from autopar.solver.setting import Setting
-from autopar.solver.solve_ahead import SolveAhead
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -566,7 +566,7 @@ def _layout_tables(problem: Problem, cluster: Cluster, options: PlanOptions, set
 
 
 def _solve_key(tables: CostTables, state_scale: float, activation_scale: float) -> tuple:
-    """What a layout solve is a function of (:mod:`autopar.solver.solve_ahead`)."""
+    """What a layout solve is a function of (:mod:`autopar.solver.search.solve_ahead`)."""
     return (id(tables.problem), tables.setting, state_scale, activation_scale)
 
 
@@ -590,7 +590,7 @@ def _reusable(key: tuple, zero: int) -> list[tuple]:
 
 
 SOLVES_AHEAD = 2
-"""Layout solves queued on the worker at a time (:mod:`autopar.solver.solve_ahead`)."""
+"""Layout solves queued on the worker at a time (:mod:`autopar.solver.search.solve_ahead`)."""
 
 
 def _solve_next(ahead: SolveAhead, problem_for, cluster: Cluster, options: PlanOptions,

@@ -18,16 +18,16 @@ from autopar.core.placements import Replicate
 from autopar.core.plan import SCHEMA_VERSION, Plan, strategy_to_json
 from autopar.core.values import value_of
 from autopar.cost_models.ground import load_ground
-from autopar.solver.context import algorithm_costs, cp_strategies
-from autopar.solver.costs import CostTables, runs_generated_attention
-from autopar.solver.evaluate import Prediction
-from autopar.solver.explain_experts import experts_entry
-from autopar.solver.explain_tp import explain_tp
+from autopar.solver.axes.context import algorithm_costs, cp_strategies
+from autopar.solver.explain.explain_experts import experts_entry
+from autopar.solver.explain.explain_tp import explain_tp
+from autopar.solver.model.stages import layer_ranges
 from autopar.solver.options import PlanOptions
-from autopar.solver.precision_costs import precision_assignment
-from autopar.solver.search import SearchResult
+from autopar.solver.pricing.costs import CostTables, runs_generated_attention
+from autopar.solver.pricing.evaluate import Prediction
+from autopar.solver.pricing.precision_costs import precision_assignment
+from autopar.solver.search.mesh_search import SearchResult
 from autopar.solver.setting import Setting
-from autopar.solver.stages import layer_ranges
 from autopar.strategies.mutation import check_tied, describe, layer_writes_outside
 
 

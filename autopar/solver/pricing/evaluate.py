@@ -3,9 +3,9 @@
 This is the ground truth the CP-SAT model linearizes: the same cost tables, with
 redistributions and saved tensors counted once per (value, placement) exactly as the
 runtime performs and keeps them. Costs are first summed per *unit* (what runs before the
-layers, each layer, what runs after them: :mod:`autopar.solver.unit_costs`), then per
+layers, each layer, what runs after them: :mod:`autopar.solver.pricing.unit_costs`), then per
 pipeline stage, for the setting's partition of layers into chunks (see
-:mod:`autopar.solver.stages`), with the data-parallel communication and the optimizer step.
+:mod:`autopar.solver.model.stages`), with the data-parallel communication and the optimizer step.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from autopar.cost_models.data_parallel import (
 from autopar.cost_models.memory import MemoryBreakdown, bucket_sizes, ddp_buffer_bytes
 from autopar.cost_models.offload import host_copy_s, host_optimizer_s
 from autopar.cost_models.pipeline import bubble_fraction, in_flight, schedule_name
-from autopar.solver.costs import CostTables
+from autopar.solver.model.stages import StageLoad, equal_partition
+from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.unit_costs import UnitCosts, unit_costs
 from autopar.solver.setting import Setting
-from autopar.solver.stages import StageLoad, equal_partition
-from autopar.solver.unit_costs import UnitCosts, unit_costs
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Prediction:
 
 
 def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) -> StageLoad:
-    """What :func:`autopar.solver.stages.balance` needs from the unit costs; ``link``
+    """What :func:`autopar.solver.model.stages.balance` needs from the unit costs; ``link``
     (the pp axis's) prices the activations and gradients sent at each possible cut, each
     send waiting ``busy`` more for a core (:func:`busy_latency`)."""
     time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]

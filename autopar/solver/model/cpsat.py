@@ -23,7 +23,7 @@ from autopar.core.placements import Replicate
 from autopar.cost_models.comm import busy_latency, group_collective_time
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.memory import ddp_buffer_bytes
-from autopar.solver.costs import CostTables, fp8_copy
+from autopar.solver.pricing.costs import CostTables, fp8_copy
 
 NS = 1e-7
 """Time unit of the objective: 100 ns. With 1 ns units a 70B step's objective is ~5e9 and
@@ -227,7 +227,7 @@ def restrict(model: cp_model.CpModel, tables: CostTables, x: list[list]) -> None
 class LayoutModel:
     """A built layout model, ready for :func:`run`. Running it touches no autopar object
     (only OR-Tools'), so it may run on another thread while this one goes on
-    (:mod:`autopar.solver.solve_ahead`); ``stop`` ends a run early from any thread."""
+    (:mod:`autopar.solver.search.solve_ahead`); ``stop`` ends a run early from any thread."""
 
     model: cp_model.CpModel
     x: list[list]

@@ -2,7 +2,7 @@
 stage cut, the per-layer recomputation mixes, the validated-ground handicap, and the floors
 that let the search skip what cannot win.
 
-:mod:`autopar.solver.search` walks the settings and solves layouts; this module turns one
+:mod:`autopar.solver.search.mesh_search` walks the settings and solves layouts; this module turns one
 solved layout into candidates and keeps the best (step, pp, tp, zero, cp, candidate,
 problem, tables, batch) tuple so far.
 """
@@ -19,15 +19,15 @@ from autopar.cost_models.comm import axis_link, busy_latency
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.ground import load_ground
 from autopar.cost_models.pipeline import bubble_fraction, schedule_name
-from autopar.solver.candidate import Candidate
-from autopar.solver.costs import CostTables, fp8_copy
-from autopar.solver.cpsat import SolveResult
-from autopar.solver.evaluate import assemble, data_parallel_costs, stage_load
-from autopar.solver.layer_recompute import choose_layer_modes, compose_units, with_modes
+from autopar.solver.model.cpsat import SolveResult
+from autopar.solver.model.layer_recompute import choose_layer_modes, compose_units, with_modes
+from autopar.solver.model.stages import balance
 from autopar.solver.options import PlanOptions
+from autopar.solver.pricing.costs import CostTables, fp8_copy
+from autopar.solver.pricing.evaluate import assemble, data_parallel_costs, stage_load
+from autopar.solver.pricing.unit_costs import UnitCosts, unit_costs
+from autopar.solver.search.candidate import Candidate
 from autopar.solver.setting import Setting
-from autopar.solver.stages import balance
-from autopar.solver.unit_costs import UnitCosts, unit_costs
 
 
 def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
@@ -124,7 +124,7 @@ def _units(tables: CostTables, choice: list[int]):
 def try_mixed(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
                cluster: Cluster, candidates: list, best, problem, batch):
     """Price ``result``'s layout with a mode per layer: the pinned ones, or "none" or the
-    setting's mode chosen per layer by CP-SAT (:mod:`autopar.solver.layer_recompute`);
+    setting's mode chosen per layer by CP-SAT (:mod:`autopar.solver.model.layer_recompute`);
     (fastest step that fits, inf or None as :func:`try_layout` says; best so far)."""
     if result is None or result.choice is None:
         return None, best

@@ -8,7 +8,7 @@ pipeline rank holds ``in_flight`` microbatches of its own layers (under 1F1B the
 holds the most), so the ranks get different mixes.
 
 The per-layer costs come from one tp layout priced under each mode (the unit costs of
-:mod:`autopar.solver.evaluate`); a mixed plan's units are the chosen mode's, layer by layer
+:mod:`autopar.solver.pricing.evaluate`); a mixed plan's units are the chosen mode's, layer by layer
 (:func:`compose_units`), and the composed plan is evaluated exactly before it is accepted.
 """
 
@@ -22,17 +22,17 @@ from collections.abc import Mapping
 from ortools.sat.python import cp_model
 
 from autopar.cost_models.pipeline import in_flight, schedule_name
-from autopar.solver.costs import CostTables
-from autopar.solver.cpsat import solve_stats
-from autopar.solver.evaluate import (
+from autopar.solver.model.cpsat import solve_stats
+from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.evaluate import (
     Prediction,
     assemble,
     data_parallel_costs,
     rank_units,
     recompute_transient,
 )
+from autopar.solver.pricing.unit_costs import UnitCosts
 from autopar.solver.setting import Setting
-from autopar.solver.unit_costs import UnitCosts
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(UnitCosts)
                      if f.type in ("list[float]", list))
@@ -58,7 +58,7 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
                        ) -> tuple[tuple[str, ...], Prediction, dict] | None:
     """The per-layer modes (among ``by_mode``'s) with the fastest step that fits, its
     prediction (every layer may get the same mode: the setting is then uniform) and the
-    CP-SAT solve's figures (:func:`autopar.solver.cpsat.solve_stats`); None when nothing
+    CP-SAT solve's figures (:func:`autopar.solver.model.cpsat.solve_stats`); None when nothing
     fits."""
     modes = list(by_mode)
     any_units = next(iter(by_mode.values()))

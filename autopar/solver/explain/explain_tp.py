@@ -22,9 +22,9 @@ from autopar.core.errors import AutoparError
 from autopar.core.graph_facts import graph_facts
 from autopar.core.placements import Replicate, Shard
 from autopar.core.units import format_seconds
+from autopar.solver.model.problem import Problem, splits_batch
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Problem, splits_batch
-from autopar.solver.search import SearchResult, search
+from autopar.solver.search.mesh_search import SearchResult, search
 
 _MATMULS = ("aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.bmm", "aten.embedding")
 

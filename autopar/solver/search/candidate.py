@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.solver.evaluate import Prediction
+from autopar.solver.pricing.evaluate import Prediction
 from autopar.solver.setting import Setting
 
 

@@ -14,7 +14,7 @@ from autopar.analysis.attention_sites import (
     placement_ranks,
     shape_of,
 )
-from autopar.solver.problem import Problem, restrict_to
+from autopar.solver.model.problem import Problem, restrict_to
 
 
 @dataclass(frozen=True)

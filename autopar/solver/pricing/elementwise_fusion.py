@@ -11,7 +11,7 @@ elementwise op to another is neither written nor read back, and only the first o
 chain pays a kernel launch. autopar's own runtime runs eager ops; its plans are priced
 unfused.
 
-This is an analysis of the traced graph; :class:`autopar.solver.costs.CostTables` applies
+This is an analysis of the traced graph; :class:`autopar.solver.pricing.costs.CostTables` applies
 it (``_compute_times``).
 """
 

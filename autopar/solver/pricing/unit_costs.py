@@ -1,6 +1,6 @@
 """Per-unit costs of one chosen layout: what runs before the layers (unit 0), each repeated
 layer, and what runs after them, per microbatch and device (all modelled). The step is
-assembled from them (:mod:`autopar.solver.evaluate`), and pipeline stages are sums of them.
+assembled from them (:mod:`autopar.solver.pricing.evaluate`), and pipeline stages are sums of them.
 
 The part that follows from the layout alone (op times, activations, tensor-parallel
 communication, cut bytes, the largest tensor) is computed once per layout and
@@ -20,10 +20,10 @@ from autopar.core.graph_facts import META_KEY
 from autopar.core.placements import Placement, Replicate, Shard, divisor
 from autopar.core.values import tensor_inputs, value_of
 from autopar.cost_models.comm import collective_time
-from autopar.solver.costs import CostTables, fp8_copy
-from autopar.solver.precision_costs import precision_key
-from autopar.solver.problem import Problem, ValueKey
-from autopar.solver.tp_overlap import exposed_s, paired_matmul_s
+from autopar.solver.model.problem import Problem, ValueKey
+from autopar.solver.pricing.costs import CostTables, fp8_copy
+from autopar.solver.pricing.precision_costs import precision_key
+from autopar.solver.pricing.tp_overlap import exposed_s, paired_matmul_s
 from autopar.strategies import Strategy
 
 R = Replicate()

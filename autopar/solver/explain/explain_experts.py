@@ -15,7 +15,7 @@ import torch
 from autopar.analysis.expert_sites import ExpertRegion, regions_of
 from autopar.core.graph_facts import META_KEY
 from autopar.cost_models.expert_load import busiest_rank_excess, dropped_fraction
-from autopar.solver.costs import CostTables
+from autopar.solver.pricing.costs import CostTables
 
 
 def experts_entry(tables: CostTables, candidates: list,

@@ -57,16 +57,16 @@ from autopar.cost_models.memory import StateBytes, activation_bytes_per_element,
 from autopar.cost_models.op_costs import OpCostQuery, op_cost_for
 from autopar.cost_models.redistribute import partial_grad_time, redistribution_time
 from autopar.ops.loss_ops import chunked_saved_floats, chunked_working_bytes
-from autopar.solver.context import ContextSite, context_sites, sequence_scaled, site_comm
-from autopar.solver.loss_costs import chunked_loss_times
+from autopar.solver.axes.context import ContextSite, context_sites, sequence_scaled, site_comm
+from autopar.solver.model.problem import Decision, Problem, Use, ValueKey
 from autopar.solver.options import PlanOptions
-from autopar.solver.precision_costs import (
+from autopar.solver.pricing.loss_costs import chunked_loss_times
+from autopar.solver.pricing.precision_costs import (
     fp8_quantize_times,
     inserted_cast_time,
     precision_assignment,
     precision_key,
 )
-from autopar.solver.problem import Decision, Problem, Use, ValueKey
 from autopar.solver.setting import Setting
 from autopar.strategies import Strategy
 
@@ -194,7 +194,7 @@ class CostTables:
              precision_key(options, setting.zero), cluster, self.tp_link), {})
         self._comm: dict[tuple, AttentionComm] = {}
         # choice -> its unit costs, and ("cut", choice, schedule, virtual) -> its stage cut
-        # (autopar.solver.search prices a layout uniformly, then per layer, from the same)
+        # (autopar.solver.search.mesh_search prices a layout uniformly, then per layer, from the same)
         self.units: dict[tuple, object] = {}
 
     # --- sizes -----------------------------------------------------------------------

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from autopar.core.placements import Partial, Placement
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN, with_contention
-from autopar.solver.costs import CostTables
-from autopar.solver.problem import ValueKey
+from autopar.solver.model.problem import ValueKey
+from autopar.solver.pricing.costs import CostTables
 
 
 def exposed_s(comm_s: float, matmul_s: float, n: int,

@@ -18,12 +18,12 @@ import torch.fx as fx
 
 from autopar.cost_models.compute import forward_time
 from autopar.ops.loss_ops import block_passes, chunk_rows
-from autopar.solver.precision_costs import inserted_cast_time
-from autopar.solver.problem import Decision
+from autopar.solver.model.problem import Decision
+from autopar.solver.pricing.precision_costs import inserted_cast_time
 from autopar.strategies import Strategy
 
 if TYPE_CHECKING:
-    from autopar.solver.costs import CostTables
+    from autopar.solver.pricing.costs import CostTables
 
 LABEL_SMOOTHING_ARG = 5
 """``aten.cross_entropy_loss(self, target, weight, reduction, ignore_index, label_smoothing)``."""

@@ -29,17 +29,12 @@ from autopar.core.knobs import (
 )
 from autopar.cost_models.memory import PRECISIONS
 from autopar.cost_models.pipeline import ZB_V_CHUNKS
-from autopar.solver.context import algorithm_costs, cheapest, cp_refusal
-from autopar.solver.costs import CostTables
-from autopar.solver.cpsat import solve
-from autopar.solver.elementwise_fusion import fused_bytes
-from autopar.solver.evaluate import Prediction, assemble, evaluate
-from autopar.solver.expert_axis import check_ep
-from autopar.solver.fusion import Fusion
-from autopar.solver.hsdp import check_dp_replicate
-from autopar.solver.layer_recompute import compose_units, with_modes
-from autopar.solver.options import ATTENTION_KERNELS, FP8_WEIGHT_COPIES, PlanOptions
-from autopar.solver.problem import (
+from autopar.solver.axes.context import algorithm_costs, cheapest, cp_refusal
+from autopar.solver.axes.expert_axis import check_ep
+from autopar.solver.axes.hsdp import check_dp_replicate
+from autopar.solver.model.cpsat import solve
+from autopar.solver.model.layer_recompute import compose_units, with_modes
+from autopar.solver.model.problem import (
     Problem,
     build_problem,
     forbid_sharding_like,
@@ -47,9 +42,14 @@ from autopar.solver.problem import (
     pair_row_parallel,
     shard_weight_matrices,
 )
-from autopar.solver.search import check_microbatch
+from autopar.solver.options import ATTENTION_KERNELS, FP8_WEIGHT_COPIES, PlanOptions
+from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.elementwise_fusion import fused_bytes
+from autopar.solver.pricing.evaluate import Prediction, assemble, evaluate
+from autopar.solver.pricing.fusion import Fusion
+from autopar.solver.pricing.unit_costs import unit_costs
+from autopar.solver.search.mesh_search import check_microbatch
 from autopar.solver.setting import Setting
-from autopar.solver.unit_costs import unit_costs
 
 _FLAGS = {"virtual": "virtual-stages"}
 """PinnedConfig fields whose command-line flag is spelled otherwise."""
@@ -62,7 +62,7 @@ class PinnedConfig:
     dp: int = 1
     cp: int = 1
     ep: int = 1  # expert parallelism, carved out of dp
-    dp_replicate: int = 1  # HSDP: ZeRO shards within dp/dp_replicate ranks (autopar.solver.hsdp)
+    dp_replicate: int = 1  # HSDP: ZeRO shards within dp/dp_replicate ranks (autopar.solver.axes.hsdp)
     cp_algorithm: str | None = None  # None: the cheapest modelled
     cp_layout: str = "zigzag"
     sp: bool = False
@@ -94,12 +94,12 @@ class PinnedConfig:
     # another framework, whose own kernel the cluster's attention_efficiency describes)
     attention_kernel: str = "generated"
     # Model a program that fuses its elementwise chains (Transformer Engine's kernels,
-    # torch.compile): autopar.solver.elementwise_fusion. autopar's runtime runs them eagerly.
+    # torch.compile): autopar.solver.pricing.elementwise_fusion. autopar's runtime runs them eagerly.
     fuse_elementwise: bool = False
     # Cross-entropy a block of tokens at a time (autopar.ops.loss_ops), as the runtime runs it.
     chunked_loss: bool = True
     # Model a program that pipelines its tensor-parallel collectives with the matmuls beside
-    # them (Transformer Engine's userbuffers, PyTorch's async TP): autopar.solver.tp_overlap.
+    # them (Transformer Engine's userbuffers, PyTorch's async TP): autopar.solver.pricing.tp_overlap.
     # autopar's runtime issues them whole.
     tp_overlap: bool = False
     # Model a pipeline whose sends and receives run beside the compute (Megatron-Core's

@@ -98,13 +98,13 @@ class Problem:
     # blocks above the diagonal, about half the FLOPs the trace counted
     causal_attention: dict[str, int] = field(default_factory=dict)
     # nodes of elementwise chains a fusing program runs as one kernel -> the bytes they do
-    # not move there (autopar.solver.elementwise_fusion; empty: eager, op by op)
+    # not move there (autopar.solver.pricing.elementwise_fusion; empty: eager, op by op)
     fused_elementwise: dict = field(default_factory=dict)
     # tensor-parallel collectives pipelined with the matmuls beside them, as another
-    # framework's program runs them (autopar.solver.tp_overlap; False: issued whole)
+    # framework's program runs them (autopar.solver.pricing.tp_overlap; False: issued whole)
     tp_overlap: bool = False
     # pipeline sends and receives posted ahead, beside the compute (Megatron-Core's
-    # overlap_p2p_comm under interleaving; autopar.solver.evaluate; False: on the path)
+    # overlap_p2p_comm under interleaving; autopar.solver.pricing.evaluate; False: on the path)
     p2p_overlap: bool = False
     # what planning derives from the problem alone, computed once (see search, evaluate)
     cache: dict = field(default_factory=dict, repr=False, compare=False)

@@ -1,8 +1,8 @@
 """What a plan's precision costs beyond its ops' arithmetic: the casts the program inserts
 between dtypes, and fp8 linears' quantization kernels.
 
-:mod:`autopar.solver.cast_costs` finds the casts (an analysis of the traced graph); here they
-and the fp8 quantizations are priced for one :class:`~autopar.solver.costs.CostTables`
+:mod:`autopar.solver.pricing.cast_costs` finds the casts (an analysis of the traced graph); here they
+and the fp8 quantizations are priced for one :class:`~autopar.solver.pricing.costs.CostTables`
 (setting, placements), which adds them to each op's forward and backward time. The
 per-node precision itself is computed once per graph and shared by every tp degree's
 problem (``Problem.graph_cache``).
@@ -22,14 +22,14 @@ from autopar.analysis.precision import (
 from autopar.core.placements import divisor
 from autopar.core.values import tensor_inputs
 from autopar.cost_models.compute import forward_time
-from autopar.solver.cast_costs import Cast, fp8_quantize_bytes, inserted_casts
-from autopar.solver.elementwise_fusion import fusable, through_views
+from autopar.solver.model.problem import Decision, Problem, ValueKey
 from autopar.solver.options import PlanOptions
-from autopar.solver.problem import Decision, Problem, ValueKey
+from autopar.solver.pricing.cast_costs import Cast, fp8_quantize_bytes, inserted_casts
+from autopar.solver.pricing.elementwise_fusion import fusable, through_views
 from autopar.strategies import Strategy
 
 if TYPE_CHECKING:
-    from autopar.solver.costs import CostTables
+    from autopar.solver.pricing.costs import CostTables
 
 
 def precision_key(options: PlanOptions, zero: int) -> tuple:
@@ -66,7 +66,7 @@ def casts_of(problem: Problem, options: PlanOptions, zero: int) -> dict[str, tup
 def inserted_cast_time(tables: CostTables, d: Decision, s: Strategy) -> float:
     """Seconds of the casts the program runs for ``d``'s inputs (and a normalisation's
     output) where the precision stores them in another dtype, one kernel each
-    (:mod:`autopar.solver.cast_costs`); their backward casts the gradients as long."""
+    (:mod:`autopar.solver.pricing.cast_costs`); their backward casts the gradients as long."""
     problem = tables.problem
     casts = casts_of(problem, tables.options, tables.setting.zero).get(d.name)
     if not casts:

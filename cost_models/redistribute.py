@@ -83,6 +83,3 @@ def partial_grad_time(
     return collective_time(kind, nbytes, n, link, backend=backend)
 
 
-def is_free(src: Placement, dst: Placement) -> bool:
-    """True when the forward redistribution needs no communication."""
-    return redistribution_collectives(src, dst)[0] is None

@@ -21,12 +21,6 @@ from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pa
 PRE = 0  # what runs before the first layer
 
 
-def layer_paths(gm: fx.GraphModule) -> list[str]:
-    """Paths of the repeated layers, in the order they run (``model.layers.0``, ...)."""
-    paths = partition_nodes(gm)[1]
-    return [paths[i] for i in sorted(paths)]
-
-
 def partition_nodes(gm: fx.GraphModule) -> tuple[dict[fx.Node, int], dict[int, str]]:
     """Node -> partition, and layer partition -> layer path.
 

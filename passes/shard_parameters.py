@@ -17,7 +17,6 @@ from torch import nn
 from autopar.analysis.plan_view import PlanView
 from autopar.core.graph_facts import META_KEY
 from autopar.core.placements import Shard
-from autopar.core.plan import Plan
 from autopar.ops.comm_ops import local_slice
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
@@ -70,9 +69,3 @@ class ShardParameters(GraphPass):
         return PassResult(gm, modified=bool(changes), changes=changes)
 
 
-def sharded_parameters(plan: Plan) -> dict[str, dict[str, str]]:
-    """Parameter FQN -> axis -> placement, for the parameters the plan shards."""
-    return {
-        fqn: axes for fqn, axes in plan.params.items()
-        if any(text.startswith("S(") for text in axes.values())
-    }

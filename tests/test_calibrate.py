@@ -17,7 +17,7 @@ from autopar.calibrate import (
     ring_factors,
 )
 from autopar.calibrate.attention import AttentionPoint
-from autopar.calibrate.matmul import BandwidthPoint, MatmulPoint
+from autopar.calibrate.device_fit import BandwidthPoint, MatmulPoint
 from autopar.cli.main import main
 from autopar.core.cluster import DeviceSpec, format_cluster, load_cluster
 from autopar.core.cluster.profile import Profile, read_profile, write_profile

@@ -24,7 +24,7 @@ from autopar.core.errors import ClusterError, NoFeasiblePlanError
 from autopar.models import GPT, GPTConfig
 from autopar.solver.model.stages import StageLoad, balance
 from autopar.solver.options import PlanOptions
-from autopar.solver.search.mesh_search import mesh_memory_floors
+from autopar.solver.search.memory_floors import mesh_memory_floors
 from tests.distributed import FAST
 
 WIDE = "gpt:layers=1,hidden=4096,heads=32,vocab=50304,seq=1024"

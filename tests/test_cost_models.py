@@ -71,7 +71,7 @@ def test_redistribution_costs_match_megatron_conventions() -> None:
 
 # --- compute --------------------------------------------------------------------------------
 def test_small_and_skinny_matmuls_run_below_large_gemm_efficiency() -> None:
-    from autopar.cost_models.compute import matmul_efficiency
+    from autopar.cost_models.matmul_efficiency import matmul_efficiency
 
     dev = load_cluster("A100-80GB").device
     large = matmul_efficiency(dev, (8192, 8192, 8192))
@@ -134,7 +134,7 @@ def test_dtype_peaks_and_backward_of_a_matmul() -> None:
 
 
 def test_matmul_dims() -> None:
-    from autopar.cost_models.compute import linear_dims, matmul_dims, matmul_flops
+    from autopar.cost_models.matmul_efficiency import linear_dims, matmul_dims, matmul_flops
 
     assert matmul_dims((2, 12, 1024, 64), (2, 12, 64, 1024)) == (24, 1024, 1024, 64)
     assert linear_dims((2, 1024, 768), 3072) == (1, 2048, 3072, 768)

@@ -10,7 +10,7 @@ import autopar
 from autopar.core.cluster import load_cluster
 from autopar.models import GPT, GPTConfig
 from autopar.solver.options import PlanOptions
-from autopar.solver.search.mesh_search import lowest_memory
+from autopar.solver.search.memory_floors import lowest_memory
 
 CLUSTER = {"nodes": 1, "devices_per_node": 2, "device": {"preset": "A100-80GB"}}
 

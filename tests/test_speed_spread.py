@@ -11,9 +11,9 @@ import pytest
 
 from autopar.cli.load import trace_model
 from autopar.core.cluster import load_cluster
+from autopar.core.cluster.compute_share import slowest_of
 from autopar.core.cluster.presets import GPU_SPEED_SPREAD, PRESETS
 from autopar.core.cluster.show import format_cluster
-from autopar.core.cluster.spec import slowest_of
 from autopar.core.errors import ClusterError
 from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 

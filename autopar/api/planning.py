@@ -26,6 +26,8 @@ from autopar.core.constraints import (
 )
 from autopar.core.errors import AutoparError, NoFeasiblePlanError, TraceError
 from autopar.core.graph_facts import META_KEY, graph_facts
+from autopar.core.knob_docs import with_knob_list
+from autopar.core.knob_table import KNOBS, OPTION_KNOBS
 from autopar.core.knobs import (
     PRECISION_CHOICES,
     SEARCHED_RECOMPUTE_MODES,
@@ -35,12 +37,13 @@ from autopar.core.knobs import (
 )
 from autopar.core.plan import Plan
 from autopar.core.plugins import discover as discover_plugins
-from autopar.cost_models.compute import best_efficiency
+from autopar.cost_models.matmul_efficiency import best_efficiency
 from autopar.models.spec import SPEC_LIMITS
 from autopar.solver.explain.to_plan import make_plan
 from autopar.solver.options import PlanOptions
 from autopar.solver.search.constraint_core import conflicting
-from autopar.solver.search.mesh_search import SearchResult, n_layers_of, search
+from autopar.solver.search.mesh_search import SearchResult, search
+from autopar.solver.search.meshes import n_layers_of
 from autopar.strategies.calls import remembered_calls
 from autopar.trace import trace
 
@@ -119,59 +122,25 @@ def plan(
 
     ``model`` is a module (traced with ``example_inputs``, which may be TensorSpecs) or a
     GraphModule from :func:`autopar.trace`. ``cluster`` is a Cluster, a shorthand such as
-    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. ``dp``/``tp``/``pp``/``cp``,
-    ``microbatch`` (size) or ``microbatches`` (count), ``schedule`` ("gpipe", "1f1b",
-    "interleaved", "zb_v"), ``virtual_stages`` (chunks per pipeline rank) and ``zero`` (a
-    ZeRO stage, or a tuple of stages to choose from) pin what they name; the solver chooses
-    the rest. ``devices`` pins how many of the cluster's devices the plan uses (the first
-    ones: whole nodes, or part of one node); left to the planner (``None``) with no mesh
-    degree pinned, it also plans on fewer devices (divisors of the count: fewer nodes, or
-    fewer devices of one node) and keeps the fastest prediction, so a model too small to
-    gain from more devices runs on fewer, and ``plan.explanation["devices"]`` says so.
-    ``offload`` ("none", "optimizer+params", or both: the default) lets the plan keep
-    ZeRO-3's parameter, gradient and optimizer shards in host memory (FSDP2's
-    ``CPUOffloadPolicy``); it is used only when no plan fits in device memory without it,
-    and priced with the host link and a host optimizer (:mod:`autopar.cost_models.offload`).
-    ``dp_replicate`` pins HSDP: ZeRO shards within groups of dp/dp_replicate consecutive
-    ranks and the groups replicate, all-reducing their gradient shards once per step (by
-    default the solver prices full sharding and, where ZeRO spans nodes, one group per node:
-    :mod:`autopar.solver.axes.hsdp`).
-    ``extrapolation_margin`` is how much faster a plan beyond the cost model's validated
-    ground must be predicted than the best validated one (``None``: the model's own error
-    there, ``0``: no preference; see ``plan.predicted["ground"]``).
-    ``ep`` spreads each MoE layer's experts over that many data-parallel ranks (expert
-    parallelism: tokens go to their experts' ranks and back by all-to-all); it divides dp
-    and the experts (:mod:`autopar.solver.axes.expert_axis`).
-    ``cp`` splits each sequence over that many ranks (context parallelism); attention then
-    runs ``cp_algorithm`` ("ring", "all_gather", "ulysses"; default: the cheapest modelled,
-    named with the others' costs in ``plan.context``) on a ``cp_layout`` of "zigzag" (even
-    causal work) or "contiguous" chunks.
-    ``precision`` ("fp32", "bf16", "fp16", "fp8" or "auto"; default bf16 on GPUs, fp32
-    on CPU) is the compute precision; :mod:`autopar.analysis.precision` says which node computes in
-    what (``plan.precision``), and ``precision_overrides`` (node name or module path ->
-    dtype word) changes single nodes.
-    ``recompute`` lists the recomputation modes the solver may give each layer (a plan may
-    recompute some layers and not others: ``training.recompute`` "mixed", with
-    ``training.recompute_layers``); ``recompute_layers`` pins one mode per repeated layer,
-    in the order they run.
-    ``batch_coupling`` ("exact", the default) splits the batch (over dp, or into
-    microbatches) only where ops that couple its samples stay exact: a batch statistic a
-    balancing loss uses whole is all-reduced over dp, and an op that reads other samples
-    (batch norm) keeps the batch whole; "local" splits anyway, each rank's statistics its
-    own as under DDP. ``plan.batch_coupled`` names those ops (:mod:`autopar.solver.
-    batch_coupling`).
-    ``constraints`` (:mod:`autopar.core.constraints`: objects or text such as ``"tp<=4"``,
-    ``"memory<=40GiB"``, ``"cut after 11"``, ``"replicate lm_head"``) are obeyed; when
-    they leave no plan the error names the smallest set of them that conflict.
-    ``chunked_loss`` (default on) computes cross-entropy over class indices a block of
-    tokens at a time, never keeping the ``[tokens, vocab]`` log-softmax; off keeps torch's.
-    ``attention_kernel`` says what the fused attention sites are priced as: "generated"
-    (autopar's own kernels, which its program runs on GPUs, at the device's
-    ``generated_attention_forward``/``_backward``) or "device" (the kernel the cluster's
-    ``attention_efficiency`` describes: to price a run by another framework).
-    Keyword names are those of :mod:`autopar.core.knobs`. A pinned ``tp`` is Megatron's
-    tensor parallelism: it does not split the batch unless ``tp_splits_batch=True``; the
-    plan says how tp is used and, if it shards no weight, why (``plan.explanation``).
+    ``"8xH100-80GB"`` or ``"2xcpu"``, or a YAML/JSON file. Every other keyword but
+    ``model_name`` (the name the plan records; default: the model's class) is a knob of the
+    knob table, :data:`autopar.core.knob_table.KNOBS` (listed below, and in docs/cli.md
+    with their flags): a knob given pins what it names, and the solver chooses the rest.
+    ``ep`` spreads each MoE layer's experts over that many dp ranks (all-to-all each way:
+    :mod:`autopar.solver.axes.expert_axis`), ``cp`` splits each sequence, ``dp_replicate``
+    pins HSDP (:mod:`autopar.solver.axes.hsdp`), and layers may recompute differently.
+
+    The plan says what was chosen and why: ``plan.explanation`` (how tp is used and, if it
+    shards no weight, why; ``["devices"]``: how many devices, and why), ``plan.context``
+    (the cp algorithm, with the others' modelled costs), ``plan.batch_coupled`` (the ops
+    that couple a batch's samples), ``plan.precision`` (which node computes in what:
+    :mod:`autopar.analysis.precision`), ``plan.training["recompute"]`` ("mixed": per layer)
+    and ``plan.predicted["ground"]`` (validated or extrapolated ground). When constraints
+    leave no plan, the error names the smallest set of them that conflict.
+
+    Knobs:
+
+    <knob list>
 
     >>> import torch, autopar
     >>> from autopar.models import GPT, GPTConfig
@@ -180,19 +149,11 @@ def plan(
     >>> autopar.plan(gpt, "2xcpu", (idx, idx), dp=2).mesh
     {'dp': 2, 'tp': 1}
     """
+    given = dict(locals())
     if old_spellings:
-        given = locals()
         explicit = [k for k in PLAN_KEYWORDS if given[k] is not _DEFAULTS[k]]
         given.update(check_keywords(old_spellings, PLAN_KEYWORDS, "autopar.plan", explicit))
-        virtual_stages, precision, zero = (given["virtual_stages"], given["precision"],
-                                           given["zero"])
-    if not isinstance(model, nn.Module):
-        raise AutoparError(
-            f"autopar.plan() plans an nn.Module, got {type(model).__name__}",
-            where="autopar.plan(model=...)",
-            fix="pass the model object (or a graph from autopar.trace); for a model name such "
-            "as 'gpt2', use `autopar plan gpt2 --cluster ...` or autopar.models.resolve_model",
-        )
+    check_plannable(model)
     discover_plugins()  # installed packages' rules and op costs join before tracing
     cluster = load_cluster(cluster)
     constraints = parse_constraints([*cluster.constraints, *(constraints or ())])
@@ -204,53 +165,56 @@ def plan(
     check_returns_loss(gm)
     check_stage_cuts(constraints, n_layers_of(gm))
     check_batch_size(global_batch or graph_facts(gm).batch_size or 1)
-    options = PlanOptions(
-        global_batch=global_batch,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=ep,
-        cp_algorithm=cp_algorithm,
-        cp_layout=cp_layout,
-        microbatch=microbatch,
-        microbatches=microbatches,
-        schedule=schedule,
-        virtual_stages=virtual_stages,
-        precision=resolve_precision(precision, cluster),
-        precision_overrides=tuple((precision_overrides or {}).items()),
-        optimizer=optimizer,
-        zero=zero_stages(zero),
-        recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
-        recompute_layers=recompute_layers,
-        tp_splits_batch=tp_splits_batch,
-        fuse_attention=fuse_attention,
-        attention_kernel=attention_kernel,
-        chunked_loss=chunked_loss,
-        batch_coupling=batch_coupling,
-        memory_fraction=memory_fraction,
-        time_limit_s=time_limit_s,
-        extrapolation_margin=extrapolation_margin,
-        max_solves=max_solves,
-        offload=offload,
-        dp_replicate=dp_replicate,
-        constraints=constraints,
-    )
+    options = plan_options({**given, "precision_overrides": precision_overrides,
+                            "constraints": constraints}, cluster)
     if options.precision_overrides:  # a key naming nothing fails here, before any solve
         assign_precision(gm, options.precision, dict(options.precision_overrides))
-    name = model_name or type(model).__name__
     counts = device_counts(cluster, devices, pinned_mesh=any(v is not None for v in (dp, tp, pp))
                            or (cp or 1) > 1)  # cp=1 (what parallelize runs) fixes no count
     budget = [k for k in counts if all(k <= c.devices for c in constraints
                                        if isinstance(c, DeviceBudget))] or counts[-1:]
+    return _plan_on(gm, cluster, options, model_name or type(model).__name__, budget,
+                    pinned=devices is not None)
+
+
+def check_plannable(model: Any) -> None:
+    """``plan`` plans a module: a model's name is for the command line (or resolve_model)."""
+    if not isinstance(model, nn.Module):
+        raise AutoparError(
+            f"autopar.plan() plans an nn.Module, got {type(model).__name__}",
+            where="autopar.plan(model=...)",
+            fix="pass the model object (or a graph from autopar.trace); for a model name such "
+            "as 'gpt2', use `autopar plan gpt2 --cluster ...` or autopar.models.resolve_model",
+        )
+
+
+def plan_options(knobs: dict[str, Any], cluster: Cluster) -> PlanOptions:
+    """The knobs ``plan`` was given, as PlanOptions: precision resolved for the cluster's
+    device, overrides as pairs, ZeRO stages and recomputation modes as tuples (``knobs``:
+    every keyword of ``plan``, ``constraints`` parsed)."""
+    recompute = knobs["recompute"]
+    return PlanOptions(
+        **{name: knobs[name] for name in _GIVEN_AS_IS},
+        precision=resolve_precision(knobs["precision"], cluster),
+        precision_overrides=tuple(knobs["precision_overrides"].items()),
+        zero=zero_stages(knobs["zero"]),
+        recompute=(recompute,) if isinstance(recompute, str) else tuple(recompute),
+        constraints=knobs["constraints"],
+    )
+
+
+def _plan_on(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions, name: str,
+             budget: list[int], pinned: bool) -> Plan:
+    """The plan on the device counts of ``budget``; when the constraints leave none, the
+    error names the smallest set of them that conflict."""
     try:
         with remembered_calls(), collector_paused():  # the graph is read, not changed
             if budget == [cluster.world_size]:
                 result, used = _search_offloading_last(gm, cluster, options)
                 return make_plan(gm, result, cluster, used, name)
-            return _plan_fewest_fastest(gm, cluster, options, name, budget,
-                                        pinned=devices is not None)
+            return _plan_fewest_fastest(gm, cluster, options, name, budget, pinned=pinned)
     except NoFeasiblePlanError as e:
+        constraints = options.constraints
         if not constraints:
             raise
         conflict = conflicting(gm, cluster, options, device_counts(cluster, None))
@@ -411,6 +375,10 @@ PLAN_KEYWORDS = tuple(name for name, p in inspect.signature(plan).parameters.ite
                       if p.kind is inspect.Parameter.KEYWORD_ONLY)
 """The keywords ``autopar.plan`` takes (``parallelize`` passes them through)."""
 _DEFAULTS = {name: p.default for name, p in inspect.signature(plan).parameters.items()}
+_GIVEN_AS_IS = tuple(knob.name for knob in OPTION_KNOBS if knob.name in PLAN_KEYWORDS and knob.name
+                     not in ("precision", "precision_overrides", "zero", "recompute", "constraints"))
+"""The knobs ``plan`` hands PlanOptions as it was given them."""
+plan.__doc__ = with_knob_list(plan.__doc__, [k for k in KNOBS if k in PLAN_KEYWORDS])
 
 
 def _search_offloading_last(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions

@@ -41,11 +41,8 @@ from autopar.calibrate.collectives import (
     ring_factors,
 )
 from autopar.calibrate.corun import corun_slowdown_from, measure_corun
-from autopar.calibrate.matmul import (
-    DeviceCalibration,
-    calibrate_device,
-    efficiency_curve,
-)
+from autopar.calibrate.device_fit import DeviceCalibration, efficiency_curve
+from autopar.calibrate.matmul import calibrate_device
 from autopar.calibrate.sharded import (
     format_sharded_host,
     measure_sharded_host,

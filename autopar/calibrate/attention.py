@@ -1,6 +1,6 @@
 """Measure fused attention's share of the matmul rate: the device's ``attention_efficiency``.
 
-The cost model prices a ``scaled_dot_product_attention`` node (``autopar/solver/pricing/costs.py``)
+The cost model prices a ``scaled_dot_product_attention`` node (``autopar/solver/pricing/attention_costs.py``)
 with the compute model's roofline (``cost_models/compute.py``), at the FLOPs the kernel
 runs and a scaled matmul efficiency::
 
@@ -10,7 +10,7 @@ runs and a scaled matmul efficiency::
 ``fwd_flops``/``bwd_flops`` are what ``FlopCounterMode`` counts (the full ``seq x seq``
 square), ``work`` is :func:`causal_fraction` for a causal mask (the score tiles a fused
 kernel runs), ``qk`` is the ``(batch*heads*seq, seq, head_dim)`` matmul the model keys the
-efficiency on (``solver.costs.matmul_shape``), and ``a`` is ``attention_efficiency``. Both
+efficiency on (``solver.pricing.traced_ops.matmul_shape``), and ``a`` is ``attention_efficiency``. Both
 passes are compute-bound at training lengths, so each costs
 ``flops * work / (peak * a * efficiency(qk)) + floor``, and calibration inverts exactly that::
 
@@ -39,7 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from autopar.analysis.precision import BYTES
-from autopar.cost_models.compute import causal_fraction, matmul_efficiency
+from autopar.calibrate.timing import time_call
+from autopar.cost_models.compute import causal_fraction
+from autopar.cost_models.matmul_efficiency import matmul_efficiency
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -83,7 +85,7 @@ class AttentionPoint:
     @property
     def shape(self) -> tuple[int, int, int]:
         """``(m, n, k)`` of the score matmul, as the cost model reads an SDPA node
-        (``solver.costs.matmul_shape``): its matmul efficiency is looked up at this shape."""
+        (``solver.pricing.traced_ops.matmul_shape``): its matmul efficiency is looked up at this shape."""
         return self.batch * self.heads * self.seq, self.seq, self.head_dim
 
     def matmul_seconds(
@@ -170,8 +172,6 @@ def _time_sdpa(
     """One causal SDPA of ``shape`` timed forward and forward+backward, its FLOPs counted."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
-
-    from autopar.calibrate.matmul import time_call  # not at the top: matmul imports this
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     kind = _TORCH_DTYPES[dtype]

@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from autopar.calibrate.timing import time_call
+
 WIDTH = 1024
 """The last dim the ops run over (a hidden size): softmax and the norms reduce along it."""
 
@@ -113,8 +115,6 @@ def measure_view_seconds(device: torch.device, *, repeats: int, ops: int = 64) -
     """Seconds per pass of an op that runs no kernel: a chain of ``ops`` views and
     transposes of a small tensor, forward and backward under autograd, over the passes
     (each op's forward and its backward node), as ``_training_floor`` times tiny kernels."""
-    from autopar.calibrate.matmul import time_call
-
     x = torch.ones(4, 8, device=device, requires_grad=True)
 
     def step() -> None:

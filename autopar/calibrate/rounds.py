@@ -28,7 +28,7 @@ from dataclasses import replace
 from statistics import fmean
 
 from autopar.calibrate.collectives import CalibrationError
-from autopar.calibrate.matmul import DeviceCalibration
+from autopar.calibrate.device_fit import DeviceCalibration
 
 DEVICE_ROUNDS = 3
 """Rounds a CPU is measured in: at the start, after the collectives, and at the end of a
@@ -40,7 +40,7 @@ def average_rounds(rounds: Sequence[DeviceCalibration]) -> DeviceCalibration:
     have measured the same points, as :func:`~autopar.calibrate.matmul.calibrate_device`
     does with the same arguments).
 
-    >>> from autopar.calibrate.matmul import BandwidthPoint, MatmulPoint
+    >>> from autopar.calibrate.device_fit import BandwidthPoint, MatmulPoint
     >>> def cal(s):
     ...     return DeviceCalibration("cpu", 1, "fp32", (MatmulPoint(512, 512, 512, "fp32", s),),
     ...                              (BandwidthPoint(2**26, s),), kernel_floor_s=s / 1000)

@@ -36,8 +36,8 @@ from autopar.calibrate import (
     measure_sharded_host,
 )
 from autopar.calibrate.rounds import DEVICE_ROUNDS, average_rounds
+from autopar.core.cluster.compute_share import usable_cores
 from autopar.core.cluster.profile import Profile, write_profile
-from autopar.core.cluster.spec import usable_cores
 from autopar.core.units import format_bytes, format_seconds
 
 

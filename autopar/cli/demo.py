@@ -115,7 +115,7 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
     """The plan autopar makes on ``cluster`` with every choice of ``plan`` pinned (mesh,
     microbatches, schedule, ZeRO, recomputation, and the devices of a plan that uses fewer
     than the cluster has): its modelled step under other numbers."""
-    from autopar.api.planning import plan
+    from autopar.api.planning import plan as make_plan
 
     pins: dict = {"dp": plan.mesh.get("dp", 1), "tp": plan.mesh.get("tp", 1),
                   "pp": plan.mesh.get("pp", 1), "microbatches": plan.batch["microbatches"],
@@ -127,7 +127,7 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
         pins["schedule"] = plan.pipeline["schedule"]
         if plan.pipeline["schedule"] == "interleaved":
             pins["virtual_stages"] = plan.pipeline["virtual_stages"]
-    return plan(demo_model(), cluster, demo_batches(1)[0], **pins)
+    return make_plan(demo_model(), cluster, demo_batches(1)[0], **pins)
 
 
 def why_chosen(plan: Plan) -> list[str]:

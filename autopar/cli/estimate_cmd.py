@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from autopar.api.planning import resolve_precision
+from autopar.cli.arguments import EXIT_DOES_NOT_FIT
 from autopar.cli.load import TracedModel, trace_model
 from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError
@@ -25,16 +26,6 @@ from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.cost_models.memory import lora_params, model_state_bytes
 from autopar.solver.model.stages import layer_ranges
 from autopar.solver.search.pinned import Estimate, PinnedConfig, estimate_graph
-
-EXIT_DOES_NOT_FIT = 3
-"""Exit status of ``autopar estimate`` when the configuration does not fit in memory."""
-
-DESCRIPTION = (
-    "Memory and step time of one pinned configuration; every number is modelled. --dp "
-    "defaults to the devices left by tp x pp x cp. Exit "
-    f"status 0 if it fits in device memory, {EXIT_DOES_NOT_FIT} if it does not (the report is "
-    "printed all the same), 2 on bad input."
-)
 
 
 def adapter_shapes(traced: TracedModel) -> list[tuple[int, int]]:

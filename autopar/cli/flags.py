@@ -1,5 +1,6 @@
-"""The command line's flags: each knob defined once (one function, one help text), so
-``plan``, ``estimate``, ``emit`` and ``inspect`` spell and explain it the same way.
+"""The command line's flags: each knob's flag made from its row of the knob table
+(:mod:`autopar.core.knob_table`: spelling, help text, choices, default), so ``plan``,
+``estimate``, ``emit`` and ``inspect`` spell and explain it the same way.
 
 Values are checked by argparse types, so a bad value is an argparse error (exit 2) that
 names the flag, before any model is traced. Old spellings (``--dtype``, ``--batch``,
@@ -18,17 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from autopar.core.errors import AutoparError
-from autopar.core.knobs import (
-    BATCH_COUPLING_MODES,
-    CP_ALGORITHMS,
-    CP_LAYOUTS,
-    OPTIMIZERS,
-    PRECISION_CHOICES,
-    PRECISIONS,
-    RECOMPUTE_MODES,
-    schedule_name,
-    zero_stages,
-)
+from autopar.core.knob_docs import flag_help
+from autopar.core.knob_table import KNOBS, Knob
+from autopar.core.knobs import PRECISIONS, RECOMPUTE_MODES, schedule_name, zero_stages
 
 # --- value types --------------------------------------------------------------------------
 
@@ -176,117 +169,6 @@ def _renamed(p: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> N
                    **kwargs)
 
 
-# --- shared flags: one function each, one help text each -------------------------------------
-
-MODEL_HELP = (
-    "built-in name (gpt2, gpt2-xl, gpt-125m, llama3-8b, llama3-70b, gpt3-175b, mixtral-8x7b), "
-    "a spec such as gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024, or "
-    "path/to/file.py:factory (returning (model, example_args, example_kwargs))"
-)
-
-
-def add_model(p: argparse.ArgumentParser) -> None:
-    """MODEL, and the batch and sequence it is traced with."""
-    p.add_argument("model", help=MODEL_HELP)
-    p.add_argument("--global-batch", type=positive_int, default=None, metavar="N",
-                   help="sequences per optimizer step (default: the model's)")
-    _renamed(p, "--batch", "--global-batch", type=positive_int, metavar="N")
-    p.add_argument("--seq", type=positive_int, default=None, metavar="N",
-                   help="sequence length (default: the model's)")
-
-
-def add_cluster(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", required=True, metavar="SPEC",
-                   help="a shorthand (8xH100-80GB, 16x8xA100-80GB, 2xcpu) or a .yaml/.json file")
-
-
-def add_degree(p: argparse.ArgumentParser, axis: str, default: int | None = None) -> None:
-    """``--dp``/``--tp``/``--pp``/``--cp``: a mesh degree."""
-    words = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context",
-             "ep": "expert (carved out of dp)"}[axis]
-    p.add_argument(f"--{axis}", type=positive_int, default=default, metavar="N",
-                   help=f"{words}-parallel degree")
-
-
-def add_dp_replicate(p: argparse.ArgumentParser, default: int | None = None) -> None:
-    p.add_argument("--dp-replicate", type=positive_int, default=default, metavar="N",
-                   help="HSDP: ZeRO shards within dp/N consecutive data-parallel ranks and the "
-                   "N groups replicate (1: shard over all of dp; default: chosen by cost)")
-
-
-def add_batch_coupling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-coupling", choices=BATCH_COUPLING_MODES, default="exact",
-                   help="exact: split the batch (dp, microbatches) only where ops coupling its "
-                   "samples (balancing losses, batch norm) stay exact; local: split anyway, "
-                   "each rank's statistics its own (as DDP does)")
-
-
-def add_cp_algorithm(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cp-algorithm", choices=CP_ALGORITHMS, default=None,
-                   help="attention under context parallelism: ring (K/V passed around, "
-                   "overlapped), all_gather (K/V gathered, cheap with few K/V heads) or "
-                   "ulysses (all-to-all heads <-> sequence); default: the cheapest modelled")
-
-
-def add_cp_layout(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cp-layout", choices=CP_LAYOUTS, default="zigzag",
-                   help="how a sequence is cut over cp: zigzag (2 x cp chunks, rank i holds "
-                   "i and 2cp-1-i: even causal work) or contiguous")
-
-
-def add_devices(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
-                   help="use N of the cluster's devices (the first: whole nodes, or part of "
-                   "one node); default: all, or fewer when that is predicted faster (unless a "
-                   "mesh degree is pinned)")
-
-
-def add_microbatch(p: argparse.ArgumentParser, default: int | None = None) -> None:
-    p.add_argument("--microbatch", type=positive_int, default=default, metavar="N",
-                   help="sequences per microbatch on each data-parallel rank")
-
-
-def add_microbatches(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--microbatches", type=positive_int, default=None, metavar="N",
-                   help="microbatches per step on each data-parallel rank (instead of "
-                   "--microbatch)")
-
-
-def add_schedule(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    p.add_argument("--schedule", type=schedule, default=default, metavar="NAME",
-                   help="pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B) or "
-                   "zb_v (zero-bubble V)")
-
-
-def add_virtual_stages(p: argparse.ArgumentParser, default: int | None = None) -> None:
-    p.add_argument("--virtual-stages", type=positive_int, default=default, metavar="V",
-                   help="model chunks per pipeline rank (interleaved schedule)")
-
-
-def add_recompute(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--recompute", type=mode_list, default=default, metavar="MODES",
-                   help="activation recomputation: none, selective, full or op (torchtitan's "
-                   "per-op policy); plan may be given "
-                   "several, comma-separated, to choose from for each layer")
-    p.add_argument("--recompute-layers", type=layer_modes, default=None, metavar="MODES",
-                   help="one recomputation mode per repeated layer, comma-separated, in the "
-                   "order the layers run (pins recomputation per layer)")
-
-
-def add_precision(p: argparse.ArgumentParser, overrides: bool = False) -> None:
-    p.add_argument("--precision", choices=PRECISION_CHOICES, default=None,
-                   help="compute precision: bf16/fp16 matmuls (fp16 with loss scaling), fp8 "
-                   "linears, or fp32; mixed precision keeps fp32 master weights, and "
-                   "normalisations, softmax and losses in fp32; auto: the fastest the device "
-                   "runs without loss scaling (default: bf16 on GPUs, fp32 on CPU)")
-    _renamed(p, "--dtype", "--precision", choices=PRECISION_CHOICES)
-    if overrides:
-        p.add_argument("--precision-override", type=precision_override, action="append",
-                       default=None, dest="precision_overrides", metavar="NODE=DTYPE",
-                       help="compute one fx node, or every node of a module path, in DTYPE "
-                       f"({', '.join(PRECISIONS)}); repeatable")
-
-
 def precision_override(text: str) -> tuple[str, str]:
     """``NODE=DTYPE`` (NODE an fx node name or a module path)."""
     key, eq, word = text.partition("=")
@@ -294,41 +176,6 @@ def precision_override(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(
             f"expected NODE=DTYPE with DTYPE one of {', '.join(PRECISIONS)}, got {text!r}")
     return key.strip(), word.strip()
-
-
-def add_zero(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--zero", type=stage_list, default=default, metavar="STAGES",
-                   help="ZeRO stage 0-3 (0: DDP, 3: FSDP2 fully_shard); plan may be given "
-                   "several, comma-separated, to choose from")
-
-
-def add_optimizer(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                   help="optimizer whose states are counted")
-
-
-def add_fuse_attention(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-fuse-attention", dest="fuse_attention", action="store_false",
-                   help="keep attention op by op as traced, instead of one generated fused kernel")
-
-
-def add_chunked_loss(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-chunked-loss", dest="chunked_loss", action="store_false",
-                   help="keep torch's cross-entropy (its [tokens, vocab] log-softmax), instead "
-                        "of computing it a block of tokens at a time")
-
-
-def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", type=output_file, metavar="FILE",
-                   help="also write the result as JSON to FILE")
-
-
-def add_time_limit(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--time-limit", type=positive_seconds, default=20.0, metavar="S",
-                   help="CP-SAT seconds per mesh candidate")
-    p.add_argument("--max-solves", type=_solve_budget, default=300, metavar="N",
-                   help="CP-SAT solves the search may run; past them only layouts already "
-                   "solved are priced, and the plan says so ('none': no limit; default: 300)")
 
 
 def _solve_budget(text: str) -> int | None:
@@ -343,17 +190,9 @@ def _solve_budget(text: str) -> int | None:
     return value
 
 
-def add_extrapolation_margin(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--extrapolation-margin", type=fraction, default=None, metavar="F",
-                   help="how much faster (0.1 = 10%%) a plan beyond the cost model's validated "
-                   "ground must be predicted than the best validated plan (default: the "
-                   "model's own error there; 0: no preference)")
-
-
 def constraint(text: str) -> str:
     """A constraint's text, read now so a typo fails before tracing (autopar.core.constraints)."""
     from autopar.core.constraints import parse_constraint
-    from autopar.core.errors import AutoparError
 
     try:
         parse_constraint(text)
@@ -362,20 +201,99 @@ def constraint(text: str) -> str:
     return text
 
 
+# --- knobs: each flag made from its row of the knob table ----------------------------------
+
+TYPES: dict[str, Callable[[str], Any]] = {
+    "count": positive_int, "schedule": schedule, "stages": stage_list, "modes": mode_list,
+    "layer_modes": layer_modes, "override": precision_override, "seconds": positive_seconds,
+    "solves": _solve_budget, "fraction": fraction, "constraint": constraint,
+}
+"""The argparse type that reads each kind of knob value (``choice`` and ``switch`` need none)."""
+
+_APPENDED = ("override", "constraint")  # kinds whose flag is repeatable
+
+
+def dest(knob: Knob) -> str:
+    """Where argparse stores the knob: under its name for a switch (``--no-fuse-attention``)
+    and ``--precision-override``, else under the flag's words (``args.time_limit``)."""
+    if knob.kind in ("switch", "override"):
+        return knob.name
+    return knob.cli.lstrip("-").replace("-", "_")
+
+
+def cli_default(knob: Knob) -> Any:
+    """The knob's default as the flag writes it (a list comma-separated, as typed)."""
+    if isinstance(knob.default, tuple):
+        return ",".join(map(str, knob.default))
+    return knob.default
+
+
+TABLE_DEFAULT: Any = object()
+"""``add_knob``'s default: the knob table's."""
+
+
+def add_knob(p: argparse.ArgumentParser, name: str, default: Any = TABLE_DEFAULT) -> None:
+    """The flag of knob ``name`` (and its old spelling, if any), its help, choices and
+    default from the knob table; ``default`` (as typed on the command line) replaces the
+    table's where a command has its own (``estimate``: ``--tp 1``)."""
+    knob = KNOBS[name]
+    kwargs: dict[str, Any] = {"dest": dest(knob)}
+    if knob.kind == "choice":
+        kwargs["choices"] = knob.choices
+    elif knob.kind == "switch":
+        kwargs["action"] = "store_false"
+    else:
+        kwargs["type"] = TYPES[knob.kind]
+    if knob.kind in _APPENDED:
+        kwargs["action"] = "append"
+    if knob.kind != "switch":
+        kwargs["default"] = cli_default(knob) if default is TABLE_DEFAULT else default
+    if knob.metavar:
+        kwargs["metavar"] = knob.metavar
+    p.add_argument(knob.cli, help=flag_help(knob).replace("%", "%%"), **kwargs)
+    if knob.old_flag:
+        _renamed(p, knob.old_flag, knob.cli,
+                 **{k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar")})
+
+
+def add_knobs(p: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
+    """``add_knob`` for each of ``names``, in order; ``defaults``: name -> the flag's default
+    where the command's is not the table's."""
+    for name in names:
+        add_knob(p, name, defaults.get(name, TABLE_DEFAULT))
+
+
+# --- flags that are no knob ------------------------------------------------------------------
+
+MODEL_HELP = (
+    "built-in name (gpt2, gpt2-xl, gpt-125m, llama3-8b, llama3-70b, gpt3-175b, mixtral-8x7b), "
+    "a spec such as gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024, or "
+    "path/to/file.py:factory (returning (model, example_args, example_kwargs))"
+)
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """MODEL, and the batch and sequence it is traced with."""
+    p.add_argument("model", help=MODEL_HELP)
+    add_knob(p, "global_batch")
+    p.add_argument("--seq", type=positive_int, default=None, metavar="N",
+                   help="sequence length (default: the model's)")
+
+
+def add_cluster(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, metavar="SPEC",
+                   help="a shorthand (8xH100-80GB, 16x8xA100-80GB, 2xcpu) or a .yaml/.json file")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", type=output_file, metavar="FILE",
+                   help="also write the result as JSON to FILE")
+
+
 def add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="no live progress (tracing, the mesh being solved, the best plan so "
                    "far); it shows only on a terminal anyway")
-
-
-def add_constraint(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--constraint", action="append", type=constraint, default=None,
-                   metavar="TEXT",
-                   help="what the plan must obey, repeatable: tp<=4, dp>=2, pp==2, "
-                   "devices<=64, memory<=40GiB, 'schedule in 1f1b,zb_v', 'cut after 11', "
-                   "'replicate lm_head', 'dtype lm_head=fp32' (a cluster file's constraints: "
-                   "list adds to them); when they leave no plan, the error names the "
-                   "constraints that conflict")
 
 
 SHARED_FLAGS = ("--global-batch", "--seq", "--cluster", "--dp", "--tp", "--pp", "--cp", "--ep",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 
 from autopar.api.planning import plan
+from autopar.cli import flags
+from autopar.cli.arguments import PLAN_COMMAND_KNOBS
 from autopar.cli.load import TracedModel, trace_model
 from autopar.cli.summary import format_plan
 from autopar.core import progress
 from autopar.core.cluster import load_cluster
+from autopar.core.knob_table import KNOBS
 from autopar.core.plan import Plan
 
 
@@ -24,38 +27,12 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
 
 
 def _plan(args: argparse.Namespace, cluster, traced: TracedModel) -> Plan:
-    return plan(
-        traced.gm,
-        cluster,
-        dp=args.dp,
-        tp=args.tp,
-        pp=args.pp,
-        cp=args.cp,
-        ep=args.ep,
-        dp_replicate=args.dp_replicate,
-        batch_coupling=args.batch_coupling,
-        cp_algorithm=args.cp_algorithm,
-        cp_layout=args.cp_layout,
-        devices=args.devices,
-        global_batch=traced.batch,
-        microbatch=args.microbatch,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
-        recompute=args.recompute,
-        recompute_layers=args.recompute_layers,
-        precision=args.precision,
-        precision_overrides=dict(getattr(args, "precision_overrides", None) or []),
-        zero=args.zero,
-        optimizer=args.optimizer,
-        time_limit_s=args.time_limit,
-        max_solves=args.max_solves,
-        extrapolation_margin=args.extrapolation_margin,
-        fuse_attention=args.fuse_attention,
-        chunked_loss=args.chunked_loss,
-        constraints=args.constraint,
-        model_name=traced.spec.name,
-    )
+    """``autopar.plan`` with every knob the flags set (:data:`PLAN_COMMAND_KNOBS`)."""
+    knobs = {name: getattr(args, flags.dest(KNOBS[name])) for name in PLAN_COMMAND_KNOBS
+             if name != "precision_overrides"}
+    knobs["precision_overrides"] = dict(getattr(args, "precision_overrides", None) or [])
+    return plan(traced.gm, cluster, global_batch=traced.batch, model_name=traced.spec.name,
+                **knobs)
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopar.core.cluster.spec import slowest_chip_delay
+from autopar.core.cluster.compute_share import slowest_chip_delay
 from autopar.core.plan import Plan
 from autopar.core.units import format_bytes, format_count, format_seconds
 
@@ -64,7 +64,24 @@ def format_precision(plan: Plan) -> list[str]:
 
 
 def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> str:
+    """The summary ``autopar plan`` prints: the settings chosen, the strategies, and the
+    modelled memory and step time."""
+    lines = format_settings(plan, model_label, trace_s)
+    lines += format_strategies(plan)
+    lines += format_memory(plan.predicted)
+    lines += format_step(plan)
     p = plan.predicted
+    if plan.pipeline:
+        lines += ["", *format_pipeline(plan.pipeline)]
+    if p.get("ground"):
+        lines += ["", *format_ground(p["ground"], p.get("ground_margin", 0.0))]
+    return "\n".join(lines)
+
+
+def format_settings(plan: Plan, model_label: str, trace_s: float | None = None) -> list[str]:
+    """The head of the summary: model, batch, mesh, how the solver did, and one line per
+    decision beyond the mesh (devices, HSDP, offload, precision, tp, experts, attention,
+    context parallelism, recomputation)."""
     mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
     cluster = plan.cluster
     b = plan.batch
@@ -84,20 +101,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
         f"{len(plan.solver.get('candidates', []))} considered",
     ]
-    for solve in plan.solver.get("plan_solves", []):
-        gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
-        again = " (solved for another setting, reused)" if solve.get("reused") else ""
-        lines.append(f"          {solve['what']} solve{again}: {solve['outcome']}{gap}")
-    if plan.solver.get("interrupted"):
-        lines.append("          search interrupted (Ctrl-C): the best plan found so far, not "
-                     "proven the fastest")
-    if plan.constraints:
-        lines.append(f"obeys     {', '.join(plan.constraints)} (constraints)")
-    if plan.solver.get("budget_reached"):
-        lines.append(f"          search stopped solving at its budget of "
-                     f"{plan.solver['max_solves']} CP-SAT solves: later settings were priced "
-                     "only with layouts already solved, so this is the best plan found, not "
-                     "proven the fastest (--max-solves raises the budget)")
+    lines += format_solves(plan)
     if plan.explanation.get("devices"):
         lines.append(f"devices   {plan.explanation['devices']['why']}")
     if t.get("dp_replicate", 1) > 1:
@@ -122,7 +126,33 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
         ops = ", ".join(f"{k} x{v}" for k, v in plan.unruled_ops.items())
         lines.append(f"replicated (no sharding rule): {ops}")
     lines += format_recompute(plan)
-    lines += ["", "tensor-parallel strategies (per layer kind)"]
+    return lines
+
+
+def format_solves(plan: Plan) -> list[str]:
+    """How each CP-SAT solve behind the plan ended, and whether the search was cut short
+    (interrupted, or out of its solve budget); the constraints it obeyed."""
+    lines = []
+    for solve in plan.solver.get("plan_solves", []):
+        gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
+        again = " (solved for another setting, reused)" if solve.get("reused") else ""
+        lines.append(f"          {solve['what']} solve{again}: {solve['outcome']}{gap}")
+    if plan.solver.get("interrupted"):
+        lines.append("          search interrupted (Ctrl-C): the best plan found so far, not "
+                     "proven the fastest")
+    if plan.constraints:
+        lines.append(f"obeys     {', '.join(plan.constraints)} (constraints)")
+    if plan.solver.get("budget_reached"):
+        lines.append(f"          search stopped solving at its budget of "
+                     f"{plan.solver['max_solves']} CP-SAT solves: later settings were priced "
+                     "only with layouts already solved, so this is the best plan found, not "
+                     "proven the fastest (--max-solves raises the budget)")
+    return lines
+
+
+def format_strategies(plan: Plan) -> list[str]:
+    """The tensor-parallel strategy of each kind of layer's key ops, once per kind."""
+    lines = ["", "tensor-parallel strategies (per layer kind)"]
     shown: set[str] = set()
     if not any(row["strategies"] for row in plan.layers):
         lines.append("  everything replicated on tp" + (
@@ -140,9 +170,14 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
                 continue
             role = _role(name, strategy)
             lines.append(f"    {name:<52} {strategy:<28} {role}")
-    mem = p["memory"]
-    capacity = p["memory_capacity_bytes"]
-    lines += ["", "memory per device (modelled)"]
+    return lines
+
+
+def format_memory(predicted: dict) -> list[str]:
+    """Each device's modelled memory by kind, against its capacity."""
+    mem = predicted["memory"]
+    capacity = predicted["memory_capacity_bytes"]
+    lines = ["", "memory per device (modelled)"]
     for key in ("params", "grads", "optimizer", "activations", "buffers", "temporaries"):
         lines.append(f"  {key:<12} {format_bytes(mem.get(key, 0)):>12}")
     used = mem["total"] / capacity
@@ -153,7 +188,14 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     if mem.get("host"):
         lines.append(f"  {'host':<12} {format_bytes(mem['host']):>12} (offloaded, in host "
                      "memory; not in the total)")
-    lines += [
+    return lines
+
+
+def format_step(plan: Plan) -> list[str]:
+    """The modelled step: its time, what it is made of, the throughput, and the wait for
+    the slowest chip."""
+    p, cluster = plan.predicted, plan.cluster
+    lines = [
         "",
         "step (modelled)",
         f"  step time    {format_seconds(p['step_time_s'])}",
@@ -168,11 +210,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     if spread and used > 1:
         lines.append(f"  device times include the wait for the slowest of {used} chips: "
                      f"+{slowest_chip_delay(spread, used):.1%} (chip speed spread {spread:.1%})")
-    if plan.pipeline:
-        lines += ["", *format_pipeline(plan.pipeline)]
-    if p.get("ground"):
-        lines += ["", *format_ground(p["ground"], p.get("ground_margin", 0.0))]
-    return "\n".join(lines)
+    return lines
 
 
 def format_ground(labels: list[dict], margin: float) -> list[str]:

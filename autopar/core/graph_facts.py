@@ -104,13 +104,6 @@ class GraphFacts:
     bwd_flops: int = 0
 
 
-def node_facts(node: fx.Node) -> NodeFacts:
-    facts = node.meta.get(META_KEY)
-    if facts is None:
-        raise KeyError(f"node {node.name} has no autopar facts; was the graph traced by autopar?")
-    return facts
-
-
 def graph_facts(gm: fx.GraphModule) -> GraphFacts:
     facts = gm.meta.get(META_KEY)
     if facts is None:

@@ -1,22 +1,10 @@
 """One name per knob: the words ``autopar.plan``, ``parallelize``, the CLI and the plan JSON share.
 
-| knob | Python keyword | command line | plan JSON |
-| --- | --- | --- | --- |
-| precision | ``precision`` | ``--precision`` | ``training.precision`` (per node: ``precision``) |
-| per-node precision overrides | ``precision_overrides`` | ``--precision-override NODE=DTYPE`` | ``precision_policy.overrides`` |
-| ZeRO stage(s) | ``zero`` | ``--zero`` | ``training.zero`` |
-| HSDP replica groups | ``dp_replicate`` | ``--dp-replicate`` | ``training.dp_replicate`` |
-| pipeline schedule | ``schedule`` | ``--schedule`` | ``pipeline.schedule`` |
-| chunks per pipeline rank | ``virtual_stages`` | ``--virtual-stages`` | ``pipeline.virtual_stages`` |
-| sequences per step | ``global_batch`` | ``--global-batch`` | ``batch.global`` |
-| devices used | ``devices`` | ``--devices`` | ``explanation.devices.used`` (= the mesh's product) |
-| recomputation | ``recompute`` | ``--recompute`` | ``training.recompute`` |
-| context parallelism | ``cp`` | ``--cp`` | ``mesh.cp`` |
-| attention under cp | ``cp_algorithm`` | ``--cp-algorithm`` | ``context.algorithm`` |
-| sequence layout under cp | ``cp_layout`` | ``--cp-layout`` | ``context.layout`` |
-| batch statistics under dp | ``batch_coupling`` | ``--batch-coupling`` | ``training.batch_coupling`` |
-| margin beyond validated ground | ``extrapolation_margin`` | ``--extrapolation-margin`` | ``predicted.ground_margin`` |
-| record a run for refitting | ``record_run`` (``parallelize``) | ``--record-run`` (``demo``), ``--from-run`` (``calibrate``) | -- |
+Each planning knob -- its keyword, flag, values, default, help text and where a plan
+records it -- is one row of :data:`autopar.core.knob_table.KNOBS` (rendered as the table in
+docs/cli.md). This module holds the name lists those rows and the plan schema check, and
+reads old spellings. Recording a run for refitting is no planning knob: ``record_run``
+(``parallelize``), ``--record-run`` (``demo``), ``--from-run`` (``calibrate``).
 
 Schedule names are those ``torch.distributed.pipelining`` runs: ``gpipe``, ``1f1b``,
 ``interleaved`` (interleaved 1F1B) and ``zb_v`` (the zero-bubble V schedule).
@@ -53,7 +41,7 @@ without loss scaling (bf16 where it has bf16, else fp32); fp8 and fp16 are asked
 RECOMPUTE_MODES = ("none", "selective", "full", "op")
 """Activation recomputation: keep everything; drop the sequence-squared tensors (Korthikanti
 et al.); keep only each layer's inputs; torchtitan's per-op policy (keep matmul outputs but
-every second, and attention's). See ``autopar/solver/pricing/costs.py``."""
+every second, and attention's). See ``autopar/solver/pricing/recompute_tables.py``."""
 
 LEANNESS = ("full", "op", "selective", "none")
 """Recomputation modes from the least kept to the most (a plan with a mode per layer is
@@ -90,6 +78,12 @@ CP_LAYOUTS = ("zigzag", "contiguous")
 OPTIMIZERS = ("adamw", "adam", "adamw_fused", "adam_fused", "momentum", "sgd", "adam8bit",
               "adafactor")
 """Every optimizer the memory model accounts (:mod:`autopar.cost_models.memory`)."""
+
+ATTENTION_KERNELS = ("generated", "device")
+"""What runs the fused attention sites, as the cost model prices them (``attention_kernel``)."""
+
+FP8_WEIGHT_COPIES = ("step", "use")
+"""How long an fp8 linear's fp8 weight copy lives (``fp8_weight_copies``)."""
 
 LOCAL_IMPL_NAMES = ("vocab_parallel_embedding", "vocab_parallel_cross_entropy", "sync_batch_norm")
 """The rank-local implementations a plan may name (:mod:`autopar.ops.local_ops`)."""

@@ -107,13 +107,6 @@ def divisor(placement: Placement, n: int) -> int:
     return n if isinstance(placement, Shard) else 1
 
 
-def local_size(size: int, placement: Placement, axis_size: int) -> int:
-    """Size of a sharded dimension on one device (even sharding only)."""
-    if isinstance(placement, Shard):
-        return size // axis_size
-    return size
-
-
 def local_shape(
     shape: tuple[int, ...], placements: tuple[Placement, ...], axis_sizes: tuple[int, ...]
 ) -> tuple[int, ...]:

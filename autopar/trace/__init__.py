@@ -20,6 +20,7 @@ from torch import nn
 from autopar.core.collector import collector_paused
 from autopar.core.errors import TraceError
 from autopar.core.graph_facts import META_KEY, GraphFacts
+from autopar.ops import moe_ops  # noqa: F401  (autopar::grouped_mm and its FLOP formula)
 from autopar.trace.annotate import annotate, tensor_vals
 from autopar.trace.blocks import assign_blocks, fingerprint
 from autopar.trace.capture import export_model

@@ -18,17 +18,11 @@ base units (``memory_bytes``, ``bandwidth_bytes_per_s``, ``latency_s``) so that 
 round-trip exactly. Files are read with ``yaml.safe_load``/``json``: loading never runs code.
 """
 
-from autopar.core.cluster.load import load_cluster
+from autopar.core.cluster.checks import BACKENDS, dtype_key
+from autopar.core.cluster.compute_share import usable_cores
+from autopar.core.cluster.load import SHORTHAND_FORMS, load_cluster
 from autopar.core.cluster.show import format_cluster
-from autopar.core.cluster.spec import (
-    BACKENDS,
-    SHORTHAND_FORMS,
-    Cluster,
-    DeviceSpec,
-    LinkSpec,
-    dtype_key,
-    usable_cores,
-)
+from autopar.core.cluster.spec import Cluster, DeviceSpec, LinkSpec
 
 __all__ = [
     "BACKENDS",

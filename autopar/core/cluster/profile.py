@@ -45,14 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopar.core.cluster.checks import _check, _check_curve, _check_op_rates, _FrozenMap
 from autopar.core.cluster.presets import DTYPES
-from autopar.core.cluster.spec import (
-    COLLECTIVE_KINDS,
-    _check,
-    _check_curve,
-    _check_op_rates,
-    _FrozenMap,
-)
+from autopar.core.cluster.spec import COLLECTIVE_KINDS
 from autopar.core.cluster.text import parse_json, read_text
 from autopar.core.errors import ClusterError
 

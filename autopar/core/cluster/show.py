@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autopar.core.cluster.compute_share import slowest_chip_delay
 from autopar.core.cluster.presets import DTYPES, GB, GIB, TFLOPS
-from autopar.core.cluster.spec import Cluster, slowest_chip_delay
+from autopar.core.cluster.spec import Cluster
 
 if TYPE_CHECKING:
     pass

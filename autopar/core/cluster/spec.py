@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-import re
-import statistics
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from autopar.core.cluster.checks import (
+    _check,
+    _check_backend,
+    _check_curve,
+    _check_dtype,
+    _check_op_rates,
+    _check_text,
+    _FrozenMap,
+    check_size,
+    dtype_key,
+)
+from autopar.core.cluster.compute_share import share_of_speed
 from autopar.core.cluster.presets import (
     DEFAULT_ATTENTION_EFFICIENCY,
     DEFAULT_KERNEL_FLOOR_S,
@@ -21,256 +28,6 @@ from autopar.core.errors import ClusterError
 
 if TYPE_CHECKING:
     import torch
-
-BACKENDS = ("nccl", "gloo")
-
-MAX_DEVICES_PER_NODE = 1024
-"""Devices in one node at most: the largest NVLink domain built (GB200 NVL576) has 576."""
-
-MAX_WORLD_SIZE = 2**20
-"""Devices in a cluster at most: 10x the largest training clusters built. The planner
-enumerates mesh shapes over the devices, so an accidental ``10**20`` must fail, not hang."""
-SHORTHAND_FORMS = "NAME, DxNAME or NxDxNAME (e.g. H100-80GB, 8xH100-80GB, 16x8xA100-80GB, 2xcpu)"
-_FILE_SUFFIXES = (".yaml", ".yml", ".json")
-
-_DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "tf32": "tf32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
-}  # fmt: skip
-
-
-def dtype_key(dtype: str | torch.dtype) -> str:
-    """The ``peak_flops`` key for a dtype: ``torch.bfloat16`` or ``"bfloat16"`` -> ``"bf16"``.
-
-    >>> dtype_key("float32"), dtype_key("FP8")
-    ('fp32', 'fp8')
-    """
-    text = str(dtype).strip().lower().removeprefix("torch.")
-    if text not in _DTYPE_ALIASES:
-        raise ClusterError(
-            f"no peak FLOP/s is modelled for dtype {dtype!r}",
-            where="dtype",
-            fix=f"use one of {', '.join(DTYPES)} (or torch.float32, torch.bfloat16, "
-            "torch.float16, torch.float8_*)",
-        )
-    return _DTYPE_ALIASES[text]
-
-
-class _FrozenMap(Mapping):
-    """A read-only, hashable, picklable dict, so the frozen dataclasses stay hashable."""
-
-    def __init__(self, data: Mapping[str, Any] | None = None):
-        self._data = dict(data or {})
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._data.items()))
-
-    def __repr__(self) -> str:
-        return repr(self._data)
-
-
-_RULES = {
-    "count": "an integer >= 1",
-    "bytes": "an integer > 0",
-    "positive": "a number > 0",
-    "nonnegative": "a number >= 0",
-    "fraction": "a number in (0, 1]",
-    "share": "a number in [0, 1]",
-}
-
-
-@functools.lru_cache(maxsize=256)
-def slowest_of(devices: int) -> float:
-    """How many standard deviations of chip speed the slowest of ``devices`` chips falls below
-    the median: the expected largest of that many standard normal draws, integrated
-    numerically (n x phi(x) Phi(x)^(n-1) over x). A step of synchronous devices waits for the
-    slowest (``DeviceSpec.speed_spread``); one device waits for none.
-
-    >>> [round(slowest_of(n), 2) for n in (1, 2, 8, 128, 1024)]
-    [0.0, 0.56, 1.42, 2.59, 3.25]
-    """
-    if devices <= 1:
-        return 0.0
-    normal, step = statistics.NormalDist(), 0.01
-    total = 0.0
-    for i in range(-1000, 1001):  # x from -10 to 10
-        x = i * step
-        total += x * devices * normal.pdf(x) * normal.cdf(x) ** (devices - 1) * step
-    return total
-
-
-def slowest_chip_delay(speed_spread: float, devices: int) -> float:
-    """How much slower a step of ``devices`` synchronous chips runs than one median chip, as
-    a fraction: the slowest chip's shortfall (``DeviceSpec.speed_spread`` sigmas times
-    :func:`slowest_of`)."""
-    return speed_spread * slowest_of(devices)
-
-
-def _finite(value: int | float) -> bool:
-    """Finite as a float too: the cost models compute in floats (10**400 overflows them)."""
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
-def _check(kind: str, value: Any, key: str, where: str) -> None:
-    """Raise unless ``value`` is of ``kind`` (a key of ``_RULES``); shared by types and loader."""
-    integral = kind in ("count", "bytes")
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int if integral else (int, float))
-        and _finite(value)
-    )
-    if ok:
-        ok = {
-            "count": value >= 1,
-            "bytes": value > 0,
-            "positive": value > 0,
-            "nonnegative": value >= 0,
-            "fraction": 0 < value <= 1,
-            "share": 0 <= value <= 1,
-        }[kind]
-    if not ok:
-        hint = ""
-        if isinstance(value, str) and re.fullmatch(r"[-+]?[\d.]+e[-+]?\d+", value.strip(), re.I):
-            hint = " (YAML reads 1e12 as text: write 1.0e+12)"
-        raise ClusterError(
-            f"{key} must be {_RULES[kind]}, got {value!r}{hint}",
-            where=where,
-            fix=f"set {key} to {_RULES[kind]}",
-        )
-
-
-def check_size(nodes: int, per_node: int, where: Callable[[str], str]) -> None:
-    """Node and device counts within the limits autopar plans for (``where(key)`` locates
-    a key in the user's description)."""
-    if per_node > MAX_DEVICES_PER_NODE:
-        raise ClusterError(
-            f"devices_per_node {per_node} is above autopar's limit of {MAX_DEVICES_PER_NODE}",
-            where=where("devices_per_node"),
-            fix=f"use at most {MAX_DEVICES_PER_NODE} devices per node (the largest NVLink domain "
-            "has 576)",
-        )
-    if nodes * per_node > MAX_WORLD_SIZE:
-        raise ClusterError(
-            f"{nodes} nodes x {per_node} devices = {nodes * per_node} devices is above autopar's "
-            f"limit of {MAX_WORLD_SIZE}",
-            where=where("nodes"),
-            fix=f"describe at most {MAX_WORLD_SIZE} devices (10x the largest clusters built)",
-        )
-
-
-def _check_curve(value: Any, key: str, where: str) -> tuple[tuple[float, float], ...]:
-    """``value`` as a matmul efficiency curve: ``((flops, efficiency), ...)``, FLOPs rising.
-
-    Strictly rising FLOPs keep interpolation well defined; an empty curve is allowed and
-    means "use the compute model's parametric curve"."""
-    rule = "a list of [flops, efficiency] pairs with flops > 0 rising and efficiency in (0, 1]"
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
-        raise ClusterError(
-            f"{key} must be {rule}, got {value!r}",
-            where=where,
-            fix=f"write {key}: [[1.0e+6, 0.3], [1.0e+9, 0.9]] (or [] for none)",
-        )
-    points: list[tuple[float, float]] = []
-    for i, pair in enumerate(value):
-        at = f"{where}[{i}]"
-        if isinstance(pair, (str, bytes, Mapping)) or not isinstance(pair, (list, tuple)):
-            pair = (pair,)
-        if len(pair) != 2:
-            raise ClusterError(
-                f"{key}[{i}] must be a [flops, efficiency] pair, got {pair!r}",
-                where=at,
-                fix=f"write each point of {key} as [flops, efficiency]",
-            )
-        _check("positive", pair[0], f"{key}[{i}] flops", at)
-        _check("fraction", pair[1], f"{key}[{i}] efficiency", at)
-        if points and pair[0] <= points[-1][0]:
-            raise ClusterError(
-                f"{key} FLOPs must rise from point to point, but point {i} has "
-                f"{pair[0]!r} after {points[-1][0]!r}",
-                where=at,
-                fix=f"sort the points of {key} by FLOPs and merge duplicates",
-            )
-        points.append((float(pair[0]), float(pair[1])))
-    return tuple(points)
-
-
-def _check_op_rates(value: Any, key: str, where: str) -> Mapping[str, tuple[float, float]]:
-    """``value`` as per-element op rates: ``{op: [forward_s, backward_s]}``, ``op`` an aten
-    op's name (``gelu``, ``layer_norm``), seconds per output element, each >= 0."""
-    if not isinstance(value, Mapping):
-        raise ClusterError(
-            f"{key} must map op names to [forward, backward] seconds per element, got {value!r}",
-            where=where,
-            fix=f"write {key}: {{gelu: [1.5e-9, 2.7e-9]}} (or {{}} for none)",
-        )
-    rates: dict[str, tuple[float, float]] = {}
-    for op, pair in value.items():
-        at = f"{where}.{op}"
-        if not isinstance(op, str) or not re.fullmatch(r"[a-z_][a-z0-9_]*", op):
-            raise ClusterError(
-                f"{key} has op name {op!r}; op names are aten names like 'gelu'",
-                where=at, fix="name the op as aten does: lower case, digits and '_'")
-        if isinstance(pair, (str, bytes, Mapping)) or not isinstance(pair, (list, tuple)) or (
-                len(pair) != 2):
-            raise ClusterError(
-                f"{key}.{op} must be a [forward, backward] pair, got {pair!r}",
-                where=at, fix=f"write {key}.{op} as [forward seconds, backward seconds]")
-        _check("nonnegative", pair[0], f"{key}.{op} forward", at)
-        _check("nonnegative", pair[1], f"{key}.{op} backward", at)
-        rates[op] = (float(pair[0]), float(pair[1]))
-    return _FrozenMap(rates)
-
-
-def _check_text(value: Any, key: str, where: str, *, empty_ok: bool = False) -> None:
-    if not isinstance(value, str) or (not empty_ok and not value.strip()):
-        raise ClusterError(
-            f"{key} must be a{'' if empty_ok else ' non-empty'} string, got {value!r}",
-            where=where,
-            fix=f"set {key} to a name such as 'H100-80GB'",
-        )
-
-
-def _check_backend(value: Any, where: str) -> None:
-    if value not in BACKENDS:
-        raise ClusterError(
-            f"unknown backend {value!r}",
-            where=where,
-            fix=f"use one of {', '.join(BACKENDS)} (nccl for GPUs, gloo for cpu)",
-        )
-
-
-def _check_dtype(value: Any, where: str) -> None:
-    if value not in DTYPES:
-        raise ClusterError(
-            f"unknown dtype key {value!r} in peak FLOP/s",
-            where=where,
-            fix=f"use dtype keys among {', '.join(DTYPES)}",
-        )
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity: ``taskset`` narrows it, which
-    ``os.cpu_count`` does not see): what ``cores_per_node`` of a local CPU cluster is."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -532,13 +289,11 @@ class Cluster:
                 where="Cluster.intra_node_uncontended",
                 fix="pass a LinkSpec, or build the cluster with load_cluster()",
             )
-        share = 1.0 / (1.0 + slowest_chip_delay(self.device.speed_spread, self.world_size))
-        if self.cores_per_node is not None:
-            at_once = min(self.devices_per_node, self.cores_per_node)
-            share *= min(1.0, self.cores_per_node / self.devices_per_node) / (
-                1.0 + self.device.corun_slowdown * (at_once - 1))
-            if uncontended is not None and self.devices_per_node <= self.cores_per_node:
-                object.__setattr__(self, "intra_node", uncontended)
+        share = share_of_speed(self.device.speed_spread, self.device.corun_slowdown,
+                               self.world_size, self.devices_per_node, self.cores_per_node)
+        if (self.cores_per_node is not None and uncontended is not None
+                and self.devices_per_node <= self.cores_per_node):
+            object.__setattr__(self, "intra_node", uncontended)
         if self.device.compute_share != share:
             object.__setattr__(self, "device", replace(self.device, compute_share=share))
         _check_text(self.name, "name", "Cluster.name", empty_ok=True)
@@ -630,25 +385,3 @@ def _per_kind(data: Any, where: str) -> dict[str, tuple[float, float]]:
         _check("nonnegative", fit[1], f"per_kind.{kind} latency", f"{where}.{kind}")
         out[kind] = (float(fit[0]), float(fit[1]))
     return out
-
-
-_LINKS = {"intra_node_link": "intra_node", "inter_node_link": "inter_node",
-          "intra_node_link_uncontended": "intra_node_uncontended"}
-
-_ORDER = ["name", "nodes", "devices_per_node", "cores_per_node", "backend", "device.name",
-          "device.memory_bytes"]
-_ORDER += [f"device.peak_flops.{k}" for k in DTYPES]
-_ORDER += ["device.memory_bandwidth_bytes_per_s", "device.matmul_efficiency"]
-_ORDER += ["device.matmul_efficiency_curve", "device.kernel_floor_s", "device.memory_efficiency",
-           "device.allocation_s_per_byte", "device.corun_slowdown", "device.memory_overlap",
-           "device.fp8_matmul_efficiency", "device.generated_attention_forward",
-           "device.generated_attention_backward",
-           "device.sharded_host_s_per_tensor", "device.sharded_optimizer_s_per_tensor",
-           "device.op_s_per_element", "device.attention_efficiency_curve", "device.view_s",
-           "device.speed_spread"]
-_ORDER += [f"{p}.{f}" for p in _LINKS.values() for f in ("bandwidth_bytes_per_s", "latency_s",
-                                                     "busy_latency_s")]
-
-
-def _field_order(key: str) -> int:
-    return _ORDER.index(key) if key in _ORDER else len(_ORDER)

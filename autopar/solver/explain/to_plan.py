@@ -38,15 +38,70 @@ def make_plan(
     options: PlanOptions,
     model_name: str,
 ) -> Plan:
+    """The plan of ``result``'s best candidate: every decision, keyed by fx node name, with
+    its predicted figures and the explanation of what was chosen."""
     facts = graph_facts(gm)
     best, problem = result.best, result.problem
     setting, prediction, choice = best.setting, best.prediction, best.choice
     assert prediction is not None and choice is not None
 
+    strategies, params, unruled = _placements(gm, result)
+    _check_in_place_writes(gm, problem, choice, setting)
+    precision = precision_assignment(problem, options, setting.zero)
+    traced = facts.batch_size or 1
+    batch = {
+        "global": options.global_batch or traced,
+        "microbatch": setting.microbatch,
+        "microbatches": setting.microbatches,
+        "seq": facts.seq_len or 1,
+        "traced": traced,
+    }
+    predicted = predicted_entry(gm, prediction, setting, cluster, options, batch)
+    cluster_dict = cluster.to_dict()
+    cluster_dict["devices"] = cluster.world_size
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        model={
+            "name": model_name,
+            "fingerprint": facts.fingerprint,
+            "params": facts.params,
+            "trainable_params": facts.trainable_params,
+            "tracer": facts.tracer,
+        },
+        cluster=cluster_dict,
+        mesh=setting.plan_mesh,
+        batch=batch,
+        training=training_entry(setting, options),
+        pipeline=pipeline_entry(setting, prediction),
+        strategies=strategies,
+        params=params,
+        predicted=predicted,
+        solver=solver_entry(result, len(strategies)),
+        layers=layer_rows(gm, _layer_summary(result), setting),
+        unruled_ops=dict(sorted(unruled.items())),
+        attention=attention_entries(gm, options, cluster),
+        explanation=_explanation(gm, result, cluster, options),
+        context=context_entry(result, options),
+        precision={n: w for n, w in precision.nodes.items() if n in strategies},
+        precision_policy=precision.policy(),
+        batch_coupled=[c.to_json(coupling_exact(c, setting.dp, setting.microbatches,
+                                                options.batch_coupling))
+                       for c in result.couplings],
+        constraints=[str(c) for c in options.constraints],
+    )
+
+
+def _placements(gm: fx.GraphModule, result: SearchResult
+                ) -> tuple[dict[str, dict], dict[str, dict[str, str]], Counter[str]]:
+    """Each node's strategy per mesh axis, each parameter's placement (by fully qualified
+    name), and how many nodes of each op ran without a sharding rule."""
+    best, problem = result.best, result.problem
+    setting, choice = best.setting, best.choice
     strategies: dict[str, dict] = {}
     params: dict[str, dict[str, str]] = {}
     unruled: Counter[str] = Counter()
-    sequence = cp_strategies(gm, setting.cp, facts.seq_len) if setting.cp > 1 else {}
+    sequence = (cp_strategies(gm, setting.cp, graph_facts(gm).seq_len) if setting.cp > 1
+                else {})
     for d in problem.decisions:
         tp_strategy = d.candidates[choice[d.index]]
         for node in d.nodes:
@@ -73,12 +128,15 @@ def make_plan(
                 continue
             for fqn in region.weight_fqns:
                 params[fqn]["ep"] = "S(0)"
+    return strategies, params, unruled
 
-    _check_in_place_writes(gm, problem, choice, setting)
-    precision = precision_assignment(problem, options, setting.zero)
-    traced = facts.batch_size or 1
-    global_batch = options.global_batch or traced
-    seq = facts.seq_len or 1
+
+def predicted_entry(gm: fx.GraphModule, prediction: Prediction, setting: Setting,
+                    cluster: Cluster, options: PlanOptions, batch: dict) -> dict:
+    """The plan's modelled figures: step time, throughput and MFU, memory (with its phases)
+    and the step's parts, and the validated ground each parallel scheme stands on."""
+    facts = graph_facts(gm)
+    global_batch, seq, traced = batch["global"], batch["seq"], batch["traced"]
     step = prediction.step_time_s
     model_flops = (facts.fwd_flops + facts.bwd_flops) * global_batch / traced
     tflops = model_flops / step / cluster.world_size / 1e12 if step > 0 else 0.0
@@ -107,65 +165,41 @@ def make_plan(
     labels = ground_labels(setting, cluster)
     predicted["ground"] = [label.to_dict() for label in labels]
     predicted["ground_margin"] = load_ground().margin(labels, options.extrapolation_margin)
-    cluster_dict = cluster.to_dict()
-    cluster_dict["devices"] = cluster.world_size
-    return Plan(
-        schema_version=SCHEMA_VERSION,
-        model={
-            "name": model_name,
-            "fingerprint": facts.fingerprint,
-            "params": facts.params,
-            "trainable_params": facts.trainable_params,
-            "tracer": facts.tracer,
-        },
-        cluster=cluster_dict,
-        mesh=setting.plan_mesh,
-        batch={
-            "global": global_batch,
-            "microbatch": setting.microbatch,
-            "microbatches": setting.microbatches,
-            "seq": seq,
-            "traced": traced,
-        },
-        training={
-            "precision": options.precision,
-            "optimizer": options.optimizer,
-            "zero": setting.zero,
-            "recompute": setting.recompute,
-            **({"recompute_layers": list(setting.layer_recompute)}
-               if setting.recompute == "mixed" else {}),
-            "chunked_loss": options.chunked_loss,
-            "batch_coupling": options.batch_coupling,
-            **({"offload": setting.offload} if setting.offload != "none" else {}),
-            **({"dp_replicate": setting.dp_replicate} if setting.dp_replicate > 1 else {}),
-        },
-        pipeline=pipeline_entry(setting, prediction),
-        strategies=strategies,
-        params=params,
-        predicted=predicted,
-        solver={
-            "status": best.status,
-            "wall_s": result.wall_s,
-            "decisions": len(problem.decisions),
-            "nodes": len(strategies),
-            "candidates": [c.summary() for c in result.candidates],
-            **optimality(best.solves),
-            **({"interrupted": True} if result.interrupted else {}),
-            **({"solves": result.budget.used, "max_solves": result.budget.limit,
-                "budget_reached": result.budget.reached} if result.budget else {}),
-        },
-        layers=layer_rows(gm, _layer_summary(result), setting),
-        unruled_ops=dict(sorted(unruled.items())),
-        attention=attention_entries(gm, options, cluster),
-        explanation=_explanation(gm, result, cluster, options),
-        context=context_entry(result, options),
-        precision={n: w for n, w in precision.nodes.items() if n in strategies},
-        precision_policy=precision.policy(),
-        batch_coupled=[c.to_json(coupling_exact(c, setting.dp, setting.microbatches,
-                                                options.batch_coupling))
-                       for c in result.couplings],
-        constraints=[str(c) for c in options.constraints],
-    )
+    return predicted
+
+
+def training_entry(setting: Setting, options: PlanOptions) -> dict:
+    """How the plan trains: precision, optimizer, ZeRO stage, recomputation (per layer
+    when mixed), the loss and batch statistics, and offloading and HSDP when used."""
+    return {
+        "precision": options.precision,
+        "optimizer": options.optimizer,
+        "zero": setting.zero,
+        "recompute": setting.recompute,
+        **({"recompute_layers": list(setting.layer_recompute)}
+           if setting.recompute == "mixed" else {}),
+        "chunked_loss": options.chunked_loss,
+        "batch_coupling": options.batch_coupling,
+        **({"offload": setting.offload} if setting.offload != "none" else {}),
+        **({"dp_replicate": setting.dp_replicate} if setting.dp_replicate > 1 else {}),
+    }
+
+
+def solver_entry(result: SearchResult, nodes: int) -> dict:
+    """What the search did: its status and time, the problem's size, every candidate it
+    tried, how optimal the chosen layout is proved, and its solve budget."""
+    best = result.best
+    return {
+        "status": best.status,
+        "wall_s": result.wall_s,
+        "decisions": len(result.problem.decisions),
+        "nodes": nodes,
+        "candidates": [c.summary() for c in result.candidates],
+        **optimality(best.solves),
+        **({"interrupted": True} if result.interrupted else {}),
+        **({"solves": result.budget.used, "max_solves": result.budget.limit,
+            "budget_reached": result.budget.reached} if result.budget else {}),
+    }
 
 
 def context_entry(result: SearchResult, options: PlanOptions) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -263,122 +263,31 @@ def build(
     exact per-stage memory is checked afterwards by :func:`evaluate`.
     """
     started = time.perf_counter()
-    problem, setting = tables.problem, tables.setting
+    setting = tables.setting
     skeleton = _skeleton(tables)
     model = skeleton.model.clone()
     var = model.get_bool_var_from_proto_index
     m = setting.microbatches
 
     x = [[var(i) for i in row] for row in skeleton.x]
-    flat: list = []  # every x literal, with its forward, backward and memory coefficients
-    fwd_coefs, bwd_coefs, mem_coefs = [], [], []
-    grad_terms = []
-    weight_terms = []
-    for d, xs in zip(problem.decisions, x):
-        for i, s in enumerate(d.candidates):
-            f, b = tables.compute(d, s)
-            st = tables.states(d, s)
-            flat.append(xs[i])
-            fwd_coefs.append(_t(f))
-            bwd_coefs.append(_t(b))
-            fp8 = tables.fp8_weight_bytes(d, s)
-            mem_coefs.append(_kib(tables.activation_memory(d, s) * activation_scale
-                                  + (st.total + fp8) * d.count * state_scale))
-            if setting.grad_group > 1:
-                g = tables.grad_bytes(d, s) * d.count
-                if g:
-                    grad_terms.append((g, xs[i]))
-                if setting.zero >= 1 and d.kind == "param" and d.facts.param is not None:
-                    weight_terms.append((d, s, xs[i]))
-
-    # the values' terms: redistributions and partial-gradient all-reduces per microbatch,
-    # copies kept for backward in memory (costs of one instance, times the instances)
-    micro_vars, micro_coefs = [], []
-    for key, p, q, index in skeleton.moves:
-        cost = _t(tables.redistribution(key, p, q) * tables.value_count(key))
-        if cost:
-            micro_vars.append(var(index))
-            micro_coefs.append(cost)
-    for key, p, index in skeleton.backs:
-        cost = _t(tables.partial_grad(key, p) * tables.value_count(key))
-        if cost:
-            micro_vars.append(var(index))
-            micro_coefs.append(cost)
-    saved_vars = [var(index) for _, _, index in skeleton.saved]
-    saved_coefs = [_kib(tables.saved_bytes(key, q) * tables.value_count(key) * activation_scale)
-                   for key, q, _ in skeleton.saved]
+    terms = _strategy_terms(tables, x, state_scale, activation_scale)
+    micro_vars, micro_coefs, saved_vars, saved_coefs = _value_terms(
+        tables, skeleton, var, activation_scale)
     restrict(model, tables, x)
 
     weighted = cp_model.LinearExpr.weighted_sum
-    fwd = weighted(flat, fwd_coefs)
-    bwd = weighted(flat, bwd_coefs)
+    fwd = weighted(terms.flat, terms.fwd)
+    bwd = weighted(terms.flat, terms.bwd)
     per_micro = weighted(micro_vars, micro_coefs)
-    memory_terms = [weighted(flat + saved_vars, mem_coefs + saved_coefs)]
+    memory_terms = [weighted(terms.flat + saved_vars, terms.mem + saved_coefs)]
     objective = m * (fwd + bwd + per_micro)
     buffers = 0
     if setting.grad_group > 1:
-        exposed = model.NewIntVar(0, 2**60, "dp_exposed")
-
-        mesh = setting.shard_mesh  # HSDP: ZeRO within "dp", shards all-reduced across groups
-
-        def bare(kind: str, nbytes: float = 1.0, axis: str = "dp") -> float:
-            return group_collective_time(kind, nbytes, mesh, axis, tables.cluster)
-
-        def fixed(kind: str, axis: str = "dp") -> float:
-            """A dp collective's latency; each is asynchronous (see busy_latency)."""
-            return busy_latency(tables.cluster, mesh, axis) + bare(kind, axis=axis)
-
-        def slope(kind: str, nbytes: float, axis: str = "dp") -> float:
-            """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
-            return max(bare(kind, nbytes, axis) - bare(kind, axis=axis), 0.0)
-
-        def linear(pieces: list, factor: float = 1.0):
-            """The integer expression of (seconds, literal or None for a constant) pieces."""
-            return sum(_t(factor * sec) * (1 if lit is None else lit) for sec, lit in pieces)
-
-        # HSDP: every gradient shard all-reduced across the replica groups once per step
-        replicas: list = []
-        if setting.dp_replicate > 1:
-            replicas = [(fixed("all_reduce", "dp_replicate"), None)] + [
-                (slope("all_reduce", g / setting.shard_group, "dp_replicate"), lit)
-                for g, lit in grad_terms]
-
-        gloo = tables.cluster.backend == "gloo"
-        if setting.zero == 0:
-            total_grads = sum(g for g, _ in grad_terms)
-            buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True)
-                           * state_scale)
-            pieces = [(fixed("all_reduce"), None)] + [
-                (slope("all_reduce", g), lit) for g, lit in grad_terms] + replicas
-            overlap = 0 if gloo else bwd  # see evaluate
-            model.Add(exposed >= linear(pieces) - overlap)
-        else:
-            # FSDP2 unit by unit (see evaluate.data_parallel_costs): ZeRO-3 gathers every
-            # microbatch, forward and backward; ZeRO-1/2 once per step. ZeRO-3 and 2
-            # reduce-scatter every microbatch, ZeRO-1 once.
-            gathers = 2 * m if setting.zero == 3 else 1
-            reduces = 1 if setting.zero == 1 else m
-            pieces = [(reduces * slope("reduce_scatter", g), lit) for g, lit in grad_terms]
-            peak_terms = []
-            for d, s, lit in weight_terms:
-                one = tables.weight_bytes(d, s)
-                pieces.append((gathers * slope("all_gather", one * d.count), lit))
-                if setting.zero == 3:
-                    # Gathered weights at peak: the root's, and two layers' (prefetch).
-                    peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
-                                                  else 2)) * lit)
-            pieces.append((gathers * fixed("all_gather") + reduces * fixed("reduce_scatter"),
-                           None))
-            pieces += replicas
-            hidden = 0 if gloo else m * (fwd + bwd)
-            model.Add(exposed >= linear(pieces) - hidden)
-            memory_terms.extend(peak_terms)
-        objective = objective + exposed
-        if not gloo:
-            # the hidden part slows the compute beside it (cost_models.data_parallel
-            # OVERLAP_SLOWDOWN); charged on all of it, exposed included, as an upper bound
-            # the evaluation of the solved layout then makes exact
-            objective = objective + linear(pieces, OVERLAP_SLOWDOWN)
+        exposed, buffers, peak_terms = _data_parallel_terms(model, tables, terms, fwd, bwd,
+                                                            state_scale)
+        memory_terms.extend(peak_terms)
+        for term in exposed:
+            objective = objective + term
     if LAYOUT_NOISE_SEED is not None:
         rng = random.Random(LAYOUT_NOISE_SEED)
         objective = objective + sum(rng.randrange(_t(LAYOUT_NOISE_S)) * lit
@@ -396,6 +305,140 @@ def build(
     if problem_text:
         raise RuntimeError(f"internal error: invalid CP-SAT model: {problem_text}")
     return LayoutModel(model, x, time_limit_s, time.perf_counter() - started)
+
+
+@dataclass
+class _StrategyTerms:
+    """Per ``x`` literal (in ``flat``), its forward and backward time and its memory
+    coefficients; the literals that move gradient bytes (``grads``: (bytes, literal)) and
+    the parameters ZeRO shards (``weights``: (decision, strategy, literal))."""
+
+    flat: list = field(default_factory=list)
+    fwd: list[int] = field(default_factory=list)
+    bwd: list[int] = field(default_factory=list)
+    mem: list[int] = field(default_factory=list)
+    grads: list[tuple] = field(default_factory=list)
+    weights: list[tuple] = field(default_factory=list)
+
+
+def _strategy_terms(tables: CostTables, x: list[list], state_scale: float,
+                    activation_scale: float) -> _StrategyTerms:
+    """Each strategy's terms in the objective and the memory constraint."""
+    setting = tables.setting
+    terms = _StrategyTerms()
+    for d, xs in zip(tables.problem.decisions, x):
+        for i, s in enumerate(d.candidates):
+            f, b = tables.compute(d, s)
+            st = tables.states(d, s)
+            terms.flat.append(xs[i])
+            terms.fwd.append(_t(f))
+            terms.bwd.append(_t(b))
+            fp8 = tables.fp8_weight_bytes(d, s)
+            terms.mem.append(_kib(tables.activation_memory(d, s) * activation_scale
+                                  + (st.total + fp8) * d.count * state_scale))
+            if setting.grad_group > 1:
+                g = tables.grad_bytes(d, s) * d.count
+                if g:
+                    terms.grads.append((g, xs[i]))
+                if setting.zero >= 1 and d.kind == "param" and d.facts.param is not None:
+                    terms.weights.append((d, s, xs[i]))
+    return terms
+
+
+def _value_terms(tables: CostTables, skeleton: _Skeleton, var, activation_scale: float
+                 ) -> tuple[list, list[int], list, list[int]]:
+    """The values' terms: redistributions and partial-gradient all-reduces per microbatch
+    (variables, coefficients), copies kept for backward in memory (variables, coefficients);
+    costs of one instance, times the instances."""
+    micro_vars, micro_coefs = [], []
+    for key, p, q, index in skeleton.moves:
+        cost = _t(tables.redistribution(key, p, q) * tables.value_count(key))
+        if cost:
+            micro_vars.append(var(index))
+            micro_coefs.append(cost)
+    for key, p, index in skeleton.backs:
+        cost = _t(tables.partial_grad(key, p) * tables.value_count(key))
+        if cost:
+            micro_vars.append(var(index))
+            micro_coefs.append(cost)
+    saved_vars = [var(index) for _, _, index in skeleton.saved]
+    saved_coefs = [_kib(tables.saved_bytes(key, q) * tables.value_count(key) * activation_scale)
+                   for key, q, _ in skeleton.saved]
+    return micro_vars, micro_coefs, saved_vars, saved_coefs
+
+
+def _data_parallel_terms(model: cp_model.CpModel, tables: CostTables, terms: _StrategyTerms,
+                         fwd, bwd, state_scale: float) -> tuple[list, int, list]:
+    """The data-parallel collectives' terms: what the objective adds (their exposed time,
+    then the slowdown of the compute they overlap), DDP's bucket memory in KiB, and
+    ZeRO-3's gathered weights at peak (memory terms)."""
+    setting = tables.setting
+    m = setting.microbatches
+    grad_terms, weight_terms = terms.grads, terms.weights
+    exposed = model.NewIntVar(0, 2**60, "dp_exposed")
+
+    mesh = setting.shard_mesh  # HSDP: ZeRO within "dp", shards all-reduced across groups
+
+    def bare(kind: str, nbytes: float = 1.0, axis: str = "dp") -> float:
+        return group_collective_time(kind, nbytes, mesh, axis, tables.cluster)
+
+    def fixed(kind: str, axis: str = "dp") -> float:
+        """A dp collective's latency; each is asynchronous (see busy_latency)."""
+        return busy_latency(tables.cluster, mesh, axis) + bare(kind, axis=axis)
+
+    def slope(kind: str, nbytes: float, axis: str = "dp") -> float:
+        """The bandwidth part of a dp collective, linear in bytes (latency apart)."""
+        return max(bare(kind, nbytes, axis) - bare(kind, axis=axis), 0.0)
+
+    # HSDP: every gradient shard all-reduced across the replica groups once per step
+    replicas: list = []
+    if setting.dp_replicate > 1:
+        replicas = [(fixed("all_reduce", "dp_replicate"), None)] + [
+            (slope("all_reduce", g / setting.shard_group, "dp_replicate"), lit)
+            for g, lit in grad_terms]
+
+    gloo = tables.cluster.backend == "gloo"
+    buffers = 0
+    peak_terms = []
+    if setting.zero == 0:
+        total_grads = sum(g for g, _ in grad_terms)
+        buffers = _kib(ddp_buffer_bytes(total_grads, gradient_as_bucket_view=True)
+                       * state_scale)
+        pieces = [(fixed("all_reduce"), None)] + [
+            (slope("all_reduce", g), lit) for g, lit in grad_terms] + replicas
+        overlap = 0 if gloo else bwd  # see evaluate
+        model.Add(exposed >= _linear(pieces) - overlap)
+    else:
+        # FSDP2 unit by unit (see evaluate.data_parallel_costs): ZeRO-3 gathers every
+        # microbatch, forward and backward; ZeRO-1/2 once per step. ZeRO-3 and 2
+        # reduce-scatter every microbatch, ZeRO-1 once.
+        gathers = 2 * m if setting.zero == 3 else 1
+        reduces = 1 if setting.zero == 1 else m
+        pieces = [(reduces * slope("reduce_scatter", g), lit) for g, lit in grad_terms]
+        for d, s, lit in weight_terms:
+            one = tables.weight_bytes(d, s)
+            pieces.append((gathers * slope("all_gather", one * d.count), lit))
+            if setting.zero == 3:
+                # Gathered weights at peak: the root's, and two layers' (prefetch).
+                peak_terms.append(_kib(one * (d.count * state_scale if d.facts.layer is None
+                                              else 2)) * lit)
+        pieces.append((gathers * fixed("all_gather") + reduces * fixed("reduce_scatter"),
+                       None))
+        pieces += replicas
+        hidden = 0 if gloo else m * (fwd + bwd)
+        model.Add(exposed >= _linear(pieces) - hidden)
+    added = [exposed]
+    if not gloo:
+        # the hidden part slows the compute beside it (cost_models.data_parallel
+        # OVERLAP_SLOWDOWN); charged on all of it, exposed included, as an upper bound
+        # the evaluation of the solved layout then makes exact
+        added.append(_linear(pieces, OVERLAP_SLOWDOWN))
+    return added, buffers, peak_terms
+
+
+def _linear(pieces: list, factor: float = 1.0):
+    """The integer expression of (seconds, literal or None for a constant) pieces."""
+    return sum(_t(factor * sec) * (1 if lit is None else lit) for sec, lit in pieces)
 
 
 def run(built: LayoutModel) -> SolveResult:

@@ -82,11 +82,69 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
     def next_cut(start: int) -> int:
         """The furthest a chunk starting at ``start`` may reach."""
         return next((c for c in boundaries if c > start), n)
-    times, states, acts = (_prefix(load.layer_time), _prefix(load.layer_state),
-                           _prefix(load.layer_act))
     one_per_rank = virtual == 1 and schedule_name(schedule) != "zb_v"
     flights = [in_flight(schedule, pp, microbatches, k) if one_per_rank else 0.0
                for k in range(pp)]
+    chunk_time, fits, furthest = _chunk_checks(load, pp, chunks, flights, capacity,
+                                               one_per_rank)
+
+    def greedy(bound: float) -> tuple[int, ...] | None:
+        counts, start = [], 0
+        for k in range(chunks):
+            if k == chunks - 1:
+                if (boundaries and next_cut(start) < n) or not fits(k, start, n, bound):
+                    return None
+                counts.append(n - start)
+                break
+            lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
+            if boundaries:
+                hi = min(hi, next_cut(start))
+            if lo > hi:
+                return None
+            end = furthest(k, start, lo, hi, bound)
+            if end < lo:
+                return None
+            counts.append(end - start)
+            start = end
+        return tuple(counts)
+
+    def slowest(counts: tuple[int, ...]) -> float:
+        start, worst = 0, 0.0
+        for k, count in enumerate(counts):
+            worst = max(worst, chunk_time(k, start, start + count))
+            start += count
+        return worst
+
+    total = _prefix(load.layer_time)[-1] + load.pre_time + load.post_time + sum(
+        load.send_forward) + sum(load.send_backward)
+    counts = greedy(total * (1 + 1e-9))
+    if counts is None:
+        return None  # memory alone rules out every cut
+    # Bisection on the bound; a bound that fits drops at once to the slowest chunk of the
+    # cut it gave (the optimum is some chunk's time), which ends it in a few rounds.
+    lo, hi = 0.0, slowest(counts)
+    while hi - lo > total * 1e-7:  # finer than any time difference the model means
+        mid = (lo + hi) / 2
+        found = greedy(mid)
+        if found is None:
+            lo = mid
+        else:
+            counts, hi = found, slowest(found)
+    if one_per_rank:
+        return counts
+    return _spread(counts, pp, schedule, chunk_time, cuts)
+
+
+def _chunk_checks(load: StageLoad, pp: int, chunks: int, flights: list[float],
+                  capacity: float, one_per_rank: bool):
+    """``(chunk_time, fits, furthest)`` for cutting ``load``'s layers into ``chunks``:
+    chunk ``k`` from layer ``start`` to ``end`` takes ``chunk_time(k, start, end)``;
+    ``fits(k, start, end, bound)`` says whether it stays within the time ``bound`` (and,
+    with one chunk per rank, ``capacity``); ``furthest(k, start, lo, hi, bound)`` is the
+    furthest end in [lo, hi] that fits, ``lo - 1`` when none does."""
+    n = len(load.layer_time)
+    times, states, acts = (_prefix(load.layer_time), _prefix(load.layer_state),
+                           _prefix(load.layer_act))
     # Per chunk: what joins it besides its layers (0.0 adds nothing exactly), so that
     # fits(), called about a million times per plan, is arithmetic on lists alone.
     pre_time = [load.pre_time] + [0.0] * (chunks - 1)
@@ -155,51 +213,7 @@ def balance(load: StageLoad, pp: int, schedule: str, virtual: int, microbatches:
             end += 1
         return end
 
-    def greedy(bound: float) -> tuple[int, ...] | None:
-        counts, start = [], 0
-        for k in range(chunks):
-            if k == chunks - 1:
-                if (boundaries and next_cut(start) < n) or not fits(k, start, n, bound):
-                    return None
-                counts.append(n - start)
-                break
-            lo, hi = start + 1, n - (chunks - k - 1)  # leave a layer for every later chunk
-            if boundaries:
-                hi = min(hi, next_cut(start))
-            if lo > hi:
-                return None
-            end = furthest(k, start, lo, hi, bound)
-            if end < lo:
-                return None
-            counts.append(end - start)
-            start = end
-        return tuple(counts)
-
-    def slowest(counts: tuple[int, ...]) -> float:
-        start, worst = 0, 0.0
-        for k, count in enumerate(counts):
-            worst = max(worst, chunk_time(k, start, start + count))
-            start += count
-        return worst
-
-    total = times[-1] + load.pre_time + load.post_time + sum(load.send_forward) + sum(
-        load.send_backward)
-    counts = greedy(total * (1 + 1e-9))
-    if counts is None:
-        return None  # memory alone rules out every cut
-    # Bisection on the bound; a bound that fits drops at once to the slowest chunk of the
-    # cut it gave (the optimum is some chunk's time), which ends it in a few rounds.
-    lo, hi = 0.0, slowest(counts)
-    while hi - lo > total * 1e-7:  # finer than any time difference the model means
-        mid = (lo + hi) / 2
-        found = greedy(mid)
-        if found is None:
-            lo = mid
-        else:
-            counts, hi = found, slowest(found)
-    if one_per_rank:
-        return counts
-    return _spread(counts, pp, schedule, chunk_time, cuts)
+    return chunk_time, fits, furthest
 
 
 def _spread(counts: tuple[int, ...], pp: int, schedule: str, chunk_time,

@@ -12,7 +12,7 @@ chain pays a kernel launch. autopar's own runtime runs eager ops; its plans are 
 unfused.
 
 This is an analysis of the traced graph; :class:`autopar.solver.pricing.costs.CostTables` applies
-it (``_compute_times``).
+it (:func:`autopar.solver.pricing.kernel_work.kernel_work`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from autopar.core.placements import Placement, Replicate, Shard, divisor
 from autopar.core.values import tensor_inputs, value_of
 from autopar.cost_models.comm import collective_time
 from autopar.solver.model.problem import Problem, ValueKey
-from autopar.solver.pricing.costs import CostTables, fp8_copy
+from autopar.solver.pricing.activation_tables import fp8_copy
+from autopar.solver.pricing.costs import CostTables
 from autopar.solver.pricing.precision_costs import precision_key
 from autopar.solver.pricing.tp_overlap import exposed_s, paired_matmul_s
 from autopar.strategies import Strategy

@@ -2,7 +2,7 @@
 
 Every mesh of every device count the planner would try, under every pipeline schedule, is
 one candidate. A candidate is ruled out by the hardware when even its least-memory plan
-(:func:`autopar.solver.search.mesh_search.mesh_memory_floors`) does not fit the device; otherwise each
+(:func:`autopar.solver.search.memory_floors.mesh_memory_floors`) does not fit the device; otherwise each
 constraint (and each pinned degree) either allows it or not, and a memory cap rules it out
 when that least memory is above the cap. CP-SAT then picks a candidate under one assumption
 literal per constraint: infeasible means they conflict, and
@@ -28,6 +28,7 @@ from autopar.core.errors import NoFeasiblePlanError
 from autopar.core.knobs import RUNNABLE_SCHEDULES
 from autopar.core.units import format_bytes
 from autopar.solver.options import PlanOptions
+from autopar.solver.search.memory_floors import mesh_memory_floors
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ def conflicting(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
     """The error naming the smallest set of constraints (and pins) that leave no plan, or
     None when the model of the search sees none."""
     from autopar.core.cluster.subset import sub_cluster
-    from autopar.solver.search.mesh_search import mesh_memory_floors
 
     rules = _rules(options)
     if not rules:

@@ -2,8 +2,9 @@
 stage cut, the per-layer recomputation mixes, the validated-ground handicap, and the floors
 that let the search skip what cannot win.
 
-:mod:`autopar.solver.search.mesh_search` walks the settings and solves layouts; this module turns one
-solved layout into candidates and keeps the best (step, pp, tp, zero, cp, candidate,
+:mod:`autopar.solver.search.microbatches` walks the settings and
+:mod:`autopar.solver.search.layout_solves` solves layouts; this module turns one solved layout
+into candidates and keeps the best (step, pp, tp, zero, cp, candidate,
 problem, tables, batch) tuple so far.
 """
 

@@ -48,7 +48,7 @@ from autopar.solver.pricing.elementwise_fusion import fused_bytes
 from autopar.solver.pricing.evaluate import Prediction, assemble, evaluate
 from autopar.solver.pricing.fusion import Fusion
 from autopar.solver.pricing.unit_costs import unit_costs
-from autopar.solver.search.mesh_search import check_microbatch
+from autopar.solver.search.microbatches import check_microbatch
 from autopar.solver.setting import Setting
 
 _FLAGS = {"virtual": "virtual-stages"}
@@ -210,10 +210,65 @@ class Estimate:
 
 
 def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -> Estimate:
+    """``config`` priced on ``cluster``: its fastest tensor-parallel layout under the pins,
+    solved with the memory limit lifted, and that layout's modelled step and memory."""
     facts = graph_facts(gm)
     traced = facts.batch_size or 1
     global_batch = config.global_batch or traced
     check_tp(gm, cluster, config.tp)
+    _check_pins(gm, cluster, config, traced, global_batch)
+    local = global_batch // config.dp
+    layer_modes = config.recompute_layers
+    base = min(layer_modes, key=LEANNESS.index) if layer_modes else config.recompute
+    setting = Setting(
+        dp=config.dp, tp=config.tp, zero=config.zero, microbatch=config.microbatch,
+        microbatches=local // config.microbatch, recompute=base, pp=config.pp,
+        schedule=config.schedule, virtual=config.virtual, cp=config.cp,
+        cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
+        ep=config.ep, dp_replicate=config.dp_replicate,
+    )
+    check_ep(gm, PlanOptions(ep=config.ep, dp=config.dp), config.dp * config.tp * config.pp
+             * config.cp)
+    options = PlanOptions(precision=config.precision,
+                          precision_overrides=config.precision_overrides,
+                          master_weights=config.master_weights,
+                          fp8_weight_copies=config.fp8_weight_copies,
+                          optimizer=config.optimizer,
+                          zero=(config.zero,), recompute=(base,), cp=config.cp,
+                          cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,
+                          chunked_loss=config.chunked_loss,
+                          attention_kernel=config.attention_kernel)
+    problem = _pinned_problem(gm, config, traced)
+    tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+    if config.cp > 1:
+        allowed = (config.cp_algorithm,) if config.cp_algorithm else CP_ALGORITHMS
+        costs = algorithm_costs(tables, allowed)
+        algorithm = cheapest(costs)
+        if algorithm is None:
+            raise AutoparError(f"cp={config.cp}: {'; '.join(map(str, costs.values()))}",
+                               where="--cp-algorithm", fix="pick another algorithm or cp")
+        setting = replace(setting, cp_algorithm=algorithm)
+        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
+    result = solve(tables, time_limit_s=30.0, enforce_memory=False)
+    if result.choice is None:
+        raise AutoparError(
+            f"no tensor-parallel layout found ({result.status})",
+            where="estimate", fix="try another --tp")
+    prediction = evaluate(tables, result.choice)
+    if layer_modes:  # each layer's own mode: the layout's units under each, composed
+        by_mode = {m: unit_costs(tables if m == base else CostTables(
+            problem, cluster, options, replace(setting, recompute=m), traced, facts.seq_len),
+            result.choice) for m in set(layer_modes)}
+        setting = with_modes(setting, layer_modes)
+        prediction = assemble(tables, compose_units(by_mode, layer_modes), setting)
+    return Estimate(config, setting, prediction, problem, result.choice, tables)
+
+
+def _check_pins(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig, traced: int,
+                global_batch: int) -> None:
+    """Refuse pins that cannot run together on ``cluster`` (the degrees, the batch, the
+    microbatch, the pipeline, the per-layer recomputation), naming the flag to change."""
+    facts = graph_facts(gm)
     if config.devices != cluster.world_size:
         raise AutoparError(
             f"tp x pp x dp x cp = {config.tp} x {config.pp} x {config.dp} x {config.cp} = "
@@ -245,25 +300,13 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         raise AutoparError(
             f"--recompute-layers gives {len(layer_modes)} mode(s) for {n_layers} layers",
             where="--recompute-layers", fix="give one mode per layer, in running order")
-    base = min(layer_modes, key=LEANNESS.index) if layer_modes else config.recompute
-    setting = Setting(
-        dp=config.dp, tp=config.tp, zero=config.zero, microbatch=config.microbatch,
-        microbatches=local // config.microbatch, recompute=base, pp=config.pp,
-        schedule=config.schedule, virtual=config.virtual, cp=config.cp,
-        cp_algorithm="auto" if config.cp > 1 else "none", cp_layout=config.cp_layout,
-        ep=config.ep, dp_replicate=config.dp_replicate,
-    )
-    check_ep(gm, PlanOptions(ep=config.ep, dp=config.dp), config.dp * config.tp * config.pp
-             * config.cp)
-    options = PlanOptions(precision=config.precision,
-                          precision_overrides=config.precision_overrides,
-                          master_weights=config.master_weights,
-                          fp8_weight_copies=config.fp8_weight_copies,
-                          optimizer=config.optimizer,
-                          zero=(config.zero,), recompute=(base,), cp=config.cp,
-                          cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,
-                          chunked_loss=config.chunked_loss,
-                          attention_kernel=config.attention_kernel)
+
+
+def _pinned_problem(gm: fx.GraphModule, config: PinnedConfig, traced: int) -> Problem:
+    """The tensor-parallel problem under ``config``'s fusions and overlaps, narrowed to what
+    the pins allow: no batch split, no sequence split without ``sp``, and Megatron-LM's
+    layout when pinned."""
+    facts = graph_facts(gm)
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)
@@ -287,26 +330,4 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
             keep_residual_stream_whole(problem, sequence if config.sp else {})
             pair_row_parallel(problem)
             shard_weight_matrices(problem)
-    tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-    if config.cp > 1:
-        allowed = (config.cp_algorithm,) if config.cp_algorithm else CP_ALGORITHMS
-        costs = algorithm_costs(tables, allowed)
-        algorithm = cheapest(costs)
-        if algorithm is None:
-            raise AutoparError(f"cp={config.cp}: {'; '.join(map(str, costs.values()))}",
-                               where="--cp-algorithm", fix="pick another algorithm or cp")
-        setting = replace(setting, cp_algorithm=algorithm)
-        tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
-    result = solve(tables, time_limit_s=30.0, enforce_memory=False)
-    if result.choice is None:
-        raise AutoparError(
-            f"no tensor-parallel layout found ({result.status})",
-            where="estimate", fix="try another --tp")
-    prediction = evaluate(tables, result.choice)
-    if layer_modes:  # each layer's own mode: the layout's units under each, composed
-        by_mode = {m: unit_costs(tables if m == base else CostTables(
-            problem, cluster, options, replace(setting, recompute=m), traced, facts.seq_len),
-            result.choice) for m in set(layer_modes)}
-        setting = with_modes(setting, layer_modes)
-        prediction = assemble(tables, compose_units(by_mode, layer_modes), setting)
-    return Estimate(config, setting, prediction, problem, result.choice, tables)
+    return problem

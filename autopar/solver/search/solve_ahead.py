@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from autopar.core.cluster.spec import usable_cores
+from autopar.core.cluster.compute_share import usable_cores
 from autopar.solver.model.cpsat import LayoutModel, SolveResult, run
 
 

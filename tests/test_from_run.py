@@ -14,7 +14,7 @@ import pytest
 from autopar.calibrate import CalibrationError
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.main import main
-from autopar.core.cluster import load_cluster
+from autopar.core.cluster import format_cluster, load_cluster
 from autopar.core.cluster.profile import read_profile
 from autopar.core.cluster.spec import LinkSpec
 from autopar.cost_models.comm import collective_time
@@ -273,8 +273,43 @@ def test_recorder_times_fsdp_and_pipelines(tmp_path, pins):
     assert fit_runs([run]).device_scale > 0
 
 
+@pytest.fixture(scope="module")
+def quick_measurement() -> dict:
+    """``autopar calibrate --quick --default-dtype-only``'s measurement of this machine, taken
+    once for the tests below (the demo's first run takes the same one): what it returned
+    and the texts it printed."""
+    from autopar.calibrate import host_info
+    from autopar.cli.calibrate_cmd import measure_profile
+
+    said: list[tuple[str, str]] = []
+    host = host_info("cpu", 2, 1, True)
+    profile = measure_profile("cpu", 2, host, threads=1, quick=True, default_dtype_only=True,
+                              say=lambda text: said.append(("say", text)),
+                              progress=lambda text: said.append(("progress", text)))
+    return {"host": host, "profile": profile, "said": said}
+
+
+@pytest.fixture
+def measured_once(quick_measurement, monkeypatch):
+    """``measure_profile`` answers this module's calls from the one measurement: the same
+    arguments (checked), the same texts printed, a copy of the same profile."""
+    import autopar.cli.calibrate_cmd as calibrate_cmd
+
+    def replay(device_type, nproc, host, *, threads=1, quick=False, default_dtype_only=False,
+               say=lambda text: print(text, flush=True), progress=None):
+        assert (device_type, nproc, threads, quick, default_dtype_only) == ("cpu", 2, 1, True,
+                                                                           True)
+        assert host == quick_measurement["host"]
+        for kind, text in quick_measurement["said"]:
+            (say if kind == "say" else progress or calibrate_cmd._progress)(text)
+        return copy.deepcopy(quick_measurement["profile"])
+
+    monkeypatch.setattr(calibrate_cmd, "measure_profile", replay)
+
+
 @pytest.mark.slow
-def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, capsys):
+def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, capsys,
+                                                       measured_once):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert main(["demo", "--steps", "3", "--record-run", str(tmp_path / "run")]) == 0
     text = capsys.readouterr().out
@@ -290,6 +325,37 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     assert len(kept) == 1 and f"planned with profile {kept[0]}" in lines["predicted"]
     assert read_profile(kept[0]).device["corun_slowdown"] >= 0
     read_run(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_calibrate_cli_end_to_end(tmp_path, capsys, measured_once):
+    out = tmp_path / "profiles" / "cpu.json"
+    out.parent.mkdir()  # --out never creates directories (a typo would go unnoticed)
+    assert main(["calibrate", "--quick", "--default-dtype-only", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "matmul fp32 (measured" in text and "intra-node link (fitted" in text
+    assert f"wrote {out}" in text
+    profile = read_profile(out)
+    assert profile.host["backend"] == "gloo" and profile.host["threads_per_process"] == 1
+    assert "attention efficiency" in text and 0 < profile.device["attention_efficiency"] <= 1
+    # the co-run slowdown, measured on training steps with one process per core
+    assert "co-run slowdown (measured" in text and profile.device["corun_slowdown"] >= 0
+    assert profile.measurements["corun"]["processes"] == 2
+    # FSDP2's host work per parameter tensor, measured on two gloo processes
+    assert "FSDP2 host work (measured" in text
+    assert profile.device["sharded_host_s_per_tensor"] >= 0
+    assert profile.device["sharded_optimizer_s_per_tensor"] >= 0
+    assert profile.measurements["sharded_host"]["measured"]["tensors"] > 0
+    kinds = {p["kind"] for p in profile.measurements["collectives"]["points"]}
+    assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
+    cluster = tmp_path / "cpu.yaml"
+    cluster.write_text("nodes: 1\ndevices_per_node: 2\ndevice: cpu\nprofile: profiles/cpu.json\n")
+    c = load_cluster(cluster)
+    link = profile.intra_node_link
+    assert c.intra_node.bandwidth_bytes_per_s == link["bandwidth_bytes_per_s"]
+    assert c.device.peak("fp32") == profile.device["peak_flops"]["fp32"]
+    assert c.sources["intra_node.latency_s"] == f"profile {tmp_path / 'profiles' / 'cpu.json'}"
+    assert "profile " in format_cluster(c)
 
 
 def test_runs_planned_with_a_refitted_profile_fit_together(tmp_path):

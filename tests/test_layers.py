@@ -154,3 +154,15 @@ def test_the_version_is_pyprojects() -> None:
 
     assert __version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "version"]
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists packages one by one (passes/, kernels/, cost_models/ install
+    under autopar.): a sub-package left out would be missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {name for name, path in source_modules().items() if path.name == "__init__.py"}
+    assert found == listed, f"in the tree, not listed: {sorted(found - listed)}; listed, " \
+        f"not in the tree: {sorted(listed - found)}"

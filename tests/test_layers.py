@@ -5,6 +5,7 @@ each other in a circle: every import counts, at a module's top and inside its fu
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def layer_table() -> dict[str, int]:
     return rows
 
 
+@functools.cache
 def source_modules() -> dict[str, Path]:
     found = {}
     for folder, package in SOURCES.items():
@@ -86,6 +88,7 @@ def layer_of(name: str, table: dict[str, int]) -> str:
     return max(rows, key=len)
 
 
+@functools.cache
 def _graph() -> tuple[dict[str, Path], dict[str, dict[str, int]]]:
     modules = source_modules()
     return modules, {m: imports_of(m, p, modules) for m, p in modules.items()}

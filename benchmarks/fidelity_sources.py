@@ -113,7 +113,7 @@ _TORCHTITAN = {
     "pp_microbatches": "pp",
     # torchao's Float8Linear casts the weight where the linear runs and saves the 16-bit
     # weight for backward (``float8_linear.py``): no fp8 weight copy outlives its layer.
-    "fp8_weight_copies": "use",
+    "weight_copies": "use",
     # Its float8 conversion skips the output layer (``filter_fqns = ["output"]``): bf16.
     "fp8_head": "bf16",
 }
@@ -407,7 +407,7 @@ def predict_row(row: dict) -> Outcome:
                           fuse_elementwise=compiled(row) or bool(defaults.get("fuse_elementwise")),
                           cp_algorithm=defaults.get("cp_algorithm") if cp > 1 else None,
                           master_weights=defaults.get("master_weights", "params"),
-                          fp8_weight_copies=defaults.get("fp8_weight_copies", "step"),
+                          weight_copies=defaults.get("weight_copies", "step"),
                           # the run's own attention kernel (SDPA's flash backend, cuDNN),
                           # which the cluster's attention_efficiency describes
                           attention_kernel="device")

@@ -30,6 +30,7 @@ from autopar.ops import comm_ops
 from autopar.ops.fp8_ops import fp8_linear
 from autopar.ops.local_ops import LOCAL_IMPLS
 from autopar.ops.loss_ops import chunked_cross_entropy
+from autopar.ops.step_copies import cast_weight
 from autopar.passes.infra import GraphPass, PassContext, PassResult, register_pass
 
 aten = torch.ops.aten
@@ -38,6 +39,18 @@ aten = torch.ops.aten
 def cast_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` in ``dtype`` (itself when it already is): the casts the plan's precision adds."""
     return x if x.dtype == dtype else x.to(dtype)
+
+
+_CASTS = (cast_to, cast_weight)
+
+
+def _caster(source: fx.Node):
+    """A parameter's cast makes one copy per step (:mod:`autopar.ops.step_copies`); any
+    other value's, one per use."""
+    facts = source.meta.get(META_KEY)
+    param = (source.op == "get_attr" and facts is not None and facts.param is not None
+             and not facts.param.is_buffer)
+    return cast_weight if param else cast_to
 
 
 _UPCASTS_ITSELF = {chunked_cross_entropy, *(f for name, f in LOCAL_IMPLS.items()
@@ -70,7 +83,7 @@ def _cast_before_collectives(arg: fx.Node, want: str, words: Mapping[str, str],
                 return None
     first = chain[-1]
     with first.graph.inserting_before(first):
-        cast = first.graph.call_function(cast_to, (node, TORCH_DTYPES[want]))
+        cast = first.graph.call_function(_caster(node), (node, TORCH_DTYPES[want]))
     cast.meta = {k: v for k, v in node.meta.items() if k != META_KEY}
     first.replace_input_with(node, cast)
     for link in chain:
@@ -101,7 +114,7 @@ def stored_words(gm: fx.GraphModule, words: Mapping[str, str],
     for node in gm.graph.nodes:
         traced = _traced_word(node)
         planned = words.get(_planned_name(node))
-        if node.target is cast_to:
+        if node.target in _CASTS:
             out[node] = WORD_OF_DTYPE[str(node.args[1])]
         elif planned is not None:
             out[node] = stored_word(planned)
@@ -166,7 +179,7 @@ class CastPrecision(GraphPass):
         counts: dict[str, int] = {}
         fp8 = 0
         for node in list(gm.graph.nodes):
-            if node.op not in ("call_function", "call_method") or node.target is cast_to:
+            if node.op not in ("call_function", "call_method") or node.target in _CASTS:
                 continue
             word = words.get(_planned_name(node))
             if word is None or node.target in _UPCASTS_ITSELF:
@@ -186,7 +199,8 @@ class CastPrecision(GraphPass):
                 key = (arg, want)
                 if key not in casts:  # one cast per value and dtype, before its first use
                     with gm.graph.inserting_before(node):
-                        cast = gm.graph.call_function(cast_to, (arg, TORCH_DTYPES[want]))
+                        cast = gm.graph.call_function(_caster(arg),
+                                                      (arg, TORCH_DTYPES[want]))
                     cast.meta = {k: v for k, v in arg.meta.items() if k != META_KEY}
                     casts[key] = cast
                     counts[want] = counts.get(want, 0) + 1

@@ -124,7 +124,8 @@ def test_fp8_weight_copy_is_shared_by_the_microbatches_of_a_step() -> None:
     """Inside a training step each weight is quantized once (Transformer Engine's caching):
     a pipeline's microbatches in flight keep one fp8 copy, not one each. Outside a step,
     or once the weight is written, it is quantized again."""
-    from autopar.ops.fp8_ops import fp8_linear, one_weight_copy_per_step
+    from autopar.ops.fp8_ops import fp8_linear
+    from autopar.ops.step_copies import one_weight_copy_per_step
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(16, 32, generator=g, requires_grad=True)
@@ -139,3 +140,65 @@ def test_fp8_weight_copy_is_shared_by_the_microbatches_of_a_step() -> None:
         assert torch.allclose(c.float(), 2 * a.float(), rtol=0.1, atol=0.1)
     d, e = fp8_linear(x1, w), fp8_linear(x2, w)
     assert d.grad_fn.saved_tensors[2] is not e.grad_fn.saved_tensors[2]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
+def test_16bit_weight_copy_is_made_once_per_step_and_gradients_are_unchanged(recompute) -> None:
+    """Inside a step a weight is cast to bf16 once: microbatches in flight (forwards before
+    backwards, as a pipeline runs them) and recomputations share one copy, and every
+    gradient is the one per-use casts give."""
+    from torch.utils.checkpoint import checkpoint
+
+    from autopar.ops.step_copies import cast_weight, one_weight_copy_per_step
+    from autopar.passes.checkpoint_layers import selective_context
+
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(32, 16, generator=g, requires_grad=True)
+    w2 = torch.randn(16, 32, generator=g, requires_grad=True)
+    xs = [torch.randn(4, 8, 16, generator=g).bfloat16() for _ in range(3)]
+
+    def layer(x):
+        h = torch.nn.functional.linear(x, cast_weight(w1, torch.bfloat16))
+        s = (h @ h.transpose(1, 2)).softmax(-1) @ h  # a seq x seq tensor to recompute
+        return torch.nn.functional.linear(s.relu(), cast_weight(w2, torch.bfloat16))
+
+    def run(x):
+        if recompute == "none":
+            return layer(x)
+        extra = {"context_fn": lambda: selective_context(8)} if recompute == "selective" else {}
+        return checkpoint(layer, x, use_reentrant=False, **extra)
+
+    def grads(shared: bool) -> list[torch.Tensor]:
+        w1.grad = w2.grad = None
+        if shared:
+            with one_weight_copy_per_step(reads=len(xs)):
+                losses = [run(x).float().square().mean() for x in xs]  # all in flight
+                assert len(one_weight_copy_per_step.casts) == 2
+                for loss in losses:
+                    loss.backward()
+            assert not one_weight_copy_per_step.casts  # dropped with the step
+        else:
+            for x in xs:
+                run(x).float().square().mean().backward()
+        return [w1.grad.clone(), w2.grad.clone()]
+
+    for got, want in zip(grads(True), grads(False)):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    def storage(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    with one_weight_copy_per_step(reads=3):
+        a = cast_weight(w1, torch.bfloat16)
+        assert storage(cast_weight(w1, torch.bfloat16)) == storage(a)
+        with torch.no_grad():
+            w1.mul_(2.0)  # written: cast again
+        b = cast_weight(w1, torch.bfloat16)
+        assert storage(b) != storage(a)
+        torch.testing.assert_close(b.float(), 2 * a.float(), rtol=1e-2, atol=1e-2)
+    with one_weight_copy_per_step(reads=1):  # after its last forward read only its users
+        a = cast_weight(w1, torch.bfloat16)   # keep the copy: it goes with them
+        entry = one_weight_copy_per_step.casts[(id(w1), torch.bfloat16)]
+        assert entry[2] is None and entry[3]() is not None
+        del a
+        assert entry[3]() is None

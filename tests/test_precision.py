@@ -246,7 +246,7 @@ def test_zero3_keeps_a_16bit_residual_stream_and_norms_hand_it_back(llama) -> No
 @pytest.mark.parametrize("zero", [0, 3])
 def test_fp8_plan_peak_counts_its_weight_copies(llama, zero) -> None:
     """The plan's peak is the largest of its memory phases, and under fp8 both count the
-    per-step fp8 weight copies (``fp8_ops.one_weight_copy_per_step``): a peak without them
+    per-step fp8 weight copies (``step_copies.one_weight_copy_per_step``): a peak without them
     would call a plan fitting that does not (modelled)."""
     cluster = load_cluster("2xH100-80GB")
     est = {p: estimate_graph(llama, cluster, PinnedConfig(
@@ -254,24 +254,45 @@ def test_fp8_plan_peak_counts_its_weight_copies(llama, zero) -> None:
     for p, e in est.items():
         pred = e.prediction
         assert pred.peak_memory_bytes == pytest.approx(max(pred.memory_phases.values())), p
-    copies = sum(e.tables.fp8_weight_bytes(d, d.candidates[i]) * d.count
+    copies = sum(e.tables.step_copy_bytes(d, d.candidates[i]) * d.count
                  for e in (est["fp8"],) for d, i in zip(e.problem.decisions, e.choice)
                  if d.index in e.tables.fp8_readers)
     assert copies > 0
     assert est["fp8"].prediction.memory.buffers >= copies
 
 
-def test_fp8_weight_copies_made_per_use_are_not_kept(llama) -> None:
+def test_16bit_weight_copies_are_counted_once_a_step(llama) -> None:
+    """A bf16 pipeline stage keeps one 16-bit copy of its weights for the step (buffers),
+    where per-use casts (``weight_copies="use"``, torch.autocast) keep one per microbatch in
+    flight (activations): the difference is the copies times the microbatches in flight
+    less one (modelled)."""
+    cluster = load_cluster("2xH100-80GB")
+    est = {c: estimate_graph(llama, cluster, PinnedConfig(
+        pp=2, precision="bf16", microbatch=1, global_batch=8, weight_copies=c))
+        for c in ("step", "use")}
+    step, use = (est[c].prediction for c in ("step", "use"))
+    stage = max(range(2), key=lambda r: step.stages[r].memory.total)
+    copies = step.memory.buffers
+    assert copies > 0 and use.memory.buffers == 0
+    flight = step.stages[stage].in_flight
+    assert flight > 1
+    assert use.memory.activations - step.memory.activations == pytest.approx(
+        copies * flight, rel=0.02)
+    assert step.peak_memory_bytes < use.peak_memory_bytes
+    assert step.step_time_s < use.step_time_s  # cast once a step, not once a microbatch
+
+
+def test_weight_copies_made_per_use_are_not_kept(llama) -> None:
     """A program that casts each weight where its linear runs (torchao's Float8Linear) keeps
-    no fp8 weight copy across the step: ``fp8_weight_copies="use"`` prices it so, and an
+    no fp8 weight copy across the step: ``weight_copies="use"`` prices it so, and an
     unknown lifetime is refused naming the field (modelled)."""
     cluster = load_cluster("2xH100-80GB")
 
     def buffers(copies: str) -> float:
         return estimate_graph(llama, cluster, PinnedConfig(
             dp=2, zero=3, precision="fp8", microbatch=2, global_batch=4,
-            fp8_weight_copies=copies)).prediction.memory.buffers
+            weight_copies=copies)).prediction.memory.buffers
 
     assert buffers("use") < buffers("step")
-    with pytest.raises(AutoparError, match="fp8_weight_copies"):
-        PinnedConfig(fp8_weight_copies="forever")
+    with pytest.raises(AutoparError, match="weight_copies"):
+        PinnedConfig(weight_copies="forever")

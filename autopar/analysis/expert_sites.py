@@ -270,7 +270,7 @@ def _reachable(starts, forward: bool) -> set[fx.Node]:
 _CASTS = {torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default}
 _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}  # trace-time asserts, no values
 # a precision cast, and the tensor-parallel collectives a weight may be read through
-_MOVES = {"cast_to", "redistribute", "grad_all_reduce", "gather_scatter_grad"}
+_MOVES = {"cast_to", "cast_weight", "redistribute", "grad_all_reduce", "gather_scatter_grad"}
 
 
 def expert_module(root: torch.nn.Module, targets: list[str] | tuple[str, ...]) -> str | None:

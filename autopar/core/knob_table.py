@@ -26,7 +26,6 @@ from autopar.core.knobs import (
     BATCH_COUPLING_MODES,
     CP_ALGORITHMS,
     CP_LAYOUTS,
-    FP8_WEIGHT_COPIES,
     MASTER_WEIGHTS,
     OFFLOADS_RUNNABLE,
     OPTIMIZERS,
@@ -35,6 +34,7 @@ from autopar.core.knobs import (
     RECOMPUTE_MODES,
     SCHEDULES,
     SEARCHED_RECOMPUTE_MODES,
+    WEIGHT_COPIES,
     ZERO_STAGES_RUNNABLE,
 )
 
@@ -136,14 +136,15 @@ _TABLE = (
          python="a dict: node name or module path -> dtype word",
          json="precision_policy.overrides"),
     _choice("master_weights", MASTER_WEIGHTS, "params", "where mixed precision keeps the fp32 "
-            "master weights: 'params' (the parameters are fp32, cast per use; what autopar "
-            "runs) or 'optimizer' (16-bit parameters, fp32 masters beside the optimizer "
+            "master weights: 'params' (the parameters are fp32, cast to 16 bits once a step; "
+            "what autopar runs) or 'optimizer' (16-bit parameters, fp32 masters beside the optimizer "
             "states: Megatron-LM, DeepSpeed; ZeRO's 2 + 2 + 12 bytes per parameter)"),
-    _choice("fp8_weight_copies", FP8_WEIGHT_COPIES, "step", "how long an fp8 linear's fp8 "
-            "weight copy lives: step (one copy for the whole step, shared by its "
-            "microbatches: autopar's runtime, Transformer Engine's weight workspaces) or use "
-            "(made where the linear runs and not kept: torchao's Float8Linear, which saves the "
-            "16-bit weight for backward); priced only", flag=""),
+    _choice("weight_copies", WEIGHT_COPIES, "step", "how long the low-precision copy of "
+            "an fp32 weight lives (16-bit for bf16/fp16 matmuls, fp8 for fp8 linears): step "
+            "(one copy for the whole step, shared by its microbatches and recomputations: "
+            "autopar's runtime, Megatron-LM's 16-bit parameters, Transformer Engine's weight "
+            "workspaces) or use (made where it is read and kept by each microbatch in flight: "
+            "torch.autocast, torchao's Float8Linear; priced only)", flag=""),
     _choice("optimizer", OPTIMIZERS, "adamw", "optimizer whose states are counted",
             json="training.optimizer"),
     Knob("zero", "ZeRO stage 0-3 (0: DDP, 3: FSDP2 fully_shard); plan may be given several, "

@@ -82,8 +82,9 @@ OPTIMIZERS = ("adamw", "adam", "adamw_fused", "adam_fused", "momentum", "sgd", "
 ATTENTION_KERNELS = ("generated", "device")
 """What runs the fused attention sites, as the cost model prices them (``attention_kernel``)."""
 
-FP8_WEIGHT_COPIES = ("step", "use")
-"""How long an fp8 linear's fp8 weight copy lives (``fp8_weight_copies``)."""
+WEIGHT_COPIES = ("step", "use")
+"""How long the low-precision copy of an fp32 weight lives (``weight_copies``): a 16-bit
+working copy, or an fp8 linear's fp8 copy."""
 
 LOCAL_IMPL_NAMES = ("vocab_parallel_embedding", "vocab_parallel_cross_entropy", "sync_batch_norm")
 """The rank-local implementations a plan may name (:mod:`autopar.ops.local_ops`)."""

@@ -90,7 +90,7 @@ PIPELINE = obj({
         "rank": SIZE, "layers": text(empty=True), "forward_s": SECONDS, "backward_s": SECONDS,
         "tp_comm_s": SECONDS, "p2p_s": SECONDS, "time_per_microbatch_s": SECONDS,
         "in_flight": number(), "memory_bytes": SIZE, "memory": MEMORY,
-    })),
+    }, {"memory_phases": map_of(SIZE)})),
 })
 
 EXPLANATION = obj({}, {

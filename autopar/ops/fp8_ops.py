@@ -21,10 +21,11 @@ multiplied in fp32 — so the numerics of an fp8 plan can be checked on any mach
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 
 import torch
+
+from autopar.ops.step_copies import one_weight_copy_per_step, step_copy
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -99,7 +100,7 @@ def _scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     return ((a.float() / a_scale) @ (b.float() / b_scale)).to(OUT_DTYPE)
 
 
-_QUANTIZED: dict[int, tuple[weakref.ref, int, weakref.ref, torch.Tensor]] = {}
+_QUANTIZED: dict[tuple[int, object], tuple] = {}
 """id(tensor) -> weak references to it and its e4m3 copy, its version, the scale. The copy
 is held only by what saved it for backward: one no linear kept (a checkpointed layer's
 first forward) is freed as it would be without sharing."""
@@ -115,45 +116,16 @@ def _quantized_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _copy_once(table: dict, tensor: torch.Tensor,
                rows: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 copy, scale) of ``rows()``, made once per ``tensor`` as it is now (its
-    version) while the copy is alive, and remembered in ``table`` by the tensor's id."""
-    if tensor.is_inference():  # no version counter to tell a write by: quantize every time
-        return quantize(rows(), E4M3)
-    key = id(tensor)
-    hit = table.get(key)
-    if hit is not None and hit[0]() is tensor and hit[1] == tensor._version:
-        copy = hit[2]()
-        if copy is not None:
-            return copy, hit[3]
-    copy, scale = quantize(rows(), E4M3)
-    table[key] = (weakref.ref(tensor, lambda _: table.pop(key, None)), tensor._version,
-                  weakref.ref(copy), scale)
-    return copy, scale
-
-
-class one_weight_copy_per_step:
-    """Within it (``ParallelModule.train_step``), each weight is quantized once and its
-    e4m3 copy shared by every microbatch of the step, as Transformer Engine caches fp8
-    weights across microbatches: a pipeline's microbatches in flight keep one copy, not one
-    each. Safe because no weight changes inside a step (the optimizer runs after it); a
-    weight written in place (its version) or a different tensor (a ZeRO-3 re-gather of
-    the same values is one) is quantized again. A copy is held only by the microbatches
-    that saved it for backward, and the table is dropped on exit."""
-
-    active = False
-    copies: dict[int, tuple[weakref.ref, int, weakref.ref, torch.Tensor]] = {}
-
-    def __enter__(self):
-        type(self).active = True
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        type(self).active = False
-        type(self).copies.clear()
-        return False
+    """(e4m3 copy, scale) of ``rows()``, made once per ``tensor`` as it is now while the
+    copy is alive (held only by what saved it for backward: :func:`step_copy`)."""
+    return step_copy(table, tensor, E4M3, lambda: quantize(rows(), E4M3))
 
 
 def _quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Within a step (:class:`one_weight_copy_per_step`) each weight is quantized once and
+    its e4m3 copy shared by every microbatch, as Transformer Engine caches fp8 weights
+    across microbatches: a pipeline's microbatches in flight keep one copy, not one each.
+    The copy is held only by the microbatches that saved it for backward."""
     if not one_weight_copy_per_step.active:
         return quantize(weight, E4M3)
     return _copy_once(one_weight_copy_per_step.copies, weight, lambda: weight)

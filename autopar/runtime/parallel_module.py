@@ -18,7 +18,8 @@ from autopar.analysis import step_statistics
 from autopar.core.errors import RuntimeSetupError
 from autopar.core.placements import Shard, parse_placement
 from autopar.core.plan import Plan
-from autopar.ops import comm_ops, fp8_ops
+from autopar.ops import comm_ops
+from autopar.ops.step_copies import one_weight_copy_per_step
 from autopar.runtime.experts import expert_parameters, reduce_expert_grads
 from autopar.runtime.grad_clip import clip_grad_norm_
 from autopar.runtime.loss_scale import DynamicLossScaler, LossScaleConfig
@@ -222,7 +223,8 @@ class ParallelModule(nn.Module):
             recorder.step_begin()
         try:
             # only the loss leaves a training step: the other outputs stay local
-            with fp8_ops.one_weight_copy_per_step(), comm_ops.outputs_unused():
+            reads = self.plan.batch.get("microbatches", 1)  # each weight's forwards a step
+            with one_weight_copy_per_step(reads), comm_ops.outputs_unused():
                 loss = self._train_step(args, kwargs)
             if self._scaler is not None:
                 self._after_backward()

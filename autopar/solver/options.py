@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from autopar.core.errors import AutoparError
 from autopar.core.knob_table import OPTION_KNOBS
 from autopar.core.knobs import ATTENTION_KERNELS as ATTENTION_KERNELS  # their old home
-from autopar.core.knobs import FP8_WEIGHT_COPIES as FP8_WEIGHT_COPIES
 from autopar.core.knobs import SEARCHED_RECOMPUTE_MODES, ZERO_STAGES_RUNNABLE
+from autopar.core.knobs import WEIGHT_COPIES as WEIGHT_COPIES
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class PlanOptions:
     precision: str = "fp32"
     precision_overrides: tuple[tuple[str, str], ...] = ()
     master_weights: str = "params"  # autopar.analysis.precision; "optimizer" is priced only
-    fp8_weight_copies: str = "step"
+    weight_copies: str = "step"
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE_MODES

@@ -62,6 +62,14 @@ def build(name: str, layers: int = 2, tied: bool | None = None):
                               attention="math" if name == "gptmath" else "sdpa",
                               tie_weights=True if tied is None else tied))
         return model, ((idx, tgt), {})
+    if name == "gptwide":  # weights large beside the activations: their copies show
+        from autopar.models import GPT, GPTConfig
+
+        model = GPT(GPTConfig(block_size=32, vocab_size=96, n_layer=layers, n_head=8,
+                              n_embd=512, tie_weights=False))
+        g = torch.Generator().manual_seed(1)
+        idx, tgt = (torch.randint(0, 96, (8, 32), generator=g) for _ in range(2))
+        return model, ((idx, tgt), {})
     if name == "llama":
         from autopar.models.hf import build_llama
 

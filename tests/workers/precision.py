@@ -12,6 +12,7 @@ the dtypes of the parameters the optimizer steps, and how many casts the rank pr
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import sys
 from pathlib import Path
@@ -25,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from equivalence import build, cluster_for, serve_cases  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.calibrate.live_bytes import LiveBytes  # noqa: E402
+from autopar.ops import step_copies  # noqa: E402
 from autopar.runtime.parallel_module import find_loss  # noqa: E402
 
-MODEL_KEYS = ("model", "layers", "tied", "steps", "rtol", "cluster")
+MODEL_KEYS = ("model", "layers", "tied", "steps", "rtol", "cluster", "memory")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -87,6 +90,7 @@ def run_case(case: dict) -> dict:
         opt.step()
     with MatmulDtypes() as seen:  # one more step: which dtypes the kernels compute in
         pm.train_step(*la, **lk)
+    memory = _step_memory(pm, opt, la, lk) if case.get("memory") else None
     stepped = sorted({str(p.dtype) for group in opt.param_groups for p in group["params"]})
     worst = max(abs(x - y) / abs(y) for x, y in zip(losses, ref))
     rtol = case.get("rtol", 1e-2)
@@ -95,10 +99,36 @@ def run_case(case: dict) -> dict:
             "losses": losses, "reference": ref, "worst_rel": worst,
             "param_dtypes": stepped, "zero": pm.plan.training["zero"],
             "matmul_dtypes": seen.counts,
-            "casts": code.count("cast_to("), "bf16_casts": code.count("torch.bfloat16"),
+            "casts": code.count("cast_to(") + code.count("cast_weight("), "bf16_casts": code.count("torch.bfloat16"),
             "precision_counts": _counts(pm.plan.precision),
             "sharded": sum(1 for ax in pm.plan.params.values() if ax.get("tp", "R") != "R"),
-            "ok": worst <= rtol and stepped == ["torch.float32"]}
+            "memory": memory, "ok": worst <= rtol and stepped == ["torch.float32"]}
+
+
+def _step_memory(pm, opt, la, lk) -> dict:
+    """This rank's measured peak of one training step (every tensor it made: activations,
+    weight copies, gradients, temporaries; ``autopar.calibrate.live_bytes``) and its stage's
+    prediction of the same (the peak less the weights and optimizer states made before)."""
+    opt.zero_grad(set_to_none=True)  # the step makes its gradients
+    gc.collect()
+    with LiveBytes() as live:
+        pm.train_step(*la, **lk)
+    stage = pm.plan.pipeline["stages"][pm.mesh_context.coords.get("pp", 0)]
+    states = stage["memory"]["params"] + stage["memory"]["optimizer"]
+    step = max(b for phase, b in stage["memory_phases"].items() if phase != "optimizer_step")
+    out = {"measured": live.peak, "predicted": step - states, "in_flight": stage["in_flight"]}
+    # the same step with a copy per use (as torch.autocast makes them), for comparison
+    cls = step_copies.one_weight_copy_per_step
+    enter, cls.__enter__ = cls.__enter__, lambda self: self
+    try:
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        with LiveBytes() as live:
+            pm.train_step(*la, **lk)
+    finally:
+        cls.__enter__ = enter
+    out["per_use"] = live.peak
+    return out
 
 
 def _counts(words: dict[str, str]) -> dict[str, int]:

@@ -344,6 +344,8 @@ def pipeline_entry(setting: Setting, prediction: Prediction) -> dict:
             "in_flight": s.in_flight,
             "memory_bytes": int(s.memory.total),
             "memory": s.memory.to_dict(),
+            # bytes at each of the stage's peaks (forward's end, backward's start, optimizer)
+            "memory_phases": {name: int(b) for name, b in s.phases.items()},
         })
     return {
         "label": "modelled",

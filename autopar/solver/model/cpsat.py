@@ -333,7 +333,7 @@ def _strategy_terms(tables: CostTables, x: list[list], state_scale: float,
             terms.flat.append(xs[i])
             terms.fwd.append(_t(f))
             terms.bwd.append(_t(b))
-            fp8 = tables.fp8_weight_bytes(d, s)
+            fp8 = tables.step_copy_bytes(d, s)
             terms.mem.append(_kib(tables.activation_memory(d, s) * activation_scale
                                   + (st.total + fp8) * d.count * state_scale))
             if setting.grad_group > 1:

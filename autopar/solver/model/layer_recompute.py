@@ -84,6 +84,7 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
         transient = model.NewIntVar(0, 1 << 40, f"transient{r}")  # KiB
         largest = max((u0.largest[i] for i in units), default=0.0)
         model.Add(transient >= _int(2 * largest / _KIB))
+        weight_grad = max((u0.largest_grad[i] for i in units), default=0.0)
         for i in layer_units:
             for m, var in pick[i - 1].items():
                 u = by_mode[m]
@@ -91,13 +92,13 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
                 act_terms.append(_int(u.act[i] * flight / _KIB) * var)
                 model.Add(transient >= _int(recompute_transient(u, i, m) / _KIB)).OnlyEnforceIf(var)
         model.Add(slowest >= _int(fixed_time * _SCALE) + sum(time_terms))
-        states = sum(u0.params[i] + u0.opt[i] for i in units)
+        states = sum(u0.params[i] + u0.opt[i] + u0.weight_copies[i] for i in units)
         grads = sum(u0.grads[i] for i in units)
         grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
         buffers = data_parallel_costs(tables, setting, u0, units, 0.0)[2]
         fixed = states + (grads if grads_alive else 0.0) + buffers
         act_fixed = sum(u0.act[i] for i in units if not 0 < i <= n_layers) * flight
-        room = capacity - fixed - act_fixed
+        room = capacity - fixed - act_fixed - weight_grad
         if room <= 0:
             return None
         model.Add(sum(act_terms) + transient <= _int(room / _KIB))

@@ -76,10 +76,12 @@ class ActivationTables:
         return self.problem.decisions[self.problem.decision_of[node.name]]
 
     def _working_copy_bytes(self, d: Decision) -> float:
-        """The low-precision copy of an fp32 weight a matmul keeps for backward (per
-        microbatch in flight); none where the layer recomputes it (full, op) or ZeRO-3
-        gathers in the low precision."""
-        if d.index not in self._low_read_params or d.facts.param is None:
+        """The low-precision copy of an fp32 weight a matmul keeps for backward, per
+        microbatch in flight, where each use makes its own (``weight_copies="use"``; the
+        runtime's one copy a step is :meth:`step_copy_bytes`); none where the layer
+        recomputes it (full, op) or ZeRO-3 gathers in the low precision."""
+        if (d.index not in self._low_read_params or d.facts.param is None
+                or (self.options.weight_copies == "step" and d.index in self._16bit_read_params)):
             return 0.0
         if self.setting.recompute in ("full", "op") and d.facts.layer is not None:
             return 0.0

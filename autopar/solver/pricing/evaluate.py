@@ -20,7 +20,7 @@ from autopar.cost_models.comm import (
     busy_latency,
     group_collective_time,
 )
-from autopar.cost_models.compute import compute_share, optimizer_step_time
+from autopar.cost_models.compute import compute_share, forward_time, optimizer_step_time
 from autopar.cost_models.data_parallel import OVERLAP_SLOWDOWN
 from autopar.cost_models.memory import MemoryBreakdown
 from autopar.cost_models.offload import host_optimizer_s
@@ -87,7 +87,8 @@ def stage_load(u: UnitCosts, link: LinkSpec | None = None, busy: float = 0.0) ->
     (the pp axis's) prices the activations and gradients sent at each possible cut, each
     send waiting ``busy`` more for a core (:func:`busy_latency`)."""
     time = [u.fwd[i] + u.bwd[i] + u.tp_comm[i] for i in range(u.n_units)]
-    state = [u.params[i] + u.grads[i] + u.opt[i] + u.fp8_weights[i] for i in range(u.n_units)]
+    state = [u.params[i] + u.grads[i] + u.opt[i] + u.weight_copies[i]
+             for i in range(u.n_units)]
     forward = backward = ()
     if link is not None:  # a cut after layer i is after unit i + 1
         def send(nbytes: float) -> float:
@@ -255,7 +256,8 @@ def _stage_predictions(tables: CostTables, setting: Setting, u: UnitCosts,
                                act * flight, transient,
                                max((u.largest[i] for i in units), default=0.0),
                                _rank_sum(u.trainable_numel, units),
-                               _rank_sum(u.fp8_weights, units))
+                               _rank_sum(u.weight_copies, units),
+                               max((u.largest_grad[i] for i in units), default=0.0))
         memory = max(phases.values(), key=lambda b: b.total)
         fwd, bwd = _rank_sum(u.fwd, units), _rank_sum(u.bwd, units)
         comm = _rank_sum(u.tp_comm, units)
@@ -268,8 +270,9 @@ def _stage_predictions(tables: CostTables, setting: Setting, u: UnitCosts,
 
 def _step_tail(tables: CostTables, setting: Setting, u: UnitCosts,
                units: list[int]) -> tuple[float, float, float, float, float]:
-    """What ends one pipeline rank's step after its last microbatch: (the seconds it adds,
-    dp communication, its exposed part, dp buffer bytes, the optimizer's step)."""
+    """What one pipeline rank's step adds to its microbatches: (the seconds it adds, dp
+    communication, its exposed part, dp buffer bytes, the optimizer's step). The seconds
+    include the step's one cast of each fp32 weight to 16 bits (``weight_copies="step"``)."""
     n_layers = len(u.layers)
     roots = sum(u.weights[i] for i in units if not 0 < i <= n_layers)
     layer_w = max((u.weights[i] for i in units if 0 < i <= n_layers), default=0.0)
@@ -281,22 +284,28 @@ def _step_tail(tables: CostTables, setting: Setting, u: UnitCosts,
     if setting.zero >= 1 and setting.grad_group > 1:  # FSDP2: the optimizer steps DTensors
         opt_s += (_rank_sum(u.trainable_tensors, units) / compute_share(tables.cluster.device)
                   * tables.cluster.device.sharded_optimizer_s_per_tensor)
-    return exposed + opt_s, comm, exposed, buffers, opt_s
+    casts = _rank_sum(u.weight_casts, units)
+    cast_s = forward_time(0.0, casts, tables.cluster.device, tables.options.precision) if casts \
+        else 0.0
+    return exposed + opt_s + cast_s, comm, exposed, buffers, opt_s
 
 
 def memory_phases(tables: CostTables, setting: Setting, params: float, grads: float,
                   optimizer: float, activations: float, recompute_transient: float,
                   largest: float, trainable_numel: float,
-                  fp8_weights: float = 0.0) -> dict[str, MemoryBreakdown]:
+                  weight_copies: float = 0.0, weight_grad: float = 0.0
+                  ) -> dict[str, MemoryBreakdown]:
     """The peaks of a training step, with what is alive at each (the largest is the step's).
 
     - When forward ends: weights, optimizer states, every kept activation (a training step
       makes no output but the scalar loss whole for its caller: ``comm_ops.outputs_unused``).
     - When backward starts: the same, with the gradient of the loss's input plus one working
-      copy (twice the largest activation); later, a fully
+      copy (twice the largest activation), and the largest weight gradient backward makes
+      before it is summed into the kept one (``weight_grad``); later, a fully
       recomputed layer's activations come back one layer at a time (not at the same time).
-    - In both, the fp8 copies of the weights fp8 linears read (``fp8_weights``, buffers):
-      one per weight for the whole step, gone by the optimizer step.
+    - In both, the low-precision copies of the fp32 weights (``weight_copies``, buffers:
+      16-bit working copies, fp8 linears' fp8 copies): one per weight for the whole step,
+      gone by the optimizer step.
     - During the optimizer step: weights, gradients, states, and the optimizer's scratch
       (one fp32 tensor per trainable weight: foreach AdamW's intermediate).
 
@@ -306,9 +315,11 @@ def memory_phases(tables: CostTables, setting: Setting, params: float, grads: fl
     grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
     live_grads = grads if grads_alive else 0.0
     return {
-        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights),
-        "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations, fp8_weights,
-                                          temporaries=max(2 * largest, recompute_transient)),
+        "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, weight_copies),
+        "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations,
+                                          weight_copies,
+                                          temporaries=max(2 * largest, recompute_transient)
+                                          + weight_grad),
         "optimizer_step": MemoryBreakdown(
             params, grads, optimizer, 0.0, 0.0,
             temporaries=0.0 if setting.offload != "none"  # the host steps

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from autopar.analysis.precision import BYTES, PrecisionAssignment
+from autopar.analysis.precision import BYTES, PrecisionAssignment, stored_word
 from autopar.core.graph_facts import NodeFacts
 from autopar.core.placements import divisor
 from autopar.solver.model.problem import Decision, Use
@@ -57,10 +57,23 @@ class PrecisionTables:
             self.problem.cache[key] = self._reads_in_fp32(p)
         return self.problem.cache[key]
 
-    def _reads_in_fp32(self, p: PrecisionAssignment) -> frozenset[int]:
+    @cached_property
+    def _16bit_read_params(self) -> frozenset[int]:
+        """The parameters of :attr:`_low_read_params` a 16-bit node reads (an fp8 linear
+        quantizes its fp32 weight itself)."""
+        p = self.precision
+        if p.params != "fp32":
+            return frozenset()
+        key = ("16-bit read params", precision_key(self.options, self.setting.zero))
+        if key not in self.problem.cache:
+            self.problem.cache[key] = self._reads_in_fp32(p, skip=("fp32", "fp8"))
+        return self.problem.cache[key]
+
+    def _reads_in_fp32(self, p: PrecisionAssignment,
+                       skip: tuple[str, ...] = ("fp32",)) -> frozenset[int]:
         out = set()
         for name, word in p.enforced.items():
-            if word == "fp32" or name not in self.problem.decision_of:
+            if word in skip or name not in self.problem.decision_of:
                 continue
             node = self.problem.decisions[self.problem.decision_of[name]].nodes[0]
             out.update(self.problem.decision_of[arg.name] for arg, _ in param_args(node)
@@ -81,20 +94,52 @@ class PrecisionTables:
         """Does ``d`` run as an fp8 linear (``autopar.ops.fp8_ops``)?"""
         return d.kind == "op" and self.dtype(d) == "fp8"
 
-    def fp8_weight_bytes(self, d: Decision, s: Strategy) -> float:
-        """Bytes of the fp8 weight copy one instance of an fp8 linear keeps for backward
-        (one byte an element, the shard ``s`` reads), not the weight it read: once for the
-        whole step, shared by its microbatches (``fp8_ops.one_weight_copy_per_step``), so
-        the memory model counts it beside the weights, not per microbatch in flight. Its
-        input's copy is a value's (:meth:`keeps_fp8_copy`). Measured on CPU with
-        ``autopar.calibrate.live_bytes`` (tests/test_activation_memory.py)."""
-        if self.options.fp8_weight_copies == "use":  # made where it runs, not kept
+    def step_copy_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of the low-precision weight copies ``d`` holds once for the whole step,
+        shared by its microbatches (``weight_copies="step"``: autopar's runtime,
+        :mod:`autopar.ops.step_copies`), so the memory model counts them beside the weights,
+        not per microbatch in flight: a parameter's 16-bit working copy (the shard ``s``
+        stores), an fp8 linear's fp8 copy of the weight it reads (one byte an element, the
+        shard it reads; its input's copy is a value's, :meth:`keeps_fp8_copy`). Measured on
+        CPU with ``autopar.calibrate.live_bytes`` (tests/test_activation_memory.py)."""
+        if self.options.weight_copies == "use":  # made where it is read, kept per microbatch
             return 0.0
-        total = 0.0
+        total = self.step_16bit_copy_bytes(d, s)
         for slot, param in self._fp8_weights.get(d.index, {}).items():
             total += (param.facts.param.numel / self.expert_divisor(param)
                       / divisor(s.inputs[slot], self.setting.tp))
         return total
+
+    def step_16bit_copy_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes of the 16-bit copy of the fp32 parameter ``d`` (the shard ``s`` stores) the
+        step makes once (``weight_copies="step"``), or 0."""
+        if (self.options.weight_copies == "use" or d.kind != "param" or not s.outputs
+                or d.index not in self._16bit_read_params):
+            return 0.0
+        return (d.facts.param.numel * BYTES[stored_word(self.options.precision)]
+                / divisor(s.outputs[0], self.setting.tp) / self.expert_divisor(d))
+
+    def step_cast_bytes(self, d: Decision, s: Strategy) -> float:
+        """Bytes the step's one cast of ``d`` moves: its fp32 shard read, the copy written."""
+        copy = self.step_16bit_copy_bytes(d, s)
+        return copy * (1 + 4 / BYTES[stored_word(self.options.precision)]) if copy else 0.0
+
+    def weight_grad_transient(self, d: Decision, s: Strategy) -> float:
+        """Bytes of the gradient backward makes for the trainable parameter ``d`` before it
+        is accumulated into the one kept: the fp32 gradient, and before it the 16-bit one
+        where a 16-bit node read the fp32 weight (measured on CPU beside the kept
+        gradients: tests/test_precision_runtime.py)."""
+        numel = self.trainable_numel(d, s)
+        if not numel:
+            return 0.0
+        low = (BYTES[stored_word(self.options.precision)]
+               if d.index in self._low_read_params else 0)
+        return numel * (4 + low)
+
+    def casts_weights_once(self, d: Decision) -> bool:
+        """Does the step cast the fp32 weights 16-bit ``d`` reads once, not per use?"""
+        word = self.precision.enforced.get(d.nodes[0].name)
+        return self.options.weight_copies == "step" and word not in (None, "fp32", "fp8")
 
     @property
     def fp8_readers(self) -> frozenset[int]:

@@ -97,7 +97,7 @@ class RecomputeTables:
         """Is a tensor a consumer saves for backward really kept under recomputation? (Or,
         read by a checkpointed layer, kept by the checkpoint: :meth:`checkpoint_keeps`.)
         Not when an fp8 linear reads it: that keeps an fp8 copy instead
-        (:meth:`keeps_fp8_copy`, :meth:`fp8_weight_bytes`)."""
+        (:meth:`keeps_fp8_copy`, :meth:`step_copy_bytes`)."""
         return not self._fp8_reader(use) and self._kept(use, key)
 
     def keeps_fp8_copy(self, use: Use, key: ValueKey) -> bool:

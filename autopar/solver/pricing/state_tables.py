@@ -27,7 +27,7 @@ class StateTables:
         caches of state sums: the microbatch and the pipeline do not change them)."""
         o, st = self.options, self.setting
         return (st.zero, st.shard_group, st.ep, st.offload, o.precision, o.optimizer,
-                o.master_weights, o.fp8_weight_copies)
+                o.master_weights, o.weight_copies)
 
     def states(self, d: Decision, s: Strategy) -> StateBytes:
         """Parameter, gradient and optimizer bytes of one instance of a parameter."""

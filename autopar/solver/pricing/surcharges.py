@@ -27,7 +27,9 @@ def _always(tables: CostTables, d: Decision, work: KernelWork) -> bool:
 
 
 def _casts_weights(tables: CostTables, d: Decision, work: KernelWork) -> bool:
-    return bool(work.cast)
+    """Casts its fp32 weights where it reads them (a step's one cast of each is priced
+    with the step: :func:`autopar.solver.pricing.evaluate.weight_cast_s`)."""
+    return bool(work.cast) and not tables.casts_weights_once(d)
 
 
 def _arithmetic_bound(tables: CostTables, d: Decision, work: KernelWork) -> bool:

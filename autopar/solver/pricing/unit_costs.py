@@ -90,9 +90,12 @@ class UnitCosts:
     host: list[float] = field(default_factory=list)  # CPU offload: states in host memory
     # trainable parameter tensors (FSDP2's host work and a DTensor optimizer go per tensor)
     trainable_tensors: list[float] = field(default_factory=list)
-    # fp8 copies of the weights fp8 linears read, kept once for the whole step
-    # (fp8_ops.one_weight_copy_per_step), not per microbatch in flight
-    fp8_weights: list[float] = field(default_factory=list)
+    # low-precision copies of fp32 weights (16-bit, an fp8 linear's fp8), kept once for the
+    # whole step (autopar.ops.step_copies), not per microbatch in flight
+    weight_copies: list[float] = field(default_factory=list)
+    weight_casts: list[float] = field(default_factory=list)  # bytes casting them, once a step
+    # the largest weight gradient backward makes before summing it into the kept one
+    largest_grad: list[float] = field(default_factory=list)
 
     @property
     def n_units(self) -> int:
@@ -142,7 +145,7 @@ value costs of :attr:`CostTables.layout_key`): shared by every setting of the se
 that key, which differ in dp, pp, the schedule and the ZeRO stage's sharding."""
 _STATES = ("tp_comm", "trainable_numel", "params", "grads", "opt", "host", "grad_bytes",
            "weights", "expert_grad_bytes", "expert_weights", "trainable_tensors",
-           "fp8_weights")
+           "weight_copies", "weight_casts")
 """The per-unit sums of :func:`unit_costs` that depend on the setting's sharding and
 experts (``tp_comm`` here: the experts' all-to-alls)."""
 
@@ -161,8 +164,8 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
     u = UnitCosts(layers, unit_of, *([0.0] * n for _ in range(14)))
     for name, values in per_unit.items():
         setattr(u, name, values.tolist())
-    u.largest, u.cut_fwd, u.cut_bwd = (list(layout[k]) for k in ("largest", "cut_fwd",
-                                                                   "cut_bwd"))
+    u.largest, u.largest_grad, u.cut_fwd, u.cut_bwd = (
+        list(layout[k]) for k in ("largest", "largest_grad", "cut_fwd", "cut_bwd"))
     return u
 
 
@@ -186,9 +189,11 @@ def _state_sums(tables: CostTables, choice: list[int], counts: np.ndarray) -> np
         expert_f, expert_b = tables.expert_comm(d)
         expert = 1.0 if tables.expert_divisor(d) > 1 else 0.0
         numel = tables.trainable_numel(d, s)
-        fp8 = tables.fp8_weight_bytes(d, s)
+        copies = tables.step_copy_bytes(d, s)
+        casts = tables.step_cast_bytes(d, s)
         rows[d.index] = (expert_f + expert_b, numel, st.params, st.grads, st.optimizer,
-                         st.host_total, g, w, g * expert, w * expert, float(numel > 0), fp8)
+                         st.host_total, g, w, g * expert, w * expert, float(numel > 0),
+                         copies, casts)
     summed = counts.T @ rows
     if key is not None:
         problem.cache[key] = summed
@@ -238,6 +243,7 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
     n_tp = tables.setting.tp
     rows = np.empty((len(problem.decisions), 4))
     out = np.zeros(len(problem.decisions))
+    grad_out = np.zeros(len(problem.decisions))  # a weight's gradient before it is summed
     for d in problem.decisions:
         s = d.candidates[choice[d.index]]
         f, b, r = tables.times(d, s)
@@ -246,6 +252,7 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
         out[d.index] = max(
             tables.transient_output_bytes(d, s) if d.kind == "op" and d.facts.requires_grad
             else 0.0, tables.loss_working_bytes(d, s), tables.context_buffer_bytes(d, s) / 2)
+        grad_out[d.index] = tables.weight_grad_transient(d, s) if d.kind == "param" else 0.0
         rows[d.index] = (f, b + r, tables.own_activation(d, s),
                          tables.own_activation(d, s, recompute=False))
 
@@ -288,7 +295,8 @@ def _compute_layout_costs(tables: CostTables, choice: list[int], counts: np.ndar
     summed = counts.T @ np.hstack([rows, np.zeros((len(rows), 1))])
     summed[:, 2:] += counts.T @ values
     layout = {name: summed[:, j].copy() for j, name in enumerate(_LAYOUT)}
-    layout["largest"] = np.where(counts > 0, out[:, None], 0.0).max(axis=0, initial=0.0).tolist()
+    for name, per in (("largest", out), ("largest_grad", grad_out)):
+        layout[name] = np.where(counts > 0, per[:, None], 0.0).max(axis=0, initial=0.0).tolist()
     layout["cut_fwd"], layout["cut_bwd"] = _cuts(tables, choice, counts.shape[1])
     return layout
 

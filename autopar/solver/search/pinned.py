@@ -42,7 +42,7 @@ from autopar.solver.model.problem import (
     pair_row_parallel,
     shard_weight_matrices,
 )
-from autopar.solver.options import ATTENTION_KERNELS, FP8_WEIGHT_COPIES, PlanOptions
+from autopar.solver.options import ATTENTION_KERNELS, WEIGHT_COPIES, PlanOptions
 from autopar.solver.pricing.costs import CostTables
 from autopar.solver.pricing.elementwise_fusion import fused_bytes
 from autopar.solver.pricing.evaluate import Prediction, assemble, evaluate
@@ -77,8 +77,8 @@ class PinnedConfig:
     # where the fp32 master weights live (autopar.analysis.precision.MASTER_WEIGHTS): "optimizer"
     # prices 16-bit parameters as Megatron-LM keeps them
     master_weights: str = "params"
-    # how long an fp8 weight copy lives: PlanOptions.fp8_weight_copies
-    fp8_weight_copies: str = "step"
+    # how long a weight's low-precision copy lives: PlanOptions.weight_copies
+    weight_copies: str = "step"
     zero: int = 0
     optimizer: str = "adamw"
     schedule: str = "1f1b"
@@ -125,11 +125,11 @@ class PinnedConfig:
                                    fix=f"pass {name}=True or {name}=False")
         for name, allowed in (("recompute", RECOMPUTE_MODES), ("precision", PRECISIONS),
                               ("optimizer", OPTIMIZERS), ("layout", ("auto", "megatron")),
-                              ("fp8_weight_copies", FP8_WEIGHT_COPIES),
+                              ("weight_copies", WEIGHT_COPIES),
                               ("attention_kernel", ATTENTION_KERNELS)):
             if getattr(self, name) not in allowed:
                 where = (f"PinnedConfig.{name}"
-                         if name in ("layout", "fp8_weight_copies", "attention_kernel")
+                         if name in ("layout", "weight_copies", "attention_kernel")
                          else f"--{name}")
                 raise AutoparError(f"unknown {name} {getattr(self, name)!r}", where=where,
                                    fix=f"use one of {', '.join(allowed)}")
@@ -232,7 +232,7 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
     options = PlanOptions(precision=config.precision,
                           precision_overrides=config.precision_overrides,
                           master_weights=config.master_weights,
-                          fp8_weight_copies=config.fp8_weight_copies,
+                          weight_copies=config.weight_copies,
                           optimizer=config.optimizer,
                           zero=(config.zero,), recompute=(base,), cp=config.cp,
                           cp_algorithm=config.cp_algorithm, cp_layout=config.cp_layout,

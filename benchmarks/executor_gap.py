@@ -18,12 +18,12 @@ the cost model's validated ground (benchmarks/fidelity_*.py) are marked.
 
     python benchmarks/executor_gap.py              # all rows
     python benchmarks/executor_gap.py --rows 2     # the first two
+    python benchmarks/executor_gap.py --by-feature # and what each feature alone gains
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import replace
 
 from autopar.cli.load import trace_model
@@ -31,7 +31,8 @@ from autopar.core.cluster import load_cluster
 from autopar.solver.explain.to_plan import ground_labels
 from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 
-# (label, model, cluster, global batch, seq, config): published-style plans
+# (label, model, cluster, global batch, seq, config): published-style plans (Megatron's
+# tensor-parallel layout and sequence parallelism where tp > 1)
 ROWS = [
     ("Llama-3-8B, 8 H100", "llama3-8b", "8xH100-80GB", 64, 8192,
      dict(tp=2, pp=1, dp=4, zero=1)),
@@ -40,7 +41,7 @@ ROWS = [
     ("Llama-3-70B, 1,024 H100", "llama3-70b", "128x8xH100-80GB", 1024, 8192,
      dict(tp=8, pp=4, dp=32, schedule="interleaved", virtual=2, zero=1)),
     ("Mixtral-8x7B, 64 H100", "mixtral-8x7b", "8x8xH100-80GB", 256, 4096,
-     dict(tp=2, pp=2, dp=16, ep=8)),
+     dict(tp=1, pp=4, dp=16, ep=8, layout="auto")),
     ("GPT-175B, 1,024 A100", "gpt3-175b", "128x8xA100-80GB", 1536, 2048,
      dict(tp=8, pp=8, dp=16, schedule="interleaved", virtual=2, zero=1)),
 ]
@@ -49,21 +50,26 @@ BEST = dict(fuse_elementwise=True, tp_overlap=True, p2p_overlap=True,
 """Every executor feature the cost model prices, on top of the same plan."""
 
 
-def price(model: str, cluster_name: str, batch: int, seq: int, pinned: dict) -> tuple:
-    """(autopar's, best's) predictions and the trace's time, for one plan."""
+def price(model: str, cluster_name: str, batch: int, seq: int, pinned: dict,
+          by_feature: bool = False) -> tuple:
+    """(autopar's, best's estimates, {feature: its estimate alone} when ``by_feature``)."""
     cluster = load_cluster(cluster_name)
-    started = time.perf_counter()
     traced = trace_model(model, batch, seq)
-    base = PinnedConfig(sp=True, recompute="selective", precision="bf16", layout="megatron",
-                        microbatch=1, global_batch=traced.batch, **pinned)
+    pinned = {"layout": "megatron", "sp": pinned.get("tp", 1) > 1, **pinned}
+    base = PinnedConfig(recompute="selective", precision="bf16", microbatch=1,
+                        global_batch=traced.batch, **pinned)
     own = estimate_graph(traced.gm, cluster, base)
     best = estimate_graph(traced.gm, cluster, replace(base, **BEST))
-    return own, best, time.perf_counter() - started
+    alone = {name: estimate_graph(traced.gm, cluster, replace(base, **{name: value}))
+             for name, value in BEST.items()} if by_feature else {}
+    return own, best, alone
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=len(ROWS))
+    parser.add_argument("--by-feature", action="store_true",
+                        help="also price each feature alone (what it closes of the gap)")
     args = parser.parse_args()
     print("executor gap (modelled): autopar's program vs the same plan with every executor "
           "feature\n")
@@ -71,7 +77,7 @@ def main() -> None:
           f"{'autopar GiB':>12} {'best GiB':>9} {'memory x':>9}  ground")
     worst_t = worst_m = 0.0
     for label, model, cluster, batch, seq, pinned in ROWS[:args.rows]:
-        own, best, _ = price(model, cluster, batch, seq, pinned)
+        own, best, alone = price(model, cluster, batch, seq, pinned, args.by_feature)
         a, b = own.prediction, best.prediction
         t, m = a.step_time_s / b.step_time_s, a.peak_memory_bytes / b.peak_memory_bytes
         worst_t, worst_m = max(worst_t, t), max(worst_m, m)
@@ -83,6 +89,11 @@ def main() -> None:
         print(f"{label:26} {mesh:26} {a.step_time_s:10.3f} {b.step_time_s:9.3f} {t:7.2f} "
               f"{a.peak_memory_bytes / 2**30:12.1f} {b.peak_memory_bytes / 2**30:9.1f} "
               f"{m:9.2f}  {ground}")
+        for name, e in alone.items():
+            p = e.prediction
+            print(f"{'  + ' + name:26} {'':26} {'':10} {p.step_time_s:9.3f} "
+                  f"{a.step_time_s / p.step_time_s:7.2f} {'':12} "
+                  f"{p.peak_memory_bytes / 2**30:9.1f} {a.peak_memory_bytes / p.peak_memory_bytes:9.2f}")
     print(f"\nworst: time {worst_t:.2f}x, memory {worst_m:.2f}x (the bar: 1.05x each)")
 
 

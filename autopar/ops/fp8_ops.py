@@ -101,9 +101,9 @@ def _scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
 
 
 _QUANTIZED: dict[tuple[int, object], tuple] = {}
-"""id(tensor) -> weak references to it and its e4m3 copy, its version, the scale. The copy
-is held only by what saved it for backward: one no linear kept (a checkpointed layer's
-first forward) is freed as it would be without sharing."""
+"""Activations' e4m3 copies (:func:`autopar.ops.step_copies.step_copy`'s table). A copy is
+held only by what saved it for backward: one no linear kept (a checkpointed layer's first
+forward) is freed as it would be without sharing."""
 
 
 def _quantized_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

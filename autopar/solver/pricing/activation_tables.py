@@ -81,7 +81,7 @@ class ActivationTables:
         runtime's one copy a step is :meth:`step_copy_bytes`); none where the layer
         recomputes it (full, op) or ZeRO-3 gathers in the low precision."""
         if (d.index not in self._low_read_params or d.facts.param is None
-                or (self.options.weight_copies == "step" and d.index in self._16bit_read_params)):
+                or self.copied_once_a_step(d)):
             return 0.0
         if self.setting.recompute in ("full", "op") and d.facts.layer is not None:
             return 0.0

@@ -284,9 +284,8 @@ def _step_tail(tables: CostTables, setting: Setting, u: UnitCosts,
     if setting.zero >= 1 and setting.grad_group > 1:  # FSDP2: the optimizer steps DTensors
         opt_s += (_rank_sum(u.trainable_tensors, units) / compute_share(tables.cluster.device)
                   * tables.cluster.device.sharded_optimizer_s_per_tensor)
-    casts = _rank_sum(u.weight_casts, units)
-    cast_s = forward_time(0.0, casts, tables.cluster.device, tables.options.precision) if casts \
-        else 0.0
+    cast_s = forward_time(0.0, _rank_sum(u.weight_casts, units), tables.cluster.device,
+                          tables.options.precision)  # 0 when nothing is cast
     return exposed + opt_s + cast_s, comm, exposed, buffers, opt_s
 
 

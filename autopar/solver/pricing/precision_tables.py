@@ -49,28 +49,26 @@ class PrecisionTables:
         """Decisions of parameters a low-precision node reads in fp32: each read casts a
         working copy (kept for backward by the matmul), as torch.autocast does (once per
         problem and precision assignment)."""
-        p = self.precision
-        if p.params != "fp32":
-            return frozenset()
-        key = ("low_read_params", precision_key(self.options, self.setting.zero))
-        if key not in self.problem.cache:
-            self.problem.cache[key] = self._reads_in_fp32(p)
-        return self.problem.cache[key]
+        return self._fp32_reads(skip=("fp32",))
 
     @cached_property
     def _16bit_read_params(self) -> frozenset[int]:
         """The parameters of :attr:`_low_read_params` a 16-bit node reads (an fp8 linear
         quantizes its fp32 weight itself)."""
+        return self._fp32_reads(skip=("fp32", "fp8"))
+
+    def _fp32_reads(self, skip: tuple[str, ...]) -> frozenset[int]:
+        """Decisions of fp32 parameters read by a node computing in a word not in ``skip``
+        (once per problem and precision assignment: every setting of a search asks)."""
         p = self.precision
         if p.params != "fp32":
             return frozenset()
-        key = ("16-bit read params", precision_key(self.options, self.setting.zero))
+        key = ("fp32 reads", skip, precision_key(self.options, self.setting.zero))
         if key not in self.problem.cache:
-            self.problem.cache[key] = self._reads_in_fp32(p, skip=("fp32", "fp8"))
+            self.problem.cache[key] = self._reads_in_fp32(p, skip)
         return self.problem.cache[key]
 
-    def _reads_in_fp32(self, p: PrecisionAssignment,
-                       skip: tuple[str, ...] = ("fp32",)) -> frozenset[int]:
+    def _reads_in_fp32(self, p: PrecisionAssignment, skip: tuple[str, ...]) -> frozenset[int]:
         out = set()
         for name, word in p.enforced.items():
             if word in skip or name not in self.problem.decision_of:
@@ -113,16 +111,20 @@ class PrecisionTables:
     def step_16bit_copy_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes of the 16-bit copy of the fp32 parameter ``d`` (the shard ``s`` stores) the
         step makes once (``weight_copies="step"``), or 0."""
-        if (self.options.weight_copies == "use" or d.kind != "param" or not s.outputs
-                or d.index not in self._16bit_read_params):
+        if not self.copied_once_a_step(d) or not s.outputs:
             return 0.0
         return (d.facts.param.numel * BYTES[stored_word(self.options.precision)]
                 / divisor(s.outputs[0], self.setting.tp) / self.expert_divisor(d))
 
+    def copied_once_a_step(self, d: Decision) -> bool:
+        """Is ``d`` an fp32 parameter the step casts to 16 bits once (``weight_copies``)?"""
+        return (self.options.weight_copies == "step" and d.kind == "param"
+                and d.index in self._16bit_read_params)
+
     def step_cast_bytes(self, d: Decision, s: Strategy) -> float:
         """Bytes the step's one cast of ``d`` moves: its fp32 shard read, the copy written."""
-        copy = self.step_16bit_copy_bytes(d, s)
-        return copy * (1 + 4 / BYTES[stored_word(self.options.precision)]) if copy else 0.0
+        return self.step_16bit_copy_bytes(d, s) * (
+            1 + 4 / BYTES[stored_word(self.options.precision)])
 
     def weight_grad_transient(self, d: Decision, s: Strategy) -> float:
         """Bytes of the gradient backward makes for the trainable parameter ``d`` before it

@@ -28,7 +28,7 @@ def _always(tables: CostTables, d: Decision, work: KernelWork) -> bool:
 
 def _casts_weights(tables: CostTables, d: Decision, work: KernelWork) -> bool:
     """Casts its fp32 weights where it reads them (a step's one cast of each is priced
-    with the step: :func:`autopar.solver.pricing.evaluate.weight_cast_s`)."""
+    with the step's tail: ``autopar.solver.pricing.evaluate._step_tail``)."""
     return bool(work.cast) and not tables.casts_weights_once(d)
 
 

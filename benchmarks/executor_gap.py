@@ -5,12 +5,13 @@ parallelism, selective recomputation, bf16) is priced twice by the same cost mod
 (``autopar.solver.search.pinned.estimate_graph``), **modelled**:
 
 - *autopar*: the program autopar emits today (what ``autopar estimate`` prices without the
-  executor flags: one 16-bit copy of each weight a step, ``autopar.ops.step_copies``);
-- *best*: the same plan with every executor feature the cost model prices --
+  executor flags: under ZeRO 1-3 16-bit weights gathered from fp32 masters sharded with the
+  optimizer states, at ZeRO-0 one 16-bit copy of each fp32 weight a step,
+  ``autopar.ops.step_copies``);
+- *best*: the same plan with every executor feature the cost model prices beyond those --
   ``--fuse-elementwise`` (a compiled program's fused elementwise kernels), ``--tp-overlap``
   (tensor-parallel collectives pipelined with their matmuls), ``--p2p-overlap`` (pipeline
-  sends beside the compute), ``--master-weights optimizer`` (16-bit parameters, fp32 masters
-  beside the optimizer states: Megatron-LM, Transformer Engine).
+  sends beside the compute).
 
 ``time x`` = autopar's step / best's (1.00 = no gap); ``memory x`` likewise for the peak per
 device. The issue's bar is <= 1.05 in time and <= 1.05 in memory on every row. Rows beyond
@@ -45,8 +46,7 @@ ROWS = [
     ("GPT-175B, 1,024 A100", "gpt3-175b", "128x8xA100-80GB", 1536, 2048,
      dict(tp=8, pp=8, dp=16, schedule="interleaved", virtual=2, zero=1)),
 ]
-BEST = dict(fuse_elementwise=True, tp_overlap=True, p2p_overlap=True,
-            master_weights="optimizer")
+BEST = dict(fuse_elementwise=True, tp_overlap=True, p2p_overlap=True)
 """Every executor feature the cost model prices, on top of the same plan."""
 
 

@@ -211,6 +211,7 @@ def model_state_bytes(
     offload: str = "none",
     storage_bits: int | None = None,
     fp32_params: bool = False,
+    fp32_grads: bool = False,
 ) -> StateBytes:
     """Bytes one device holds for ``numel`` parameters (already divided by tensor parallelism).
 
@@ -221,6 +222,8 @@ def model_state_bytes(
     ``torch.amp``, FSDP2's ``MixedPrecisionPolicy``): the parameter itself is the fp32
     master copy, its gradient is fp32, and the 16-bit working copies are made per use
     (priced as activations, or as ZeRO-3's gathered buffers) -- 4 + 4 + optimizer bytes.
+    ``fp32_grads``: 16-bit weights with fp32 gradients (Megatron-LM's main grads under bf16,
+    FSDP2's fp32 ``reduce_dtype``) -- 2 + 4 + 12 bytes with Adam, rather than ZeRO's 2 + 2 + 12.
 
     >>> s = model_state_bytes(10, trainable=True, precision="bf16", optimizer="adam",
     ...                       zero_stage=2, dp=2, offload="optimizer")
@@ -246,8 +249,8 @@ def model_state_bytes(
     params = numel * w / (dp if zero_stage >= 3 else 1)
     grads = optimizer_bytes = 0.0
     if trainable:
-        grads = numel * (4 if master else weight_bytes(precision)) / (dp if zero_stage >= 2
-                                                                       else 1)
+        grad_word = 4 if master or fp32_grads else weight_bytes(precision)
+        grads = numel * grad_word / (dp if zero_stage >= 2 else 1)
         masters = 0 if master else master_weight_bytes(precision)
         opt_per = numel * masters + optimizer_state_bytes(numel, optimizer, shape=shape)
         optimizer_bytes = opt_per / (dp if zero_stage >= 1 else 1)

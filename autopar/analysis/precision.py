@@ -173,18 +173,21 @@ def check_word(word: str, where: str) -> str:
     return word
 
 
-# MASTER_WEIGHTS (autopar.core.knobs): where the fp32 master weights live: ``params`` -- the
-# parameters are fp32 and every use casts its own 16-bit copy (``torch.autocast``; what
-# autopar runs without ZeRO-3); ``optimizer`` -- the model computes with 16-bit parameters and
-# the optimizer keeps the fp32 masters (Megatron-LM's Float16Module, FSDP2's
-# ``MixedPrecisionPolicy``, which is what ZeRO-3 runs). ``autopar estimate --master-weights
-# optimizer`` prices the second for any stage.
+# MASTER_WEIGHTS (autopar.core.knobs): where the fp32 master weights live under mixed
+# precision. ``optimizer`` -- the model computes with 16-bit parameters and the fp32 masters
+# are the shards FSDP2 keeps (``MixedPrecisionPolicy``: ZeRO 1-3 gather the 16-bit working
+# weights, reduce fp32 gradients and step the fp32 shards, as Megatron-LM's distributed
+# optimizer does). ``params`` -- the parameters are fp32 and each is cast to 16 bits once a
+# step (:mod:`autopar.ops.step_copies`). At ZeRO-0 both hold whole fp32 masters beside a
+# 16-bit working weight and fp32 gradients (18 B per parameter with Adam), so ZeRO-0 always
+# runs ``params``.
 
 
-def params_word(compute: str, zero: int, master_weights: str = "params") -> str:
-    """The dtype parameters are read in: fp32 (each use casts its own copy), except where
-    16-bit parameters are gathered or kept (ZeRO-3, or master weights in the optimizer)."""
-    if compute == "fp32" or (zero < 3 and master_weights == "params"):
+def params_word(compute: str, zero: int, master_weights: str = "optimizer") -> str:
+    """The dtype the program reads parameters in: fp32 (cast once a step), except where
+    FSDP2 gathers 16-bit working weights from fp32 shards (ZeRO-3; ZeRO 1-2 with the
+    masters in the optimizer)."""
+    if compute == "fp32" or zero == 0 or (zero < 3 and master_weights == "params"):
         return "fp32"
     return stored_word(compute)
 

@@ -99,6 +99,7 @@ def plan(
     virtual_stages: int | None = None,
     precision: str | None = None,
     precision_overrides: dict[str, str] | None = None,
+    master_weights: str = "optimizer",
     optimizer: str = "adamw",
     zero: int | tuple[int, ...] = ZERO_STAGES_RUNNABLE,
     recompute: str | tuple[str, ...] = SEARCHED_RECOMPUTE_MODES,

@@ -7,7 +7,9 @@ creates while it is active, through a ``TorchDispatchMode``, and frees it from t
 when Python drops the storage: so ``peak`` is the most bytes the work made alive at once,
 and ``live`` what it still holds (e.g. the activations kept for backward after forward).
 Storages that existed before (weights, optimizer states) are not counted, and neither are
-allocators' caches or fragmentation: this is the model's own unit, the tensors.
+allocators' caches or fragmentation: this is the model's own unit, the tensors. A storage
+resized in place (``UntypedStorage.resize_``, no op the mode sees: FSDP2 allocates and frees
+its whole weights and gradient buffers so) counts by what it grows or shrinks.
 
 >>> import torch
 >>> x = torch.randn(1024, 1024, requires_grad=True)
@@ -39,6 +41,27 @@ class LiveBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak = self.live
+
+    def __enter__(self) -> LiveBytes:
+        self._resize = torch.UntypedStorage.resize_
+        counter, resize = self, self._resize
+
+        def counted_resize(storage: torch.UntypedStorage, size: int):
+            before, key = storage.nbytes(), storage.data_ptr()
+            out = resize(storage, size)
+            delta = storage.nbytes() - before
+            if key in counter._seen:  # made while active: its release frees what it has now
+                counter._seen[key] += delta
+            counter.live += delta
+            counter.peak = max(counter.peak, counter.live)
+            return out
+
+        torch.UntypedStorage.resize_ = counted_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def _track(self, tensor: torch.Tensor) -> None:
         if not _plain(tensor):

@@ -15,8 +15,9 @@ from autopar.cli import flags
 PLAN_COMMAND_KNOBS = (
     "dp", "tp", "pp", "cp", "ep", "dp_replicate", "batch_coupling", "cp_algorithm", "cp_layout",
     "devices", "microbatch", "microbatches", "schedule", "virtual_stages", "recompute",
-    "recompute_layers", "precision", "precision_overrides", "zero", "optimizer", "time_limit_s",
-    "max_solves", "extrapolation_margin", "fuse_attention", "chunked_loss", "constraints",
+    "recompute_layers", "precision", "precision_overrides", "master_weights", "zero", "optimizer",
+    "time_limit_s", "max_solves", "extrapolation_margin", "fuse_attention", "chunked_loss",
+    "constraints",
 )
 """The knobs ``plan`` and ``emit`` read from their flags, in the order ``--help`` lists
 them; every one left out is chosen by the solver."""

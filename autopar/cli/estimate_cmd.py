@@ -16,6 +16,7 @@ import argparse
 import json
 from typing import Any
 
+from autopar.analysis.precision import params_word
 from autopar.api.planning import resolve_precision
 from autopar.cli.arguments import EXIT_DOES_NOT_FIT
 from autopar.cli.load import TracedModel, trace_model
@@ -191,8 +192,10 @@ def run_estimate(args: argparse.Namespace) -> int:
     if args.lora_rank:
         n = sum(lora_params(out, inp, args.lora_rank)
                 for out, inp in checked_adapter_shapes(traced, args.lora_rank))
+        word = params_word(config.precision, config.zero, config.master_weights)
         s = model_state_bytes(n / args.tp, trainable=True, precision=config.precision,
-                              optimizer=config.optimizer, zero_stage=config.zero, dp=dp)
+                              optimizer=config.optimizer, zero_stage=config.zero, dp=dp,
+                              fp32_params=word == "fp32" or config.zero == 3, fp32_grads=True)
         lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,
                 "param_bytes": s.params, "grad_bytes": s.grads, "optimizer_bytes": s.optimizer}
     result = report(est, traced, cluster.name, lora)

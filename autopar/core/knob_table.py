@@ -135,10 +135,12 @@ _TABLE = (
          check=checks.precision_overrides, flag="--precision-override", metavar="NODE=DTYPE",
          python="a dict: node name or module path -> dtype word",
          json="precision_policy.overrides"),
-    _choice("master_weights", MASTER_WEIGHTS, "params", "where mixed precision keeps the fp32 "
-            "master weights: 'params' (the parameters are fp32, cast to 16 bits once a step; "
-            "what autopar runs) or 'optimizer' (16-bit parameters, fp32 masters beside the optimizer "
-            "states: Megatron-LM, DeepSpeed; ZeRO's 2 + 2 + 12 bytes per parameter)"),
+    _choice("master_weights", MASTER_WEIGHTS, "optimizer", "where mixed precision keeps the "
+            "fp32 master weights under ZeRO 1-3: 'optimizer' (16-bit parameters, the fp32 "
+            "masters sharded with the optimizer states, gradients accumulated and reduced in "
+            "fp32: Megatron-LM's distributed optimizer, FSDP2's MixedPrecisionPolicy; 2 + 4 + "
+            "12/dp bytes per parameter at ZeRO-1) or 'params' (fp32 parameters, cast to 16 bits "
+            "once a step). At ZeRO-0 the two are the same bytes and run as 'params'"),
     _choice("weight_copies", WEIGHT_COPIES, "step", "how long the low-precision copy of "
             "an fp32 weight lives (16-bit for bf16/fp16 matmuls, fp8 for fp8 linears): step "
             "(one copy for the whole step, shared by its microbatches and recomputations: "

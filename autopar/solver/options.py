@@ -35,7 +35,7 @@ class PlanOptions:
     batch_coupling: str = "exact"  # autopar.analysis.batch_coupling
     precision: str = "fp32"
     precision_overrides: tuple[tuple[str, str], ...] = ()
-    master_weights: str = "params"  # autopar.analysis.precision; "optimizer" is priced only
+    master_weights: str = "optimizer"  # autopar.analysis.precision.params_word
     weight_copies: str = "step"
     optimizer: str = "adamw"
     zero: tuple[int, ...] = ZERO_STAGES_RUNNABLE

@@ -98,6 +98,7 @@ def run_case(case: dict) -> dict:
     return {"case": case, "rank": dist.get_rank() if dist.is_initialized() else 0,
             "losses": losses, "reference": ref, "worst_rel": worst,
             "param_dtypes": stepped, "zero": pm.plan.training["zero"],
+            "params_word": pm.plan.precision_policy["params"],
             "matmul_dtypes": seen.counts,
             "casts": code.count("cast_to(") + code.count("cast_weight("), "bf16_casts": code.count("torch.bfloat16"),
             "precision_counts": _counts(pm.plan.precision),
@@ -107,16 +108,25 @@ def run_case(case: dict) -> dict:
 
 def _step_memory(pm, opt, la, lk) -> dict:
     """This rank's measured peak of one training step (every tensor it made: activations,
-    weight copies, gradients, temporaries; ``autopar.calibrate.live_bytes``) and its stage's
-    prediction of the same (the peak less the weights and optimizer states made before)."""
+    weight copies, gradients, temporaries; ``autopar.calibrate.live_bytes``) and the plan's
+    prediction of the same: its stage's (a pipeline's) or the rank's peak, less what was made
+    before the step (the optimizer states and, unless FSDP2 gathers them each step (ZeRO
+    1-3), the weights)."""
     opt.zero_grad(set_to_none=True)  # the step makes its gradients
     gc.collect()
     with LiveBytes() as live:
         pm.train_step(*la, **lk)
-    stage = pm.plan.pipeline["stages"][pm.mesh_context.coords.get("pp", 0)]
-    states = stage["memory"]["params"] + stage["memory"]["optimizer"]
-    step = max(b for phase, b in stage["memory_phases"].items() if phase != "optimizer_step")
-    out = {"measured": live.peak, "predicted": step - states, "in_flight": stage["in_flight"]}
+    if pm.plan.mesh.get("pp", 1) > 1:
+        stage = pm.plan.pipeline["stages"][pm.mesh_context.coords.get("pp", 0)]
+        memory, phases, in_flight = stage["memory"], stage["memory_phases"], stage["in_flight"]
+    else:
+        predicted = pm.plan.predicted
+        memory, phases, in_flight = predicted["memory"], predicted["memory_phases"], 1
+    gathered = pm.plan.training["zero"] in (1, 2)  # whole weights FSDP2 gathers in the step
+    before = memory["optimizer"] + (0 if gathered else memory["params"])
+    step = max(b for phase, b in phases.items() if phase != "optimizer_step")
+    out = {"measured": live.peak, "predicted": step - before, "in_flight": in_flight,
+           "breakdown": memory, "phases": phases}
     # the same step with a copy per use (as torch.autocast makes them), for comparison
     cls = step_copies.one_weight_copy_per_step
     enter, cls.__enter__ = cls.__enter__, lambda self: self

@@ -28,6 +28,7 @@ from autopar.solver.pricing.evaluate import (
     Prediction,
     assemble,
     data_parallel_costs,
+    grads_outlive_backward,
     rank_units,
     recompute_transient,
 )
@@ -94,9 +95,8 @@ def choose_layer_modes(tables: CostTables, by_mode: Mapping[str, UnitCosts],
         model.Add(slowest >= _int(fixed_time * _SCALE) + sum(time_terms))
         states = sum(u0.params[i] + u0.opt[i] + u0.weight_copies[i] for i in units)
         grads = sum(u0.grads[i] for i in units)
-        grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
         buffers = data_parallel_costs(tables, setting, u0, units, 0.0)[2]
-        fixed = states + (grads if grads_alive else 0.0) + buffers
+        fixed = states + (grads if grads_outlive_backward(setting) else 0.0) + buffers
         act_fixed = sum(u0.act[i] for i in units if not 0 < i <= n_layers) * flight
         room = capacity - fixed - act_fixed - weight_grad
         if room <= 0:

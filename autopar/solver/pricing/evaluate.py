@@ -289,6 +289,14 @@ def _step_tail(tables: CostTables, setting: Setting, u: UnitCosts,
     return exposed + opt_s + cast_s, comm, exposed, buffers, opt_s
 
 
+def grads_outlive_backward(setting: Setting) -> bool:
+    """Are the kept gradients alive while forward runs? With several microbatches (they
+    accumulate) and in DDP's buckets (made once); not otherwise: ``zero_grad()`` drops them
+    and one backward makes them, FSDP2's shards as it frees each unit's whole weights
+    (measured on CPU: tests/test_precision_runtime.py)."""
+    return setting.microbatches > 1 or (setting.zero == 0 and setting.grad_group > 1)
+
+
 def memory_phases(tables: CostTables, setting: Setting, params: float, grads: float,
                   optimizer: float, activations: float, recompute_transient: float,
                   largest: float, trainable_numel: float,
@@ -308,11 +316,10 @@ def memory_phases(tables: CostTables, setting: Setting, params: float, grads: fl
     - During the optimizer step: weights, gradients, states, and the optimizer's scratch
       (one fp32 tensor per trainable weight: foreach AdamW's intermediate).
 
-    Gradients count before the optimizer step only if they outlive it (DDP's buckets,
-    accumulation over microbatches, ZeRO's sharded gradients).
+    Gradients count before the optimizer step only if they outlive it
+    (:func:`grads_outlive_backward`).
     """
-    grads_alive = setting.microbatches > 1 or setting.grad_group > 1 or setting.zero > 0
-    live_grads = grads if grads_alive else 0.0
+    live_grads = grads if grads_outlive_backward(setting) else 0.0
     return {
         "forward_end": MemoryBreakdown(params, live_grads, optimizer, activations, weight_copies),
         "backward_start": MemoryBreakdown(params, live_grads, optimizer, activations,

@@ -128,15 +128,15 @@ class PrecisionTables:
 
     def weight_grad_transient(self, d: Decision, s: Strategy) -> float:
         """Bytes of the gradient backward makes for the trainable parameter ``d`` before it
-        is accumulated into the one kept: the fp32 gradient, and before it the 16-bit one
-        where a 16-bit node read the fp32 weight (measured on CPU beside the kept
+        is accumulated into the one kept: in the parameter's dtype, and before it the 16-bit
+        one where a 16-bit node read the fp32 weight (measured on CPU beside the kept
         gradients: tests/test_precision_runtime.py)."""
         numel = self.trainable_numel(d, s)
         if not numel:
             return 0.0
         low = (BYTES[stored_word(self.options.precision)]
                if d.index in self._low_read_params else 0)
-        return numel * (4 + low)
+        return numel * (BYTES[self.precision.params] + low)
 
     def casts_weights_once(self, d: Decision) -> bool:
         """Does the step cast the fp32 weights 16-bit ``d`` reads once, not per use?"""

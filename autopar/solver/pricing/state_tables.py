@@ -52,7 +52,9 @@ class StateTables:
             zero_stage=self.setting.zero,
             dp=self.setting.shard_group // ep,
             shape=tuple(shape) if shape else None,
-            fp32_params=self.options.master_weights == "params",
+            # FSDP2 keeps fp32 shards (the masters) under ZeRO-3; fp32 gradients everywhere
+            fp32_params=self.precision.params == "fp32" or self.setting.zero == 3,
+            fp32_grads=True,
             offload=self.setting.offload,
         )
 

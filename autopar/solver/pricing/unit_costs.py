@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch.fx as fx
 
+from autopar.analysis.precision import BYTES
 from autopar.core.graph_facts import META_KEY
 from autopar.core.placements import Placement, Replicate, Shard, divisor
 from autopar.core.values import tensor_inputs, value_of
@@ -166,6 +167,14 @@ def unit_costs(tables: CostTables, choice: list[int]) -> UnitCosts:
         setattr(u, name, values.tolist())
     u.largest, u.largest_grad, u.cut_fwd, u.cut_bwd = (
         list(layout[k]) for k in ("largest", "largest_grad", "cut_fwd", "cut_bwd"))
+    setting = tables.setting
+    if setting.zero >= 2 and setting.grad_group > 1:
+        # FSDP2 reduce-scatters a unit's gradients together: the unit's whole gradients in
+        # the parameters' dtype beside their copy in one fp32 input (measured on CPU within
+        # 2%: tests/test_precision_runtime.py)
+        per = BYTES[tables.precision.params] + 4
+        u.largest_grad = [max(g, numel * per) for g, numel in zip(u.largest_grad,
+                                                                   u.trainable_numel)]
     return u
 
 

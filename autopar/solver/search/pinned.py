@@ -74,9 +74,8 @@ class PinnedConfig:
     precision: str = "bf16"
     # node name or module path -> dtype word, over autopar's precision policy
     precision_overrides: tuple[tuple[str, str], ...] = ()
-    # where the fp32 master weights live (autopar.analysis.precision.MASTER_WEIGHTS): "optimizer"
-    # prices 16-bit parameters as Megatron-LM keeps them
-    master_weights: str = "params"
+    # where the fp32 master weights live under ZeRO 1-3: PlanOptions.master_weights
+    master_weights: str = "optimizer"
     # how long a weight's low-precision copy lives: PlanOptions.weight_copies
     weight_copies: str = "step"
     zero: int = 0

@@ -6,6 +6,7 @@ from autopar.passes.checkpoint_layers import CheckpointLayers
 from autopar.passes.chunked_loss import ChunkedLoss
 from autopar.passes.expert_parallel import ExpertParallel
 from autopar.passes.fuse_attention import FuseAttention
+from autopar.passes.hoist_weight_casts import HoistWeightCasts
 from autopar.passes.infra import (
     GraphPass,
     PassContext,
@@ -43,6 +44,7 @@ __all__ = [
     "ExpertParallel",
     "FuseAttention",
     "GraphPass",
+    "HoistWeightCasts",
     "InsertCollectives",
     "LocalizeShapes",
     "MeanLoss",

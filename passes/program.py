@@ -26,6 +26,7 @@ from autopar.passes.checkpoint_layers import CheckpointLayers
 from autopar.passes.chunked_loss import ChunkedLoss
 from autopar.passes.expert_parallel import ExpertParallel
 from autopar.passes.fuse_attention import FuseAttention
+from autopar.passes.hoist_weight_casts import HoistWeightCasts
 from autopar.passes.infra import get_pass
 from autopar.passes.insert_collectives import InsertCollectives
 from autopar.passes.localize_shapes import LocalizeShapes
@@ -76,6 +77,7 @@ PROGRAM: tuple[tuple[type[GraphPass], Callable[[Plan], bool]], ...] = (
     (OutlineLayers, _outlines_layers),
     (OutlineExperts, lambda plan: plan.training.get("zero", 0) == 3
      and plan.mesh.get("ep", 1) > 1),  # FSDP2 shards experts as modules
+    (HoistWeightCasts, lambda plan: plan.training.get("compile", False)),  # one graph a layer
     (CheckpointLayers, _recomputes),
     (PipelineSplit, _pipelined),
 )

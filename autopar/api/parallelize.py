@@ -32,6 +32,7 @@ from autopar.core.placements import Shard
 from autopar.core.plan import Plan
 from autopar.passes import PassContext, PassManager
 from autopar.passes.program import program_for
+from autopar.runtime.compiled import compile_modules
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.experts import expert_parameters
 from autopar.runtime.idle import IdleRank, PartOfWorld
@@ -126,16 +127,22 @@ def parallelize(
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     program, _ = PassManager(program_for(plan, passes, disable_passes)).run(
         local, PassContext(plan, ctx.coords, str(ctx.device)))
+    compiled = plan.training.get("compile", False)  # each layer's forward, before FSDP2
     if plan.mesh.get("pp", 1) > 1:
-        runner = PipelineRunner(program, plan, ctx, wrap=lambda module, units: (
-            wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units, pipelined=True,
-                               param_dtype=param_dtype, offload=offload,
-                               **_experts_of(program, module))))
+        def wrap(module: nn.Module, units: list[nn.Module]) -> nn.Module:
+            if compiled:
+                compile_modules(units, "a pipeline stage's layer")
+            return wrap_data_parallel(module.to(ctx.device), ctx, zero, units=units,
+                                      pipelined=True, param_dtype=param_dtype,
+                                      offload=offload, **_experts_of(program, module))
+        runner = PipelineRunner(program, plan, ctx, wrap=wrap)
         pm = module_class(program, nn.ModuleList(runner.modules), plan, ctx, runner,
                           loss_scale=loss_scale)
     else:
         program.to(ctx.device)
         units = [program.get_submodule(p) for p in program.meta.get("autopar_layer_paths", [])]
+        if compiled:  # the layers, or the whole program when none is outlined
+            compile_modules(units or [program], "a layer" if units else "the program")
         wrapped = wrap_data_parallel(program, ctx, zero, units=units, param_dtype=param_dtype,
                                      offload=offload, **_experts_of(program, program))
         pm = module_class(program, wrapped, plan, ctx, loss_scale=loss_scale)

@@ -108,6 +108,7 @@ def plan(
     fuse_attention: bool = True,
     attention_kernel: str = "generated",
     chunked_loss: bool = True,
+    compile: bool = False,
     batch_coupling: str = "exact",
     memory_fraction: float = 0.9,
     time_limit_s: float = 20.0,

@@ -17,7 +17,7 @@ PLAN_COMMAND_KNOBS = (
     "devices", "microbatch", "microbatches", "schedule", "virtual_stages", "recompute",
     "recompute_layers", "precision", "precision_overrides", "master_weights", "zero", "optimizer",
     "time_limit_s", "max_solves", "extrapolation_margin", "fuse_attention", "chunked_loss",
-    "constraints",
+    "compile", "constraints",
 )
 """The knobs ``plan`` and ``emit`` read from their flags, in the order ``--help`` lists
 them; every one left out is chosen by the solver."""

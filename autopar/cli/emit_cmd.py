@@ -53,6 +53,15 @@ def _never(given: Any, planned: Any) -> bool:
     return False
 
 
+def _master_weights(plan: Plan) -> str:
+    """Where the plan keeps the fp32 masters: 'params' (fp32 parameters under ZeRO 1-2),
+    'optimizer' (16-bit ones), or 'either' (ZeRO-0, ZeRO-3 and fp32 run both alike)."""
+    zero = plan.training["zero"]
+    if zero in (0, 3) or plan.training["precision"] == "fp32":
+        return "either"
+    return "params" if plan.precision_policy.get("params", "fp32") == "fp32" else "optimizer"
+
+
 # Flag dest -> (flag, what the plan chose, whether the flag's value agrees with it). A flag
 # at its default is not checked; one that agrees with the plan changes nothing. A planning
 # flag missing here (added later) is refused whenever it is given.
@@ -92,6 +101,10 @@ _PLAN_FLAGS: dict[str, tuple[str, Callable[[Plan], Any], Callable[[Any, Any], bo
     "chunked_loss": ("--no-chunked-loss",
                      lambda p: f"chunked_loss={p.training.get('chunked_loss', True)}",
                      lambda v, shown: shown == f"chunked_loss={v}"),
+    "compile": ("--compile", lambda p: f"compile={p.training.get('compile', False)}",
+                lambda v, shown: shown == f"compile={v}"),
+    "master_weights": ("--master-weights", _master_weights,
+                       lambda v, shown: shown in (v, "either")),
     "time_limit": ("--time-limit", lambda p: "nothing to solve", _never),
     "max_solves": ("--max-solves", lambda p: "nothing to solve", _never),
 }

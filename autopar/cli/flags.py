@@ -240,8 +240,8 @@ def add_knob(p: argparse.ArgumentParser, name: str, default: Any = TABLE_DEFAULT
     kwargs: dict[str, Any] = {"dest": dest(knob)}
     if knob.kind == "choice":
         kwargs["choices"] = knob.choices
-    elif knob.kind == "switch":
-        kwargs["action"] = "store_false"
+    elif knob.kind == "switch":  # the flag turns the default over
+        kwargs["action"] = "store_false" if knob.default else "store_true"
     else:
         kwargs["type"] = TYPES[knob.kind]
     if knob.kind in _APPENDED:

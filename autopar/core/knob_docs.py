@@ -54,13 +54,13 @@ def values(knob: Knob, python: bool = False) -> str:
 
 def knob_list(names: Iterable[str] | None = None, width: int = 92) -> str:
     """One bullet per knob (``names``, default all), for a docstring: the Python keyword,
-    its default and values, and its help (a switch's help says what ``False`` does)."""
+    its default and values, and its help (a switch's help says what its flag does)."""
     out = []
     for name in names or KNOBS:
         knob = KNOBS[name]
         text = help_text(knob, lambda k: f"``{k.name}``")
         if knob.kind == "switch":
-            head = f"default ``{knob.default!r}``; ``False``, the flag ``{knob.cli}``"
+            head = f"default ``{knob.default!r}``; ``{not knob.default!r}``, the flag ``{knob.cli}``"
         else:
             head = f"default ``{knob.default!r}``; {values(knob, python=True)}"
         out.append(textwrap.fill(f"- ``{knob.name}`` ({head}): {text}", width,

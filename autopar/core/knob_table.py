@@ -176,6 +176,11 @@ _TABLE = (
     Knob("fuse_attention", "keep attention op by op as traced, instead of one generated fused "
          "kernel", "switch", True, check=checks.boolean, flag="--no-fuse-attention",
          json="attention[].fused"),
+    Knob("compile", "run each rank's program through torch.compile (Inductor): each outlined "
+         "layer compiled (torchtitan's per-block compile), or the whole program; a graph it "
+         "cannot compile runs eagerly, the reason logged; priced with fused elementwise "
+         "kernels", "switch", False, check=checks.boolean, flag="--compile",
+         json="training.compile"),
     Knob("chunked_loss", "keep torch's cross-entropy (its [tokens, vocab] log-softmax), "
          "instead of computing it a block of tokens at a time", "switch", True,
          check=checks.boolean, flag="--no-chunked-loss", json="training.chunked_loss"),

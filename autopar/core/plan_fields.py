@@ -142,6 +142,7 @@ PLAN = obj(
                            "re-plan with --zero 0,3"),
             "recompute": one_of((*RECOMPUTE_MODES, "mixed")),
         }, {"chunked_loss": one_of((True, False)),
+            "compile": one_of((True, False)),  # torch.compile (autopar.runtime.compiled)
             "batch_coupling": one_of(BATCH_COUPLING_MODES),
             # with recompute "mixed": each repeated layer's mode, in the order they run
             "recompute_layers": list_of(one_of(RECOMPUTE_MODES)),

@@ -91,6 +91,7 @@ class _StepCast(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
+@torch.compiler.disable  # its table is Python state: run eagerly, before a compiled graph
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``weight`` in ``dtype``: within a step, one copy for the whole step."""
     if weight.dtype == dtype:

@@ -45,6 +45,7 @@ class PlanOptions:
     fuse_attention: bool = True  # autopar.kernels.attention
     attention_kernel: str = "generated"
     chunked_loss: bool = True  # autopar.ops.loss_ops
+    compile: bool = False  # autopar.runtime.compiled
     memory_fraction: float = 0.9
     time_limit_s: float = 20.0
     extrapolation_margin: float | None = None  # autopar.cost_models.ground

@@ -179,6 +179,7 @@ def training_entry(setting: Setting, options: PlanOptions) -> dict:
         **({"recompute_layers": list(setting.layer_recompute)}
            if setting.recompute == "mixed" else {}),
         "chunked_loss": options.chunked_loss,
+        **({"compile": True} if options.compile else {}),
         "batch_coupling": options.batch_coupling,
         **({"offload": setting.offload} if setting.offload != "none" else {}),
         **({"dp_replicate": setting.dp_replicate} if setting.dp_replicate > 1 else {}),

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from autopar.core.graph_facts import META_KEY, NodeFacts
+from autopar.solver.model.problem import Problem
 
 _NOT_FUSED = ("embedding", "index_put", "scatter", "sort", "topk", "nonzero", "unique",
               "multinomial", "bernoulli", "cumsum", "argmax", "argmin")
@@ -153,3 +154,11 @@ def _kernels(gm: fx.GraphModule, ops: set[fx.Node]) -> dict[fx.Node, int]:
             depth = max(depth, barriers[source] + unfused)
         barriers[node] = depth
     return {node: barriers[node] for node in ops}
+
+
+def fuse_elementwise(problem: Problem, gm: fx.GraphModule, on: bool) -> Problem:
+    """``problem`` priced with its elementwise chains fused (a compiled program, ``compile``;
+    ``PinnedConfig.fuse_elementwise``) when ``on``."""
+    if on:
+        problem.fused_elementwise = fused_bytes(gm, skip=problem.fused_attention)
+    return problem

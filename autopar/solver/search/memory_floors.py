@@ -18,6 +18,7 @@ from autopar.solver.axes.context import cp_refusal
 from autopar.solver.model.problem import Problem, build_problem, problem_skeleton
 from autopar.solver.options import PlanOptions
 from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.elementwise_fusion import fuse_elementwise
 from autopar.solver.pricing.evaluate import evaluate
 from autopar.solver.pricing.fusion import Fusion
 from autopar.solver.search.meshes import mesh_shapes, n_layers_of
@@ -55,7 +56,8 @@ def mesh_memory_floors(gm: fx.GraphModule, cluster: Cluster, options: PlanOption
                           cp_algorithm="auto" if cp > 1 else "none",  # attention unpriced
                           cp_layout=options.cp_layout)
         if tp not in problems:
-            problems[tp] = fusion.apply(build_problem(gm, tp, batch, skeleton))
+            problems[tp] = fuse_elementwise(fusion.apply(build_problem(gm, tp, batch, skeleton)),
+                                            gm, options.compile)
         problem = problems[tp]
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
         choice = [

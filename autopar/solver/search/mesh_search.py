@@ -36,6 +36,7 @@ from autopar.solver.model.problem import (
 )
 from autopar.solver.options import PlanOptions
 from autopar.solver.pricing.costs import CostTables
+from autopar.solver.pricing.elementwise_fusion import fuse_elementwise
 from autopar.solver.pricing.fusion import Fusion
 from autopar.solver.search.candidate import Candidate
 from autopar.solver.search.meshes import (
@@ -147,7 +148,8 @@ def _problem_maker(gm: fx.GraphModule, options: PlanOptions, fusion: Fusion, bat
         if key not in problems:
             if not skeleton:
                 skeleton.append(problem_skeleton(gm))
-            problem = fusion.apply(build_problem(gm, tp, batch, skeleton[0]))
+            problem = fuse_elementwise(fusion.apply(build_problem(gm, tp, batch, skeleton[0])),
+                                       gm, options.compile)
             if not splits_batch and tp > 1:
                 forbid_splitting_batch(problem, traced)
             if adjust is not None:

@@ -44,7 +44,7 @@ from autopar.solver.model.problem import (
 )
 from autopar.solver.options import ATTENTION_KERNELS, WEIGHT_COPIES, PlanOptions
 from autopar.solver.pricing.costs import CostTables
-from autopar.solver.pricing.elementwise_fusion import fused_bytes
+from autopar.solver.pricing.elementwise_fusion import fuse_elementwise
 from autopar.solver.pricing.evaluate import Prediction, assemble, evaluate
 from autopar.solver.pricing.fusion import Fusion
 from autopar.solver.pricing.unit_costs import unit_costs
@@ -309,8 +309,7 @@ def _pinned_problem(gm: fx.GraphModule, config: PinnedConfig, traced: int) -> Pr
     problem = build_problem(gm, config.tp, batch_strategies(gm, traced))
     if config.fuse_attention:
         Fusion.of(gm).apply(problem)
-    if config.fuse_elementwise:
-        problem.fused_elementwise = fused_bytes(gm, skip=problem.fused_attention)
+    fuse_elementwise(problem, gm, config.fuse_elementwise)
     problem.tp_overlap = config.tp_overlap
     problem.p2p_overlap = config.p2p_overlap
     if config.tp > 1:

@@ -91,11 +91,14 @@ class _StepCast(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
-@torch.compiler.disable  # its table is Python state: run eagerly, before a compiled graph
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``weight`` in ``dtype``: within a step, one copy for the whole step."""
     if weight.dtype == dtype:
         return weight
+    return _CAST(weight, dtype)
+
+
+def _cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     step = one_weight_copy_per_step
     if not step.active or weight.is_inference():
         return weight.to(dtype)
@@ -103,6 +106,20 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if weight.requires_grad and torch.is_grad_enabled():
         return _StepCast.apply(weight, [copy])
     return copy
+
+
+_CAST = _cast
+
+
+def opaque_to_compile() -> None:
+    """Make torch.compile run the cast eagerly, a graph break (its table is Python state
+    Dynamo cannot trace); called before compiling (:mod:`autopar.runtime.compiled`), not at
+    import: ``torch.compiler.disable`` imports Dynamo, whose threads outlive a process's
+    exit path (a launch that only plans then aborted now and then: "terminate called
+    without an active exception")."""
+    global _CAST
+    if _CAST is _cast:
+        _CAST = torch.compiler.disable(_cast)
 
 
 def _step_cast(step: type[one_weight_copy_per_step], weight: torch.Tensor,

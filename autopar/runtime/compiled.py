@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopar.ops.step_copies import opaque_to_compile
+
 log = logging.getLogger("autopar.compile")
 
 FALLBACK_ATTR = "_autopar_compile_fallback"
@@ -33,6 +35,7 @@ BACKEND = "inductor"
 def compile_modules(modules: Iterable[nn.Module], where: str = "program") -> int:
     """Compile each module's ``forward`` (once: a module already compiled is left); how
     many were compiled."""
+    opaque_to_compile()
     count = 0
     for module in modules:
         if getattr(module, "_autopar_compiled", False):

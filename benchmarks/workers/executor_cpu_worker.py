@@ -1,7 +1,7 @@
 """One process of benchmarks/executor_cpu.py (run under torchrun, gloo, 2 ranks).
 
-For one row it builds autopar's program (``autopar.parallelize`` with the row's mesh pinned)
-and the hand-written native equivalent (DDP, FSDP2 ``fully_shard`` per block,
+For one row it builds autopar's program (``autopar.parallelize`` with the row's mesh pinned),
+eager and compiled (``compile=True``), and the hand-written native equivalent (DDP, FSDP2 ``fully_shard`` per block,
 ``parallelize_module`` tensor parallelism), optionally ``torch.compile``d, from the same
 weights, then times their training steps alternately (forward, backward, AdamW) and writes
 the medians (rank 0) as JSON.
@@ -114,9 +114,11 @@ def main() -> None:
     net, (a, k) = build(args.model, args.layers, args.hidden, args.seq, args.batch)
     mesh = {"dp": {"dp": 2, "tp": 1, "zero": 0}, "zero3": {"dp": 2, "tp": 1, "zero": 3},
             "tp": {"dp": 1, "tp": 2, "tp_splits_batch": False}}[args.row]
-    pm = autopar.parallelize(copy.deepcopy(net), "2xcpu", (a, k), pp=1, recompute="none",
-                             precision="fp32", microbatches=1, **mesh)
-    programs = {"autopar": (pm, *pm.shard_batch(*a, **k))}
+    programs = {}
+    for name, compile in (("autopar", False), ("autopar compiled", True)):
+        pm = autopar.parallelize(copy.deepcopy(net), "2xcpu", (a, k), pp=1, recompute="none",
+                                 precision="fp32", microbatches=1, compile=compile, **mesh)
+        programs[name] = (pm, *pm.shard_batch(*a, **k))
     la, lk = local_batch(args.row, a, k)
     programs["native eager"] = (native(copy.deepcopy(net), args.row, False), la, lk)
     programs["native compiled"] = (native(copy.deepcopy(net), args.row, True), la, lk)
@@ -129,7 +131,7 @@ def main() -> None:
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        if name == "autopar":
+        if name.startswith("autopar"):
             program.train_step(*sa, **sk)
         else:
             find_loss(program(*sa, **sk)).backward()

@@ -74,6 +74,19 @@ def test_pinned_degrees_must_match_the_cluster(capsys) -> None:
     assert "tp x pp x dp x cp = 2 x 1 x 2 x 1 = 4" in err and "8" in err
 
 
+def test_a_layout_megatron_cannot_place_names_the_layout_and_the_way_out(capsys) -> None:
+    """Megatron's layout (every weight matrix split) has no placement for MoE experts at
+    tp2 x ep8: the error says it is the layout, and that the solver's own layout prices it
+    (a bare "INFEASIBLE ... try another --tp" it was)."""
+    args = ["estimate", "mixtral:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,experts=8,"
+            "vocab=256,seq=128", "--cluster", "8x8xH100-80GB", "--tp", "2", "--ep", "8",
+            "--dp", "32", "--precision", "bf16"]
+    assert main([*args, "--layout", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "Megatron-LM's layout" in err and "--layout auto" in err and "tp=2" in err
+    assert main([*args, "--layout", "auto"]) == 0
+
+
 def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:
     out = tmp_path / "p.json"
     assert main(["estimate", "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128,batch=64",

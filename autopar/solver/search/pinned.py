@@ -250,9 +250,14 @@ def estimate_graph(gm: fx.GraphModule, cluster: Cluster, config: PinnedConfig) -
         tables = CostTables(problem, cluster, options, setting, traced, facts.seq_len)
     result = solve(tables, time_limit_s=30.0, enforce_memory=False)
     if result.choice is None:
+        megatron = config.layout == "megatron"
         raise AutoparError(
-            f"no tensor-parallel layout found ({result.status})",
-            where="estimate", fix="try another --tp")
+            f"no tensor-parallel layout at tp={config.tp} ({result.status})"
+            + (": Megatron-LM's layout (every weight matrix split, the residual stream "
+               "whole) places this model's ops inconsistently" if megatron else ""),
+            where="--layout megatron" if megatron else f"--tp {config.tp}",
+            fix="price the solver's own layout (--layout auto), or another --tp" if megatron
+            else "try another --tp (one that divides the heads and the hidden sizes)")
     prediction = evaluate(tables, result.choice)
     if layer_modes:  # each layer's own mode: the layout's units under each, composed
         by_mode = {m: unit_costs(tables if m == base else CostTables(

@@ -48,8 +48,10 @@ LAUNCHES = {
         {"model": "gptmath", "tp": 2, "recompute": "selective", "cluster": FAST},
         # torchtitan's per-op policy under FSDP2, as its Llama 3 8B runs.
         {"model": "llama", "dp": 2, "zero": 3, "recompute": "op"},
-        # compiled layers (torch.compile per outlined layer) under FSDP2's hooks
+        # compiled layers (torch.compile per outlined layer) under FSDP2's hooks, and in
+        # pipeline stages
         {"model": "gpt", "dp": 2, "zero": 3, "compile": True},
+        {"model": "llama", "pp": 2, "microbatches": 2, "compile": True},
         # Recomputation per layer: some layers full, some per-op, some none; and a pipeline
         # whose first stage recomputes and whose second does not.
         {"model": "gpt", "layers": 4, "dp": 2, "zero": 3,

@@ -32,7 +32,7 @@ from autopar.core.placements import Shard
 from autopar.core.plan import Plan
 from autopar.passes import PassContext, PassManager
 from autopar.passes.program import program_for
-from autopar.runtime.compiled import compile_modules
+from autopar.runtime.compiled import compile_modules, compiles
 from autopar.runtime.data_parallel import wrap_data_parallel
 from autopar.runtime.experts import expert_parameters
 from autopar.runtime.idle import IdleRank, PartOfWorld
@@ -127,7 +127,7 @@ def parallelize(
     param_dtype = TORCH_DTYPES[plan.precision_policy.get("params", "fp32")]
     program, _ = PassManager(program_for(plan, passes, disable_passes)).run(
         local, PassContext(plan, ctx.coords, str(ctx.device)))
-    compiled = plan.training.get("compile", False)  # each layer's forward, before FSDP2
+    compiled = compiles(plan)  # each layer's forward, before FSDP2 wraps it
     if plan.mesh.get("pp", 1) > 1:
         def wrap(module: nn.Module, units: list[nn.Module]) -> nn.Module:
             if compiled:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autopar.core.plan import Plan
 from autopar.ops.step_copies import opaque_to_compile
 
 log = logging.getLogger("autopar.compile")
@@ -30,6 +31,21 @@ FALLBACK_ATTR = "_autopar_compile_fallback"
 
 BACKEND = "inductor"
 """The ``torch.compile`` backend (a test replaces it with one that fails)."""
+
+
+def compiles(plan: Plan) -> bool:
+    """Does the plan's program run compiled? It asks for it (``training.compile``), and its
+    layout is one checked exact compiled: not yet recomputed layers under tensor or expert
+    parallelism (their recomputation's collectives came out of step across ranks on CPU:
+    a gloo size mismatch), which run eagerly, said in the log."""
+    if not plan.training.get("compile", False):
+        return False
+    sharded = plan.mesh.get("tp", 1) > 1 or plan.mesh.get("ep", 1) > 1
+    if sharded and plan.training.get("recompute", "none") != "none":
+        log.warning("autopar: compile=True, but recomputed layers under tensor or expert "
+                    "parallelism run eagerly (not yet exact compiled)")
+        return False
+    return True
 
 
 def compile_modules(modules: Iterable[nn.Module], where: str = "program") -> int:

@@ -19,13 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fidelity_measured import free_port  # noqa: E402
+
 WORKER = ROOT / "benchmarks" / "workers" / "executor_cpu_worker.py"
 ROWS = {  # name: (worker row, model, label)
     "dp-gpt": ("dp", "gpt", "GPT, dp2 (DDP)"),
@@ -35,18 +37,12 @@ ROWS = {  # name: (worker row, model, label)
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_row(name: str, extra: list[str]) -> dict:
     row, model, _ = ROWS[name]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-               f"--master-port={_port()}", str(WORKER), "--row", row, "--model", model,
+               f"--master-port={free_port()}", str(WORKER), "--row", row, "--model", model,
                "--out", str(out), *extra]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)

@@ -192,6 +192,13 @@ def params_word(compute: str, zero: int, master_weights: str = "optimizer") -> s
     return stored_word(compute)
 
 
+def params_are_masters(params: str, zero: int) -> bool:
+    """Are the stored parameters the fp32 masters themselves? Where the program reads them
+    in fp32 (``params`` is :func:`params_word`'s), and under ZeRO-3, whose fp32 shards FSDP2
+    keeps (it gathers 16-bit copies): then no separate master copy is counted."""
+    return params == "fp32" or zero == 3
+
+
 def assign_precision(gm: fx.GraphModule, compute: str,
                      overrides: Mapping[str, str] | None = None,
                      params: str = "fp32",

@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from autopar.analysis.precision import params_word
+from autopar.analysis.precision import params_are_masters, params_word
 from autopar.api.planning import resolve_precision
 from autopar.cli.arguments import EXIT_DOES_NOT_FIT
 from autopar.cli.load import TracedModel, trace_model
@@ -195,7 +195,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         word = params_word(config.precision, config.zero, config.master_weights)
         s = model_state_bytes(n / args.tp, trainable=True, precision=config.precision,
                               optimizer=config.optimizer, zero_stage=config.zero, dp=dp,
-                              fp32_params=word == "fp32" or config.zero == 3, fp32_grads=True)
+                              fp32_params=params_are_masters(word, config.zero),
+                              fp32_grads=True)
         lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,
                 "param_bytes": s.params, "grad_bytes": s.grads, "optimizer_bytes": s.optimizer}
     result = report(est, traced, cluster.name, lora)

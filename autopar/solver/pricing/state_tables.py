@@ -11,7 +11,7 @@ from functools import cached_property
 
 import torch
 
-from autopar.analysis.precision import BYTES
+from autopar.analysis.precision import BYTES, params_are_masters
 from autopar.core.placements import Shard, divisor
 from autopar.cost_models.memory import StateBytes, model_state_bytes
 from autopar.solver.model.problem import Decision
@@ -52,9 +52,8 @@ class StateTables:
             zero_stage=self.setting.zero,
             dp=self.setting.shard_group // ep,
             shape=tuple(shape) if shape else None,
-            # FSDP2 keeps fp32 shards (the masters) under ZeRO-3; fp32 gradients everywhere
-            fp32_params=self.precision.params == "fp32" or self.setting.zero == 3,
-            fp32_grads=True,
+            fp32_params=params_are_masters(self.precision.params, self.setting.zero),
+            fp32_grads=True,  # DDP's and FSDP2's (reduce_dtype) gradients are fp32
             offload=self.setting.offload,
         )
 

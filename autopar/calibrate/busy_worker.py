@@ -25,6 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from autopar.runtime.teardown import leave
+
 MESSAGE_BYTES = 16 * 2**10
 WORK_MS = (2.0, 5.0)
 """Compute per iteration: about a layer's forward or backward on the CPUs autopar plans for."""
@@ -108,8 +110,10 @@ def main() -> None:
         if rank == 0:
             with open(args.out, "w", encoding="utf-8") as f:
                 json.dump({"world_size": world, "points": points}, f)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave()  # not through the interpreter's teardown (autopar.runtime.teardown)
 
 
 if __name__ == "__main__":

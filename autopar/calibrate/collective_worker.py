@@ -25,6 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from autopar.runtime.teardown import leave
+
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -106,8 +108,10 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(args.out, "w", encoding="utf-8") as f:
                 json.dump({"world_size": world, "backend": dist.get_backend(), "points": points}, f)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave()  # not through the interpreter's teardown (autopar.runtime.teardown)
 
 
 if __name__ == "__main__":

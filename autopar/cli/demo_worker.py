@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from autopar.api.parallelize import parallelize
 from autopar.cli.demo_data import demo_batches, demo_model
+from autopar.runtime.teardown import leave
 
 
 def main() -> None:
@@ -50,8 +51,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "step_s": step_s, "setup_s": setup_s,
                        "plan": pm.plan.to_dict()}, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -24,6 +24,7 @@ from equivalence import build, cluster_for  # noqa: E402
 from grad_check import make_optimizer  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.runtime.teardown import leave
 
 MODEL_KEYS = ("model", "layers", "tied", "cluster")
 
@@ -58,14 +59,8 @@ def main() -> int:
     record = {"step": first, "losses": losses, "mesh": pm.plan.mesh,
               "zero": pm.plan.training["zero"]}
     Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(record))
-    if dist.is_initialized():
-        # every rank done before any tears its groups down: a rank that exits while its
-        # peer still finishes may leave gloo work behind (one SIGABRT, "terminate called
-        # without an active exception", in CI on 2026-11-27)
-        dist.barrier()
-        dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main(), barrier=True)  # every rank done before any tears its groups down

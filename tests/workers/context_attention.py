@@ -68,4 +68,4 @@ def run_case(case: dict) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_cases(run_case))
+    serve_cases(run_case)

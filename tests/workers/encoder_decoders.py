@@ -26,6 +26,7 @@ from equivalence import cluster_for  # noqa: E402
 from grad_check import compare, train_parallel, train_reference  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.runtime.teardown import leave
 
 FAST = str(Path(__file__).resolve().parents[1] / "clusters" / "cpu-fast-links.yaml")
 
@@ -98,10 +99,8 @@ def main() -> int:
     records = [run_case(json.loads(arg)) for arg in sys.argv[1:]]
     rank = dist.get_rank() if dist.is_initialized() else 0
     Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(records))
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from grad_check import compare, train_parallel, train_reference  # noqa: E402
 from reuse import Traces, shared_model  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.runtime.teardown import leave
 from tests.strict_warnings import raise_on_autopar_deprecations  # noqa: E402
 
 raise_on_autopar_deprecations()  # autopar uses current torch APIs only
@@ -223,10 +225,10 @@ def _layer_span(pm) -> list[int]:
     return [min(a for a, _ in mine), max(b for _, b in mine)]
 
 
-def serve_cases(run_case) -> int:
+def serve_cases(run_case) -> NoReturn:
     """Run each ``--case`` (a JSON object) with ``run_case`` on this rank, write the records
-    to ``$AUTOPAR_TEST_OUT/rank{r}.json`` (also when a case raises), print them; exit status
-    0 when every case is ok. Shared by the workers that check training case by case."""
+    to ``$AUTOPAR_TEST_OUT/rank{r}.json`` (also when a case raises), print them; leave
+    (:func:`autopar.runtime.teardown.leave`) with status 0 when every case is ok. Shared by the workers that check training case by case."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", action="append", required=True, help="JSON object")
     cases = [json.loads(c) for c in ap.parse_args().case]
@@ -243,15 +245,9 @@ def serve_cases(run_case) -> int:
             if out_dir:
                 Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
     print(json.dumps(records), flush=True)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0 if all(r["ok"] for r in records) else 1
-
-
-def main() -> int:
-    Traces()  # every case of the launch shares each model's trace
-    return serve_cases(run_case)
+    leave(0 if all(r["ok"] for r in records) else 1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    Traces()  # every case of the launch shares each model's trace
+    serve_cases(run_case)

@@ -92,9 +92,5 @@ def run_case(case: dict) -> dict:
             "problems": problems}
 
 
-def main() -> int:
-    return serve_cases(run_case)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    serve_cases(run_case)

@@ -49,6 +49,7 @@ import autopar.api.parallelize as parallelize_module  # noqa: E402
 from autopar.core.errors import AutoparError  # noqa: E402
 from autopar.core.plan import Plan  # noqa: E402
 from autopar.runtime.idle import IdleRank  # noqa: E402
+from autopar.runtime.teardown import leave  # noqa: E402
 from autopar.solver.model import cpsat  # noqa: E402
 from tests import hand_models, hf_zoo  # noqa: E402
 
@@ -241,9 +242,8 @@ def main() -> int:
             print(json.dumps({k: record.get(k) for k in ("arch", "layout", "status", "wall_s")}),
                   flush=True)
         traces.clear()
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

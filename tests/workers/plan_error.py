@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import torch.distributed as dist
 import autopar
 from autopar.core.errors import AutoparError
 from autopar.models import GPT, GPTConfig
+from autopar.runtime.teardown import leave
 
 
 def main() -> None:
@@ -38,15 +38,8 @@ def main() -> None:
         record = {"class": f"unexpected {type(e).__name__}", "what": str(e)}
     out = Path(os.environ["AUTOPAR_TEST_OUT"])
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
-    dist.barrier()  # no rank tears its connections down while another still reads
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
-    # The rank that only traced aborted at interpreter exit now and then, after all of the
-    # above ("terminate called without an active exception": a C++ thread torch leaves
-    # joinable; seen before this test's subject ran too, 2 of 12 launches): what this test
-    # checks is done, so leave without the interpreter's teardown.
-    sys.stdout.flush()
-    os._exit(0)
+    leave(barrier=True)  # no rank tears its connections down while another still reads

@@ -149,4 +149,4 @@ def _counts(words: dict[str, str]) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_cases(run_case))
+    serve_cases(run_case)

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 import autopar
 from autopar.models import GPT, GPTConfig
+from autopar.runtime.teardown import leave
 
 STEPS = 5
 
@@ -59,9 +59,8 @@ def main() -> int:
     out = Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}-attempt{attempt}.json")
     out.write_text(json.dumps({"attempt": attempt, "resumed_from": resumed_from,
                                "losses": losses}))
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -156,6 +156,21 @@ def test_every_node_has_facts_matching_fake_values(traced: Traced) -> None:
     assert checked > 50
 
 
+def test_a_graph_traced_to_run_only_has_the_same_facts_less_its_costs() -> None:
+    """``costs=False`` (parallelize's traces on ranks that do not plan): every fact a pass
+    or the plan check reads is the same; only the planner's op costs are left out."""
+    t = traced_model("gpt")
+    bare = autopar.trace(t.model, t.args, costs=False)
+    assert graph_facts(bare).fingerprint == graph_facts(t.gm).fingerprint
+    pairs = list(zip(bare.graph.nodes, t.gm.graph.nodes, strict=True))
+    assert not any(facts(b).fwd_flops or facts(b).saved_inputs for b, _ in pairs)
+    keep = ("name", "shapes", "dtypes", "params", "is_view", "requires_grad", "bytes_read",
+            "module_path")
+    for b, full in pairs:
+        assert all(getattr(facts(b), k) == getattr(facts(full), k) for k in keep), b.name
+    assert any(facts(full).fwd_flops for _, full in pairs)
+
+
 def test_linear_flops_are_2mnk(traced: Traced) -> None:
     linear, addmm = torch.ops.aten.linear.default, torch.ops.aten.addmm.default
     seen = both_grad = 0

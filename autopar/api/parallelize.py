@@ -106,7 +106,9 @@ def parallelize(
         plan.check_cluster(cluster)
         if _launched() != plan.world_size:  # a plan on fewer devices may run on just those
             check_world_size(cluster.world_size, f"the cluster {cluster.name!r}")
-    gm = trace(model, example_inputs, agree=same_graph_as_rank0)
+    # op costs only where a plan is made (rank 0); the others only run the graph
+    planning_here = plan is None and (not dist.is_initialized() or dist.get_rank() == 0)
+    gm = trace(model, example_inputs, agree=same_graph_as_rank0, costs=planning_here)
     if plan is None:
         plan = _plan_on_rank0(gm, cluster, dp=dp, tp=tp, pp=pp, model_name=type(model).__name__,
                               **plan_options)
@@ -233,7 +235,7 @@ def _microbatch_graph(model: nn.Module, example_inputs: Any, plan: Plan,
     # Named as in the planned graph (a model may trace differently at another batch size),
     # computing with its numbers where the batch size entered arithmetic.
     local = rename_like(trace(model, microbatch_inputs(example_inputs, traced, microbatch),
-                              agree=same_graph_as_rank0), gm)
+                              agree=same_graph_as_rank0, costs=False), gm)
     restore_batch_constants(local, gm)
     check_batch_split(local, gm, plan, traced // microbatch)
     return local

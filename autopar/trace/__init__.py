@@ -30,15 +30,16 @@ __all__ = ["TensorSpec", "trace"]
 
 
 def trace(model: nn.Module, example_inputs: Any = None, *,
-          agree: Callable[[torch.fx.GraphModule], torch.fx.GraphModule] | None = None
-          ) -> torch.fx.GraphModule:
+          agree: Callable[[torch.fx.GraphModule], torch.fx.GraphModule] | None = None,
+          costs: bool = True) -> torch.fx.GraphModule:
     """Trace ``model`` called with ``example_inputs`` into an annotated GraphModule.
 
     ``example_inputs``: a tensor, a tuple of positional inputs, a dict of keyword inputs,
     or ``(args, kwargs)``; any input may be a :class:`TensorSpec` (shape and dtype only),
     which is traced as a meta tensor. Build large models under ``torch.device("meta")``.
     ``agree``: given the exported graph, returns the one to annotate (``parallelize`` makes
-    every rank's graph rank 0's).
+    every rank's graph rank 0's). ``costs=False`` leaves each op's FLOPs and saved
+    tensors unmeasured (zero): a graph that is only run, not planned, needs none of them.
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"autopar traces an nn.Module, got {type(model).__name__}",
@@ -49,7 +50,7 @@ def trace(model: nn.Module, example_inputs: Any = None, *,
         gm, tracer = export_model(model, args, kwargs)
         if agree is not None:
             gm = agree(gm)
-        annotate(gm)
+        annotate(gm, costs=costs)
         blocks = assign_blocks(gm)
         gm.meta[META_KEY] = _graph_facts(gm, model, tracer, blocks)
     return gm

@@ -128,20 +128,21 @@ def _output_requires_grad(node: fx.Node, input_grads: list[bool],
     return any(input_grads)
 
 
-def annotate(gm: fx.GraphModule) -> None:
+def annotate(gm: fx.GraphModule, *, costs: bool = True) -> None:
     """Fill ``node.meta["autopar"]`` for every node of ``gm``; data-dependent row counts
-    at their expected values (:mod:`autopar.trace.expected_rows`)."""
+    at their expected values (:mod:`autopar.trace.expected_rows`). ``costs``: measure each
+    op's FLOPs and saved tensors (the planner's inputs; a third of a trace's time)."""
     token = EXPECTED.set(expected_sizes(gm))
     try:
-        _annotate(gm)
+        _annotate(gm, costs)
     finally:
         EXPECTED.reset(token)
 
 
-def _annotate(gm: fx.GraphModule) -> None:
+def _annotate(gm: fx.GraphModule, costs: bool) -> None:
     # each node's tensors, flattened once (inputs are read again by every consumer)
     outs_of = {n: tensor_vals(n) for n in gm.graph.nodes}
-    fake_mode = detect_fake_mode([t for ts in outs_of.values() for t in ts])
+    fake_mode = detect_fake_mode([t for ts in outs_of.values() for t in ts]) if costs else None
     meter = OpCostMeter(fake_mode, gm) if fake_mode is not None else None
     requires_grad: dict[fx.Node, bool] = {}
 

@@ -1,11 +1,13 @@
 """One process of tests/test_checkpoint.py (under torchrun): train, save, load, continue.
 
-    --case '{"model": "gpt", "dp": 2}' --dir CKPT --steps 2 [--load] [--save]
+    --phase '{"case": {"model": "gpt", "dp": 2}, "dir": CKPT, "save": true}' \
+    --phase '{"case": {"model": "gpt", "tp": 2}, "dir": CKPT, "load": true}'
 
-plans the case on the launched ranks, loads ``--dir`` first when ``--load`` (resharding to
-this plan), trains ``--steps`` AdamW steps on the fixed batch, saves to ``--dir`` when
-``--save``, and writes ``{"step": first step, "losses": [...]}`` to
-``$AUTOPAR_TEST_OUT/rank{r}.json``.
+Each phase, in order, in the same processes (one launch's imports for all of them): plans
+its case on the launched ranks, loads ``dir`` first when ``load`` (resharding to this
+plan), trains ``steps`` (2) AdamW steps on the fixed batch, and saves to ``dir`` (or
+``save_dir``) when ``save``. ``$AUTOPAR_TEST_OUT/rank{r}.json`` gets one record a phase:
+``{"step": first step, "losses": [...], "mesh", "zero"}``.
 """
 
 from __future__ import annotations
@@ -24,41 +26,42 @@ from equivalence import build, cluster_for  # noqa: E402
 from grad_check import make_optimizer  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.runtime.teardown import leave
+from autopar.runtime.teardown import leave  # noqa: E402
 
 MODEL_KEYS = ("model", "layers", "tied", "cluster")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", required=True)
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--load", action="store_true")
-    ap.add_argument("--save", action="store_true")
-    args = ap.parse_args()
-    case = json.loads(args.case)
+def run_phase(phase: dict) -> dict:
+    case = phase["case"]
     model, (a, k) = build(case["model"], case.get("layers", 2), case.get("tied"))
     options = {key: v for key, v in case.items() if key not in MODEL_KEYS}
     options.setdefault("recompute", ("none",))
     world = int(os.environ.get("WORLD_SIZE", 1))
     pm = autopar.parallelize(model, cluster_for(case.get("cluster"), world), (a, k), **options)
     opt = make_optimizer(pm.parameters(), "adamw")
-    step = autopar.load_checkpoint(args.dir, pm, opt) if args.load else 0
+    step = autopar.load_checkpoint(phase["dir"], pm, opt) if phase.get("load") else 0
     first = step
     la, lk = pm.shard_batch(*a, **k)
     losses = []
-    for _ in range(args.steps):
+    for _ in range(phase.get("steps", 2)):
         opt.zero_grad()
         losses.append(pm.train_step(*la, **lk).item())
         opt.step()
         step += 1
-    if args.save:
-        autopar.save_checkpoint(args.dir, pm, opt, step=step)
+    if phase.get("save"):
+        autopar.save_checkpoint(phase.get("save_dir", phase["dir"]), pm, opt, step=step)
+    if dist.is_initialized():
+        dist.barrier()  # the next phase may read what this one wrote
+    return {"step": first, "losses": losses, "mesh": pm.plan.mesh,
+            "zero": pm.plan.training["zero"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phase", action="append", required=True, type=json.loads)
+    records = [run_phase(phase) for phase in ap.parse_args().phase]
     rank = dist.get_rank() if dist.is_initialized() else 0
-    record = {"step": first, "losses": losses, "mesh": pm.plan.mesh,
-              "zero": pm.plan.training["zero"]}
-    Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(record))
+    Path(os.environ["AUTOPAR_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(records))
     return 0
 
 

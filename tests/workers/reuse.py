@@ -41,7 +41,7 @@ class Traces:
     """Every trace of this process, made once (installed as ``parallelize``'s ``trace``)."""
 
     def __init__(self) -> None:
-        self.made: dict[tuple, fx.GraphModule] = {}
+        self.made: dict[tuple, tuple[fx.GraphModule, bool]] = {}
         self.real = parallelize_module.trace
         parallelize_module.trace = self
 
@@ -49,11 +49,13 @@ class Traces:
         return copy_traced(self.first(model, example_inputs, **kwargs))
 
     def first(self, model, example_inputs, **kwargs) -> fx.GraphModule:
-        """The trace itself (every name of a tied weight still on it), made once."""
+        """The trace itself (every name of a tied weight still on it), made once (again
+        where op costs are asked for and the kept one was traced without them)."""
         key = (id(model), _shapes(example_inputs))
-        if key not in self.made:
-            self.made[key] = self.real(model, example_inputs, **kwargs)
-        return self.made[key]
+        costs = kwargs.get("costs", True)
+        if key not in self.made or costs and not self.made[key][1]:
+            self.made[key] = (self.real(model, example_inputs, **kwargs), costs)
+        return self.made[key][0]
 
     def clear(self) -> None:
         self.made.clear()

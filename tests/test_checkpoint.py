@@ -135,6 +135,21 @@ def test_resume_in_one_process_continues_the_run(tmp_path: Path) -> None:
     assert first != rest
 
 
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_an_export_is_an_ordinary_file_as_the_umask_allows(tmp_path: Path, suffix: str) -> None:
+    """Readable by the group and others where the umask allows (safetensors writes 0600)."""
+    from autopar.runtime.weights import export_checkpoint
+
+    pm, opt, _ = _one_process()
+    autopar.save_checkpoint(tmp_path / "c", pm, opt, step=1)
+    mask = os.umask(0o022)
+    try:
+        out = export_checkpoint(tmp_path / "c", tmp_path / f"model{suffix}")
+    finally:
+        os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o644
+
+
 def test_checkpoint_of_another_model_is_refused_listing_differences(tmp_path: Path) -> None:
     pm, opt, _ = _one_process(layers=2)
     autopar.save_checkpoint(tmp_path / "c", pm, opt, step=1)

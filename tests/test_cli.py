@@ -28,6 +28,15 @@ def test_plan_prints_summary_and_writes_json(tmp_path, capsys) -> None:
     assert plan.predicted["label"] == "modelled"
 
 
+def test_version_prints_the_package_version(capsys) -> None:
+    import autopar
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"autopar {autopar.__version__}"
+
+
 def test_plan_with_pinned_tp_shows_sharded_layers(capsys) -> None:
     assert main(["plan", SMALL, "--cluster", FAST, "--dp", "2", "--tp", "2"]) == 0
     text = capsys.readouterr().out

@@ -23,12 +23,14 @@ import sys
 
 from autopar.cli.arguments import COMMANDS, command
 from autopar.core.errors import AutoparError
+from autopar.core.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its flags (:mod:`autopar.cli.arguments`); the commands' modules,
     and torch with them, load only when one runs (:func:`_run`)."""
     parser = argparse.ArgumentParser(prog="autopar", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, summary, description, add_arguments in COMMANDS:
         add_arguments(command(sub, name, summary, description))

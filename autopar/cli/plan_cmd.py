@@ -46,4 +46,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
         path = write_report(result, args.html)
         print(f"report written to {path}")
-    return 0
+    # Ctrl-C: the best plan so far is printed and written, and the status says it was cut
+    # short (as Ctrl-C anywhere else in the command line: 130)
+    return 130 if result.solver.get("interrupted") else 0

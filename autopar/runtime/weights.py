@@ -62,7 +62,15 @@ def export_checkpoint(path: str | os.PathLike[str], out: str | os.PathLike[str])
                   metadata={"format": "pt"})
     else:
         torch.save(weights, out)
+    _as_umask_allows(out)
     return out
+
+
+def _as_umask_allows(path: Path) -> None:
+    """Permissions as an ordinary new file gets them (safetensors writes 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
 
 
 def load_weights_file(path: Path, pm: nn.Module) -> None:

@@ -57,28 +57,25 @@ def test_a_checkpoint_resumes_under_other_layouts_and_four_ranks(name: str, tmp_
     strictly into an unwrapped HF Llama with step 5's loss."""
     ref = reference_losses(name, 5)
     ckpt, again = tmp_path / "ckpt", tmp_path / "ckpt-4-ranks"
-    save = {"dir": ckpt, "save": True}
-    if name == "llama":
-        save["case"] = {"model": name, "dp": 4, "zero": 3, "dp_replicate": 2}
-    else:
-        save["case"] = {"model": name, "dp": 2}
+    saved_on = ({"model": name, "dp": 4, "zero": 3, "dp_replicate": 2} if name == "llama"
+                else {"model": name, "dp": 2})
     resumes = {
         "tp2": (2, {"model": name, "tp": 2, "cluster": FAST}),
         "pp2": (2, {"model": name, "pp": 2, "microbatches": 2}),
         **({"dp2": (2, {"model": name, "dp": 2})} if name == "llama" else {}),
         "4 ranks": (4, {"model": name, "dp": 2, "tp": 2, "zero": 3, "cluster": FAST}),
     }
-    # Two launches, one of 2 ranks and one of 4: the save runs first in its own size's.
-    launches: dict[int, list[tuple[str, dict]]] = {2: [], 4: []}
-    launches[4 if name == "llama" else 2].append(("save", save))
+    # Two launches, one of 2 ranks and one of 4; the save's launch (of its size) goes first.
+    launches = {4 if name == "llama" else 2: [("save", {"case": saved_on, "dir": ckpt,
+                                                        "save": True})]}
     for label, (nproc, case) in resumes.items():
         phase = {"case": case, "dir": ckpt, "load": True}
         if label == "4 ranks" and name == "llama":  # saves again, for the export below
             phase.update(save=True, save_dir=again)
-        launches[nproc].append((label, phase))
+        launches.setdefault(nproc, []).append((label, phase))
     ran: dict[str, list[dict]] = {}
-    for nproc in sorted(launches, key=lambda n: launches[n][0][0] != "save"):
-        labels, phases = zip(*launches[nproc])
+    for nproc, named in launches.items():
+        labels, phases = zip(*named)
         ran.update(zip(labels, launch(nproc, list(phases), tmp_path / f"{nproc}-ranks")))
     if name == "gpt":
         assert all(r["mesh"]["dp"] == 2 for r in ran["save"])

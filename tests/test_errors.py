@@ -420,8 +420,7 @@ def test_pinned_degrees_that_match_no_mesh(capsys: pytest.CaptureFixture[str]) -
         autopar.plan(tiny_gpt(), "2xcpu", token_batch(), dp=3)
     err = info.value
     assert_well_formed(err)
-    assert "dp=3" in err.what and "2 devices" in err.what
-    assert "dp" in err.where and "tp" in err.where
+    assert err.where == "dp"  # the pin that fails, not every degree
     assert "dp x tp" in err.fix
     err_text = run_cli(["plan", TINY_SPEC, "--cluster", "2xcpu", "--dp", "3"], capsys)
     assert "dp=3" in err_text

@@ -182,3 +182,18 @@ def test_a_training_step_serves_only_the_loss_to_its_caller() -> None:
               if any(use.consumer < 0 for use in info.uses)]
     groups = skeleton.groups
     assert served and all(groups[d][0].meta["val"].ndim == 0 for d, _ in served)
+
+
+def test_seq_without_a_global_batch_keeps_the_tokens_a_step(tmp_path, capsys) -> None:
+    """``--seq 256`` on gpt2 (512 x 1,024 a step) is 2,048 sequences of 256, not 512: the
+    tokens a step stay, and the output says so."""
+    from autopar.models import resolve_model
+
+    spec = resolve_model("gpt2")
+    out = tmp_path / "e.json"
+    main(["estimate", "gpt2", "--cluster", "8xH100-80GB", "--zero", "3", "--seq", "256",
+          "--json", str(out)])
+    a = json.loads(out.read_text())["assumptions"]
+    assert a["seq"] == 256
+    assert a["global_batch"] * 256 == spec.default_batch * spec.default_seq
+    assert "keeping gpt2's" in capsys.readouterr().out

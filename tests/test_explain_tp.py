@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autopar
-from autopar.cli.summary import format_plan
+from autopar.core.plan_summary import format_plan
 from autopar.models import GPT, GPTConfig
 from autopar.solver.options import PlanOptions
 from tests.distributed import FAST

@@ -12,9 +12,9 @@ import torch
 
 import autopar
 from autopar.api.planning import device_counts
-from autopar.cli.summary import format_plan
 from autopar.core.errors import AutoparError, PlanError
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_plan
 from autopar.models import GPT, GPTConfig
 from tests.distributed import FAST, ROOT, run_cases
 

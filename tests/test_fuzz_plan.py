@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 import autopar
 from autopar.cli.emit_cmd import rank_coords
 from autopar.cli.load import trace_model
-from autopar.cli.summary import format_plan
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
 from autopar.core.plan_schema import CROSS_FIELD_RULES
+from autopar.core.plan_summary import format_plan
 from tests.fuzzing import FUZZ
 
 pytestmark = pytest.mark.slow

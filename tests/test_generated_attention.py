@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import autopar
-from autopar.cli.summary import format_attention
 from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_attention
 from autopar.models import resolve_model
 from autopar.solver.search.pinned import PinnedConfig, estimate_graph
 from autopar.trace import trace

@@ -90,8 +90,8 @@ def test_evidence_round_trips_through_the_file(tmp_path) -> None:
 
 def test_plans_label_every_scheme_in_json_and_text() -> None:
     from autopar import plan
-    from autopar.cli.summary import format_plan
     from autopar.core.plan import Plan
+    from autopar.core.plan_summary import format_plan
     from autopar.models import resolve_model
     from autopar.trace import trace
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import autopar
-from autopar.cli.summary import format_plan
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_plan
 from autopar.models import GPT, GPTConfig
 
 

@@ -9,10 +9,10 @@ import pytest
 
 import autopar
 from autopar.cli.load import trace_model
-from autopar.cli.summary import format_plan
 from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError, PlanError
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_plan
 from autopar.solver.model.layer_recompute import compose_units
 from autopar.solver.options import PlanOptions
 from autopar.solver.pricing.costs import CostTables

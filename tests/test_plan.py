@@ -276,7 +276,7 @@ def test_a_graph_traced_on_one_sequence_is_planned_at_microbatch_one() -> None:
 def test_a_spent_solve_budget_is_stated_in_the_plan() -> None:
     """Past ``max_solves`` CP-SAT solves, settings are priced only with layouts solved before,
     and the plan (and its summary) says the search stopped there: never a silent best."""
-    from autopar.cli.summary import format_plan
+    from autopar.core.plan_summary import format_plan
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=96, n_layer=2, n_head=4, n_embd=32))

@@ -88,7 +88,7 @@ def test_a_cluster_file_sets_the_spread_and_a_bad_one_is_refused_by_name(tmp_pat
 
 def test_the_plan_says_how_long_it_waits_for_the_slowest_chip(llama):
     import autopar
-    from autopar.cli.summary import format_plan
+    from autopar.core.plan_summary import format_plan
 
     many = format_plan(autopar.plan(llama, "8xH100-80GB", global_batch=16, dp=8, tp=1, pp=1),
                        "llama")

@@ -37,6 +37,7 @@ from autopar.core.knobs import (
 )
 from autopar.core.plan import Plan
 from autopar.core.plugins import discover as discover_plugins
+from autopar.core.units import format_seconds
 from autopar.cost_models.matmul_efficiency import best_efficiency
 from autopar.models.spec import SPEC_LIMITS
 from autopar.solver.explain.to_plan import make_plan
@@ -49,8 +50,11 @@ from autopar.trace import trace
 
 
 def default_precision(cluster: Cluster) -> str:
-    """bf16 mixed precision on accelerators, fp32 on CPU (gloo) clusters."""
-    return "fp32" if cluster.backend == "gloo" else "bf16"
+    """bf16 mixed precision on accelerators that run it, fp32 on CPU (gloo) clusters and on
+    those that do not (a V100: fp16 changes training numerics, so it is asked for by name)."""
+    if cluster.backend == "gloo":
+        return "fp32"
+    return "bf16" if "bf16" in cluster.device.peak_flops else "fp32"
 
 
 def resolve_precision(precision: str | None, cluster: Cluster) -> str:
@@ -326,17 +330,17 @@ def devices_why(used: int, total: int, pinned: bool, tried: list[dict[str, Any]]
         if other is None:
             vs = f"no plan fits all {total}"
         elif mine < other * (1 - 1e-9):
-            vs = (f"{other * 1e3:.3g} ms with all {total} (modelled; the communication more "
+            vs = (f"{format_seconds(other)} with all {total} (modelled; the communication more "
                   "devices need costs more than it saves)")
         else:
             vs = f"no faster with all {total} (modelled)"
-        return (f"uses {used} of {total} devices: predicted step {mine * 1e3:.3g} ms, {vs}; "
+        return (f"uses {used} of {total} devices: predicted step {format_seconds(mine)}, {vs}; "
                 f"ranks {used} and up idle (or launch {used} process{'es' if used > 1 else ''}"
                 " with this plan)")
     best_other = min(others, key=lambda t: t["step_time_s"], default=None)
-    tail = (f" vs {best_other['step_time_s'] * 1e3:.3g} ms with {best_other['devices']} "
-            "(modelled)" if best_other else "")
-    return f"uses all {total} devices: predicted step {mine * 1e3:.3g} ms{tail}"
+    tail = (f" vs {format_seconds(best_other['step_time_s'])} with {best_other['devices']}"
+            if best_other else "")
+    return f"uses all {total} devices: predicted step {format_seconds(mine)}{tail} (modelled)"
 
 
 def check_batch_size(batch: int) -> None:

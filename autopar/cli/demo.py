@@ -28,11 +28,11 @@ import torch
 
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import BATCH, SEQ, demo_batches, demo_model
-from autopar.cli.summary import format_plan
 from autopar.core.cluster import usable_cores
 from autopar.core.cluster.profile import read_profile, write_profile
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_plan
 
 
 def _free_port() -> int:

@@ -23,6 +23,7 @@ from autopar.cli.load import TracedModel, trace_model
 from autopar.core.cluster import load_cluster
 from autopar.core.errors import AutoparError
 from autopar.core.graph_facts import graph_facts
+from autopar.core.plan_summary import memory_kinds
 from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.cost_models.memory import lora_params, model_state_bytes
 from autopar.solver.model.stages import layer_ranges
@@ -68,14 +69,13 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
         if est.tables.recomputed(d) and d.facts.requires_grad
     ) * scale
     world = cluster.world_size
-    memory = p.memory.to_dict()
-    extra_states = 0.0
+    memory, training = p.memory.to_dict(), p.memory_training.to_dict()
     if lora:
-        extra_states = lora["state_bytes"]
-        memory["optimizer"] += int(lora["optimizer_bytes"])
-        memory["params"] += int(lora["param_bytes"])
-        memory["grads"] += int(lora["grad_bytes"])
-        memory["total"] += int(extra_states)
+        for kinds in (memory, training):
+            kinds["optimizer"] += int(lora["optimizer_bytes"])
+            kinds["params"] += int(lora["param_bytes"])
+            kinds["grads"] += int(lora["grad_bytes"])
+            kinds["total"] += int(lora["state_bytes"])
     peak = cluster.device.peak(c.precision)
     step = p.step_time_s
     return {
@@ -103,6 +103,7 @@ def report(est: Estimate, traced: TracedModel, cluster_name: str, lora: dict | N
             "fits": memory["total"] <= cluster.device.memory_bytes,
             "memory_capacity_bytes": int(cluster.device.memory_bytes),
             "memory": memory,
+            "memory_training": training,
             "time": {
                 "compute_s": p.compute_s, "tp_comm_s": p.tp_comm_s, "bubble_s": p.bubble_s,
                 "p2p_s": p.p2p_s, "dp_comm_s": p.dp_comm_s, "dp_exposed_s": p.dp_exposed_s,
@@ -144,8 +145,7 @@ def format_report(r: dict) -> str:
         "",
         "memory per device (the fullest stage)",
     ]
-    for key in ("params", "grads", "optimizer", "activations", "buffers", "temporaries"):
-        lines.append(f"  {key:<12} {format_bytes(m[key]):>12}  ({m[key] / 1e9:,.1f} GB)")
+    lines += memory_kinds(m, p.get("memory_training"), gb=True)
     verdict = "fits" if p["fits"] else f"does NOT fit: {format_bytes(m['total'] - cap)} over"
     lines.append(f"  {'total':<12} {format_bytes(m['total']):>12} of {format_bytes(cap)} — {verdict}")
     if len(p["stages"]) > 1:
@@ -200,6 +200,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         lora = {"rank": args.lora_rank, "params": n, "state_bytes": s.total,
                 "param_bytes": s.params, "grad_bytes": s.grads, "optimizer_bytes": s.optimizer}
     result = report(est, traced, cluster.name, lora)
+    if traced.note:
+        print(f"note: {traced.note}\n")
     print(format_report(result))
     if lora:
         print(f"\nLoRA adapters: {format_count(lora['params'])} trainable parameters "

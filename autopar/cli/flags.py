@@ -265,8 +265,9 @@ def add_knobs(p: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
 
 # --- flags that are no knob ------------------------------------------------------------------
 
-MODEL_HELP = (
-    "built-in name (gpt2, gpt2-xl, gpt-125m, llama3-8b, llama3-70b, gpt3-175b, mixtral-8x7b), "
+MODEL_HELP = (  # the built-in names spelled out: the registry imports torch (tests/test_cli.py)
+    "built-in name (gpt2, gpt2-xl, gpt-125m, gpt3-175b, llama3-8b, llama3-70b, mixtral-8x7b, "
+    "deepseek-v3), "
     "a spec such as gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024, or "
     "path/to/file.py:factory (returning (model, example_args, example_kwargs))"
 )

@@ -26,10 +26,18 @@ from autopar.core.errors import AutoparError
 from autopar.core.version import __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and a pointer to --help, not the whole usage
+    block before the one line that says what was wrong."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n  ({self.prog} --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its flags (:mod:`autopar.cli.arguments`); the commands' modules,
     and torch with them, load only when one runs (:func:`_run`)."""
-    parser = argparse.ArgumentParser(prog="autopar", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="autopar", description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, summary, description, add_arguments in COMMANDS:

@@ -8,11 +8,11 @@ from autopar.api.planning import plan
 from autopar.cli import flags
 from autopar.cli.arguments import PLAN_COMMAND_KNOBS
 from autopar.cli.load import TracedModel, trace_model
-from autopar.cli.summary import format_plan
 from autopar.core import progress
 from autopar.core.cluster import load_cluster
 from autopar.core.knob_table import KNOBS
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import format_plan
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, TracedModel]:
@@ -37,6 +37,8 @@ def _plan(args: argparse.Namespace, cluster, traced: TracedModel) -> Plan:
 
 def run_plan(args: argparse.Namespace) -> int:
     result, traced = plan_from_args(args)
+    if traced.note:
+        print(f"note: {traced.note}\n")
     print(format_plan(result, traced.spec.name, traced.trace_s))
     if args.json:
         result.save(args.json)

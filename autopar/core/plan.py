@@ -115,6 +115,20 @@ class Plan:
                 n *= size
         return n
 
+    # --- text ----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        """The summary ``autopar plan`` prints (``to_json()`` is the data)."""
+        from autopar.core.plan_summary import format_plan
+
+        return format_plan(self, self.model.get("name", "model"))
+
+    def __repr__(self) -> str:
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        step = self.predicted.get("step_time_s")
+        return (f"<Plan {self.model.get('name', 'model')} on {self.cluster.get('name')}: "
+                f"{mesh}, {step:.4g} s a step (modelled); str() for the summary>"
+                if step is not None else f"<Plan {self.model.get('name', 'model')}: {mesh}>")
+
     # --- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -170,6 +170,9 @@ PLAN = obj(
             "ground_margin": number(),
             # bytes at each peak of the step: forward_end, backward_start, optimizer_step
             "memory_phases": map_of(SIZE),
+            # bytes by kind at the forward/backward peak (activations), when "memory" is
+            # the optimizer step's
+            "memory_training": MEMORY,
         }),
         "solver": obj({"status": text(), "wall_s": SECONDS, "decisions": SIZE, "nodes": SIZE,
                        "candidates": list_of(obj({}, {"solve_stats": list_of(SOLVE)},

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from autopar.core.plan_summary import setting_text
 from autopar.core.units import format_bytes, format_seconds
 from autopar.report.charts import GIB, TEMPLATE, title_of
 from autopar.report.facts import Candidates
-from autopar.solver.search.candidate import setting_text
 
 
 def _hover(c: dict) -> str:

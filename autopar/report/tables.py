@@ -8,10 +8,10 @@ from html import escape
 from typing import Any
 
 from autopar.core.plan import Plan
+from autopar.core.plan_summary import setting_text
 from autopar.core.units import format_bytes, format_count, format_seconds
 from autopar.report.facts import Candidates
 from autopar.report.measured import RunSteps
-from autopar.solver.search.candidate import setting_text
 
 EXAMPLES = 50
 """Settings listed under each reason a candidate lost (the rest are counted)."""

@@ -145,8 +145,13 @@ def _preset_name(name: Any, origin: _Origin, path: str) -> str:
     by_lower = {key.lower(): key for key in PRESETS}
     if isinstance(name, str) and name.strip().lower() in by_lower:
         return by_lower[name.strip().lower()]
-    close = difflib.get_close_matches(str(name).lower(), by_lower, n=1, cutoff=0.5)
-    hint = f"did you mean {by_lower[close[0]]}? " if close else ""
+    text = str(name).strip().lower()
+    # a family name ("h100") means its presets ("H100-80GB", "H100-96GB"), not the nearest
+    # spelling ("H200")
+    family = [key for low, key in by_lower.items() if low.split("-")[0] == text]
+    close = family or [by_lower[c] for c in
+                       difflib.get_close_matches(text, by_lower, n=1, cutoff=0.5)]
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ClusterError(
         f"{origin.desc}: unknown device preset {name!r}",
         where=origin.where(path),

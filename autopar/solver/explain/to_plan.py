@@ -153,6 +153,7 @@ def predicted_entry(gm: fx.GraphModule, prediction: Prediction, setting: Setting
         # bytes at each peak of the step (the largest is "memory"): forward's end, backward's
         # start, the optimizer step
         "memory_phases": {name: int(b) for name, b in prediction.memory_phases.items()},
+        "memory_training": prediction.memory_training.to_dict(),
         "memory_capacity_bytes": int(cluster.device.memory_bytes),
         "compute_s": prediction.compute_s,
         "tp_comm_s": prediction.tp_comm_s,

@@ -45,6 +45,8 @@ class StagePrediction:
     memory: MemoryBreakdown
     p2p_s: float = 0.0  # sending activations on and gradients back
     phases: dict[str, float] = field(default_factory=dict)  # bytes at each peak (phases())
+    # what is alive at the forward/backward peak (the optimizer step's holds no activations)
+    training: MemoryBreakdown | None = None
 
     @property
     def time_per_microbatch_s(self) -> float:
@@ -76,6 +78,9 @@ class Prediction:
     # the fullest stage's bytes at each of the step's peaks (see memory_phases): what a
     # measurement of one phase (forward + backward, or the optimizer step) compares with
     memory_phases: dict[str, float] = field(default_factory=dict)
+    # the fullest stage's bytes by kind at its forward/backward peak: where activations are
+    # (``memory`` is the step's peak, which may be the optimizer step's, holding none)
+    memory_training: MemoryBreakdown | None = None
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -181,9 +186,10 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
     peak_stage = max(range(pp), key=lambda r: stage_preds[r].memory.total + dp[r][3])
     mem = stage_preds[peak_stage].memory
     # the stage's buffers at its peak (fp8 weight copies) and data parallelism's
-    memory = MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,
-                             mem.buffers + dp[peak_stage][3], temporaries=mem.temporaries,
-                             host=_rank_sum(u.host, ranks[peak_stage]))
+    memory = _with_dp_buffers(mem, dp[peak_stage][3], _rank_sum(u.host, ranks[peak_stage]))
+    fullest = max(range(pp), key=lambda r: stage_preds[r].training.total + dp[r][3])
+    training = _with_dp_buffers(stage_preds[fullest].training, dp[fullest][3],
+                                _rank_sum(u.host, ranks[fullest]))
     return Prediction(
         step_time_s=step,
         compute_s=m * (sp.forward_s + sp.backward_s),
@@ -200,7 +206,14 @@ def assemble(tables: CostTables, u: UnitCosts, setting: Setting) -> Prediction:
         bubble_fraction=frac,
         memory_phases={name: b + dp[peak_stage][3]
                        for name, b in stage_preds[peak_stage].phases.items()},
+        memory_training=training,
     )
+
+
+def _with_dp_buffers(mem: MemoryBreakdown, dp_buffers: float, host: float) -> MemoryBreakdown:
+    """A stage's breakdown with data parallelism's buffers and the host's bytes added."""
+    return MemoryBreakdown(mem.params, mem.grads, mem.optimizer, mem.activations,
+                           mem.buffers + dp_buffers, temporaries=mem.temporaries, host=host)
 
 
 def _rank_sum(values: list[float], units: list[int]) -> float:
@@ -259,11 +272,13 @@ def _stage_predictions(tables: CostTables, setting: Setting, u: UnitCosts,
                                _rank_sum(u.weight_copies, units),
                                max((u.largest_grad[i] for i in units), default=0.0))
         memory = max(phases.values(), key=lambda b: b.total)
+        training = max((b for name, b in phases.items() if name != "optimizer_step"),
+                       key=lambda b: b.total)
         fwd, bwd = _rank_sum(u.fwd, units), _rank_sum(u.bwd, units)
         comm = _rank_sum(u.tp_comm, units)
         stage_preds.append(StagePrediction(
             tuple(u.layers[i - 1] for i in layer_units), fwd, bwd, comm, act, flight, memory,
-            p2p[r], {name: b.total for name, b in phases.items()}))
+            p2p[r], {name: b.total for name, b in phases.items()}, training))
         per_micro.append(fwd + bwd + comm + p2p[r])
     return stage_preds, per_micro
 

@@ -41,17 +41,3 @@ class Candidate:
         if solved_here:
             out["solve_stats"] = solved_here
         return out
-
-
-def setting_text(c: dict) -> str:
-    """A candidate's setting (``Candidate.summary()``, or a plan JSON's candidate) in a few
-    words: ``pp=2 dp=8 tp=1 ZeRO-3 microbatch 8 x 8 1f1b``."""
-    words = [f"{k}={c[k]}" for k in ("pp", "dp", "tp", "ep", "dp_replicate") if k in c]
-    words.append(f"ZeRO-{c.get('zero', 0)}")
-    words.append(f"microbatch {c.get('microbatch')} x {c.get('microbatches')}")
-    if c.get("recompute", "none") != "none":
-        words.append(f"recompute {c['recompute']}")
-    if c.get("pp", 1) > 1 and c.get("schedule"):
-        v = c.get("virtual", 1)
-        words.append(c["schedule"] + (f" v={v}" if v and v > 1 else ""))
-    return " ".join(words)

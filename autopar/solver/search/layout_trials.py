@@ -25,7 +25,12 @@ from autopar.solver.model.layer_recompute import choose_layer_modes, compose_uni
 from autopar.solver.model.stages import balance
 from autopar.solver.options import PlanOptions
 from autopar.solver.pricing.costs import CostTables, fp8_copy
-from autopar.solver.pricing.evaluate import assemble, data_parallel_costs, stage_load
+from autopar.solver.pricing.evaluate import (
+    assemble,
+    data_parallel_costs,
+    grads_outlive_backward,
+    stage_load,
+)
 from autopar.solver.pricing.unit_costs import UnitCosts, unit_costs
 from autopar.solver.search.candidate import Candidate
 from autopar.solver.setting import Setting
@@ -46,7 +51,8 @@ def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting,
     work, dp_floor = _work(units), _dp_floor(tables, units, setting)
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if _beaten(best, work, variant, cluster, tables.options, dp_floor):
+        if not reused and _beaten(best, work, variant, cluster, tables.options, dp_floor):
+            # (a reused layout's work bounds that layout, not the setting: it is solved)
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
@@ -261,14 +267,17 @@ def _margin(mesh: tuple, zero: int, schedule: str | None, backend: str,
 
 def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                  activation_scale: float = 1.0) -> tuple[float, float]:
-    """Memory and step-time floors of what the CP-SAT model counts (scaled the same way):
-    each decision at its cheapest, each kept value in its smallest placement, no
-    communication. A setting whose memory floor is over capacity needs no solve."""
+    """Memory and step-time floors of a setting (scaled as the CP-SAT model is): each
+    decision at its cheapest, each kept value in its smallest placement, no communication,
+    and the memory at the larger of the step's peaks that a floor can price (with one
+    microbatch, kept gradients are not alive with the activations). A setting whose memory
+    floor is over capacity needs no solve (checked: benchmarks/search_audit.py)."""
     problem, setting = tables.problem, tables.setting
     # Activations and compute depend on the microbatch, recomputation and the context
     # split only (states are on parameters, activations on ops): computed once per tuple.
+    # (and the ZeRO stage and dp group: casts and gathers priced as compute depend on them)
     key = ("floors", setting.microbatch, setting.recompute, tables.options.precision,
-           setting.cp, setting.cp_algorithm, setting.cp_layout)
+           setting.cp, setting.cp_algorithm, setting.cp_layout, *tables.states_key)
     if key not in problem.cache:
         activations = compute = 0.0
         for d in problem.decisions:
@@ -286,10 +295,17 @@ def lower_bounds(tables: CostTables, state_scale: float = 1.0,
                                     * tables.value_count(value))
         problem.cache[key] = (activations, compute)
     activations, compute = problem.cache[key]
-    key = ("state floor", *tables.states_key)  # not the microbatch's or the pipeline's
+    key = ("state floors", *tables.states_key)  # not the microbatch's or the pipeline's
     if key not in problem.cache:
-        problem.cache[key] = sum(min(tables.states(d, s).total for s in d.candidates) * d.count
-                                 for d in problem.decisions if d.kind == "param")
-    states = problem.cache[key]
-    return (states * state_scale + activations * activation_scale,
-            compute * setting.microbatches)
+        params = [d for d in problem.decisions if d.kind == "param"]
+        problem.cache[key] = (
+            sum(min(tables.states(d, s).total for s in d.candidates) * d.count for d in params),
+            sum(min(tables.states(d, s).total - tables.states(d, s).grads for s in d.candidates)
+                * d.count for d in params))
+    states, without_grads = problem.cache[key]
+    kept = activations * activation_scale
+    if grads_outlive_backward(setting):
+        memory = states * state_scale + kept
+    else:  # forward and backward hold no kept gradients; the optimizer step no activations
+        memory = max(without_grads * state_scale + kept, states * state_scale)
+    return memory, compute * setting.microbatches

@@ -10,6 +10,7 @@ stage, recomputation, expert degree, HSDP replicas), which the microbatch search
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch.fx as fx
 
@@ -106,15 +107,28 @@ def no_mesh_error(gm: fx.GraphModule, cluster: Cluster, options: PlanOptions,
             f"pp={options.pp}: {stage_refusal(gm, n_layers)}", where="pp",
             fix="plan with pp=1 (tensor or data parallelism split such a model), or build its "
             "layers as an nn.ModuleList of alike blocks")
-    cp = f"cp={options.cp}, " if options.cp else ""
+    pins = {k: getattr(options, k) for k in ("pp", "dp", "cp", "tp")
+            if getattr(options, k) is not None}
+    pinned = ", ".join(f"{k}={v}" for k, v in pins.items())
+    per_node, world = cluster.devices_per_node, cluster.world_size
+    tps = [t for t in range(1, per_node + 1) if per_node % t == 0 and world % t == 0]
+    free = replace(options, **{k: None for k in ("pp", "dp", "cp", "tp")})
+    shapes = [dict(zip(("pp", "dp", "cp", "tp"), m)) for m in mesh_shapes(cluster, free, n_layers)]
+    # the meshes with each pin the cluster can take (a tp it cannot take matches none)
+    keep = {k: v for k, v in pins.items() if any(m[k] == v for m in shapes)}
+    meshes = [tuple(m.values()) for m in shapes if all(m[k] == v for k, v in keep.items())]
+    if not meshes:  # pins that are each possible but not together: those with the tp
+        meshes = [tuple(m.values()) for m in shapes if m["tp"] == keep.get("tp", m["tp"])]
+    valid = "; ".join(f"pp={pp} dp={dp} tp={tp}" + (f" cp={cp}" if cp > 1 else "")
+                      for pp, dp, cp, tp in meshes[:8])
     product = "pp x dp x cp x tp" if options.cp else "pp x dp x tp"
     return NoFeasiblePlanError(
-        f"no mesh matches pp={options.pp}, dp={options.dp}, {cp}tp={options.tp} on "
-        f"{cluster.world_size} devices ({cluster.nodes} node(s) x "
-        f"{cluster.devices_per_node}) for a model of {n_layers} layers",
-        where="pp/dp/cp/tp" if options.cp else "pp/dp/tp",
-        fix=f"{product} must equal the number of devices, tp must divide the devices "
-        "per node, and pp must not exceed the layers",
+        f"no mesh matches {pinned} on {world} devices ({cluster.nodes} node(s) x "
+        f"{per_node}) for a model of {n_layers} layers",
+        where="/".join(pins) or "pp/dp/tp",
+        fix=f"{product} must equal the {world} devices, tp must divide the {per_node} "
+        f"devices of a node (tp = {', '.join(map(str, tps))}), and pp must not exceed the "
+        f"{n_layers} layers" + (f"; meshes that do: {valid}" if valid else ""),
     )
 
 

@@ -9,16 +9,17 @@ the step gets faster.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from autopar.analysis.batch_coupling import coupling_refusal
 from autopar.core import progress
 from autopar.core.errors import AutoparError
 from autopar.core.knobs import RUNNABLE_SCHEDULES
+from autopar.core.plan_summary import setting_text
+from autopar.core.units import format_seconds
 from autopar.solver.options import PlanOptions
 from autopar.solver.pricing.costs import CostTables
-from autopar.solver.search.candidate import Candidate, setting_text
+from autopar.solver.search.candidate import Candidate
 from autopar.solver.search.layout_solves import (
     ProblemFor,
     layout_scales,
@@ -30,7 +31,8 @@ from autopar.solver.search.search_state import SearchState
 from autopar.solver.setting import Setting
 
 TIME_PRUNED = "PRUNED(time lower bound)"
-"""A size no faster than the best plan so far: no smaller one of its setting is either."""
+"""A size whose compute floor (with its pipeline's least bubble) is no faster than the best
+plan so far."""
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -101,7 +103,6 @@ def search_microbatches(state: SearchState, problem_for: ProblemFor, local: int,
     stages, each solved layout is tried under every schedule, with its balanced cut.
     ``upcoming`` are the settings of this mesh searched after ``base`` (solved ahead)."""
     options, candidates = state.options, state.candidates
-    previous = None  # step time at the next larger microbatch that fitted
     sizes = _microbatch_sizes(options, local, state.traced)
     try:
         for mb in sizes:
@@ -118,24 +119,18 @@ def search_microbatches(state: SearchState, problem_for: ProblemFor, local: int,
                                             + "; ".join(map(str, costs.values())) + ")"))
                 continue
             setting = tables.setting
-            pruned = _pruned(state, tables, variants, best)
+            pruned, smaller_too = _pruned(state, tables, variants, best)
             if pruned:
                 candidates.append(Candidate(setting, pruned))
-                if pruned == TIME_PRUNED:
+                if smaller_too:
                     break
                 continue
             later = ([(base, sizes[sizes.index(mb) + 1:])] + [(b, sizes) for b in upcoming]
                      if state.ahead.enabled else [])
-            fastest, best = price_layout(state, problem_for, local, later, tables, variants,
-                                         batch, best)
-            if fastest is None or fastest == math.inf:
-                continue  # nothing fits, or nothing here can beat the best plan so far
-            # Larger microbatches amortize per-microbatch costs, but near the memory limit they
-            # force leaner, slower strategies (and with pipelines fewer microbatches mean more
-            # bubble): keep halving while it helps.
-            if previous is not None and fastest >= previous:
-                break
-            previous = fastest
+            best = price_layout(state, problem_for, local, later, tables, variants, batch,
+                                best)[1]
+            # No stop at the first size that is slower than the last: a smaller one may fit
+            # a faster layout, or fill a pipeline better. Only the time floor ends the walk.
     except KeyboardInterrupt:  # Ctrl-C: the search keeps the best plan found so far
         raise SearchInterrupted(best) from None
     return best
@@ -150,9 +145,6 @@ def _microbatch_skip(state: SearchState, setting: Setting, local: int
     if local % mb:
         return f"SKIPPED(microbatch {mb} does not divide {local})", []
     m = local // mb
-    if setting.zero == 1 and m == 1 and 2 in options.zero:
-        # one microbatch: stage 1 moves what stage 2 moves and keeps whole gradients
-        return "SKIPPED(ZeRO-1 with one microbatch: ZeRO-2's communication, more memory)", []
     coupled = coupling_refusal(list(couplings), setting.dp, m)
     if coupled:
         return f"SKIPPED({coupled})", []
@@ -177,23 +169,25 @@ def _microbatch_skip(state: SearchState, setting: Setting, local: int
 
 
 def _pruned(state: SearchState, tables: CostTables, variants: list[tuple[str, int]],
-            best: tuple | None) -> str | None:
+            best: tuple | None) -> tuple[str | None, bool]:
     """Why ``tables``' setting cannot fit or cannot beat ``best`` by its lower bounds (its
-    PRUNED status; :data:`TIME_PRUNED` ends the setting's walk), or None."""
+    PRUNED status, or None), and whether no smaller microbatch of the setting can beat it
+    either: the compute floor (more, smaller microbatches never do less work) is itself
+    no faster, bubble aside (more microbatches idle less)."""
     options, setting = state.options, tables.setting
     pp, m = setting.pp, setting.microbatches
     scales = layout_scales(setting)
     memory_floor, time_floor = lower_bounds(tables, *scales)
     if memory_floor > tables.capacity:
-        return "PRUNED(memory lower bound)"
+        return "PRUNED(memory lower bound)", False
     if best is not None and mixing(options, setting) and options.recompute_layers is None:
         # a mix recomputes only some layers: its floor is the one that keeps everything
         keep_all = replace(setting, recompute="none")
         time_floor = lower_bounds(CostTables(tables.problem, state.cluster, options, keep_all,
                                              state.traced, state.facts.seq_len), *scales)[1]
     if best is not None and time_floor / pp * (1 + least_idle(variants, pp, m)) >= best[0]:
-        return TIME_PRUNED
-    return None
+        return TIME_PRUNED, time_floor / pp >= best[0]
+    return None, False
 
 
 def _say_solving(state: SearchState, setting: Setting, best: tuple | None) -> None:
@@ -207,5 +201,5 @@ def _best_text(best: tuple | None) -> str | None:
     if best is None or best[5].prediction is None:
         return None
     cand = best[5]
-    return (f"{cand.prediction.step_time_s * 1e3:.4g} ms per step (modelled), "
+    return (f"{format_seconds(cand.prediction.step_time_s)} per step (modelled), "
             f"{setting_text(cand.summary())}")

@@ -40,9 +40,13 @@ def no_plan_error(
         for (pp, dp, cp, tp), c in zip(shapes, found):
             by_reason.setdefault(c, []).append(f"pp={pp} dp={dp} " + (
                 f"cp={cp} " if cp > 1 else "") + f"tp={tp}")
+        reasons = [f"{c.reason} (mesh {', '.join(meshes[:3])}"
+                   + (f" and {len(meshes) - 3} more" if len(meshes) > 3 else "") + ")"
+                   for c, meshes in by_reason.items()]
+        more = len(reasons) - 2  # a reason per dp reads alike: two, and how many more
         return NoFeasiblePlanError(
-            f"no plan satisfies the pins on {cluster.name}: " + "; ".join(
-                f"{c.reason} (mesh {', '.join(meshes)})" for c, meshes in by_reason.items()),
+            f"no plan satisfies the pins on {cluster.name}: " + "; ".join(reasons[:2])
+            + (f"; and alike on {more} more mesh group(s)" if more > 0 else ""),
             where=f"pinned {pinned(options, global_batch)}",
             fix="; ".join(dict.fromkeys(c.fix for c in by_reason)),
         )

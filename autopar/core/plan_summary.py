@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autopar.core.cluster.compute_share import slowest_chip_delay
 from autopar.core.plan import Plan
+from autopar.core.plan_schema import CARVED_AXES
 from autopar.core.units import format_bytes, format_count, format_seconds
 
 _KEY_OPS = ("linear", "addmm", "matmul", "bmm", "scaled_dot_product", "embedding", "layer_norm",
@@ -70,6 +71,7 @@ def format_plan(plan: Plan, model_label: str, trace_s: float | None = None) -> s
     lines += format_strategies(plan)
     lines += format_memory(plan.predicted)
     lines += format_step(plan)
+    lines += format_alternatives(plan)
     p = plan.predicted
     if plan.pipeline:
         lines += ["", *format_pipeline(plan.pipeline)]
@@ -82,7 +84,9 @@ def format_settings(plan: Plan, model_label: str, trace_s: float | None = None) 
     """The head of the summary: model, batch, mesh, how the solver did, and one line per
     decision beyond the mesh (devices, HSDP, offload, precision, tp, experts, attention,
     context parallelism, recomputation)."""
-    mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items())
+    mesh = " x ".join(f"{a}={n}" for a, n in plan.mesh.items() if a not in CARVED_AXES)
+    carved = [f"{a}={n} within dp" for a, n in plan.mesh.items() if a in CARVED_AXES and n > 1]
+    mesh += f" ({', '.join(carved)})" if carved else ""
     cluster = plan.cluster
     b = plan.batch
     t = plan.training
@@ -93,13 +97,14 @@ def format_settings(plan: Plan, model_label: str, trace_s: float | None = None) 
         + (f", traced in {trace_s:.1f} s (measured)" if trace_s is not None else "")
         + f", {plan.solver.get('nodes', 0)} graph nodes, {plan.solver.get('decisions', 0)} "
         "decisions",
-        f"batch     {b['global']} sequences x {b['seq']} tokens; microbatch {b['microbatch']} x "
+        f"batch     {b['global']} sequences x {b['seq']} tokens ({b['global'] * b['seq']:,} "
+        f"tokens a step); microbatch {b['microbatch']} x "
         f"{b['microbatches']} per data-parallel rank",
         f"mesh      {mesh}   (tp innermost, inside a node)   ZeRO-{t['zero']}, "
         f"{t['precision']}, {t['optimizer']}",
-        f"solver    {plan.solver['status']} in {plan.solver['wall_s']:.2f} s (measured), "
-        f"{sum(1 for c in plan.solver.get('candidates', []) if 'step_time_s' in c)} settings solved, "
-        f"{len(plan.solver.get('candidates', []))} considered",
+        f"solver    chose from {_priced(plan.solver.get('candidates', []))} settings priced of "
+        f"{len(plan.solver.get('candidates', []))} considered, in {plan.solver['wall_s']:.2f} s "
+        "(measured)",
     ]
     lines += format_solves(plan)
     if plan.explanation.get("devices"):
@@ -135,8 +140,12 @@ def format_solves(plan: Plan) -> list[str]:
     lines = []
     for solve in plan.solver.get("plan_solves", []):
         gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
-        again = " (solved for another setting, reused)" if solve.get("reused") else ""
-        lines.append(f"          {solve['what']} solve{again}: {solve['outcome']}{gap}")
+        outcome = solve["outcome"]
+        if solve.get("reused"):
+            outcome += (" for the setting it was solved for (the same microbatch and "
+                        "recomputation), reused here without a solve of its own")
+        lines.append(f"          {solve['what']} solve: {outcome}{gap}")
+    lines.append(search_text(plan.solver.get("candidates", [])))
     if plan.solver.get("interrupted"):
         lines.append("          search interrupted (Ctrl-C): the best plan found so far, not "
                      "proven the fastest")
@@ -150,9 +159,29 @@ def format_solves(plan: Plan) -> list[str]:
     return lines
 
 
+def _priced(candidates: list[dict]) -> int:
+    return sum(1 for c in candidates if "step_time_s" in c)
+
+
+def search_text(candidates: list[dict]) -> str:
+    """What the search over settings proved: which settings it priced, which it ruled out
+    by a lower bound (never above what the setting solves to: benchmarks/search_audit.py),
+    which cannot run, and the one shortcut that is not proven (layouts reused)."""
+    def count(*heads: str) -> int:
+        return sum(1 for c in candidates if c["status"].startswith(heads))
+
+    reused = sum(1 for c in candidates if "layout reused" in c["status"])
+    return (f"          search: {_priced(candidates)} settings priced ({reused} with a layout "
+            f"solved for another setting), {count('PRUNED(memory')} ruled out by their "
+            f"memory floor and {count('PRUNED(time')} by their time floor (proven lower "
+            f"bounds), {count('SKIPPED', 'INFEASIBLE')} that cannot run or fit; not proven: "
+            "that a reused layout is the best for the setting it was reused for")
+
+
 def format_strategies(plan: Plan) -> list[str]:
     """The tensor-parallel strategy of each kind of layer's key ops, once per kind."""
-    lines = ["", "tensor-parallel strategies (per layer kind)"]
+    lines = ["", "tensor-parallel strategies (per layer kind; inputs -> output, per tp rank: "
+             "R whole, S(d) split along dim d, P partial sums to add)"]
     shown: set[str] = set()
     if not any(row["strategies"] for row in plan.layers):
         lines.append("  everything replicated on tp" + (
@@ -178,8 +207,7 @@ def format_memory(predicted: dict) -> list[str]:
     mem = predicted["memory"]
     capacity = predicted["memory_capacity_bytes"]
     lines = ["", "memory per device (modelled)"]
-    for key in ("params", "grads", "optimizer", "activations", "buffers", "temporaries"):
-        lines.append(f"  {key:<12} {format_bytes(mem.get(key, 0)):>12}")
+    lines += memory_kinds(mem, predicted.get("memory_training"))
     used = mem["total"] / capacity
     lines.append(
         f"  {'total':<12} {format_bytes(mem['total']):>12} of {format_bytes(capacity)} "
@@ -191,6 +219,28 @@ def format_memory(predicted: dict) -> list[str]:
     return lines
 
 
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "temporaries")
+
+
+def memory_kinds(peak: dict, training: dict | None, gb: bool = False) -> list[str]:
+    """The bytes of each kind at the step's peak; when that peak is the optimizer step's
+    (activations freed by then), beside those at the forward/backward peak, so that what
+    the activations take is never hidden behind a 0. ``gb`` adds decimal GB (one column)."""
+    two = training is not None and training["total"] < peak["total"]
+    lines = []
+    if two:
+        lines.append(f"  {'':<12} {'optimizer step':>14}   {'forward/backward':>16}")
+        lines.append(f"  {'':<12} {'(the peak)':>14}   {format_bytes(training['total']):>16}")
+    for key in MEMORY_KINDS:
+        row = f"  {key:<12} {format_bytes(peak.get(key, 0)):>{14 if two else 12}}"
+        if two:
+            row += f"   {format_bytes(training.get(key, 0)):>16}"
+        if gb and not two:
+            row += f"  ({peak.get(key, 0) / 1e9:,.1f} GB)"
+        lines.append(row)
+    return lines
+
+
 def format_step(plan: Plan) -> list[str]:
     """The modelled step: its time, what it is made of, the throughput, and the wait for
     the slowest chip."""
@@ -199,9 +249,7 @@ def format_step(plan: Plan) -> list[str]:
         "",
         "step (modelled)",
         f"  step time    {format_seconds(p['step_time_s'])}",
-        f"  compute      {format_seconds(p['compute_s'])}   tp comm {format_seconds(p['tp_comm_s'])}"
-        f"   dp comm {format_seconds(p['dp_comm_s'])} (adds {format_seconds(p['dp_exposed_s'])}"
-        " to the step)",
+        f"  compute      {format_seconds(p['compute_s'])}{_comm_parts(plan)}",
         f"  throughput   {p['tokens_per_s']:,.0f} tokens/s, {p['tflops_per_device']:.1f} TFLOP/s "
         f"per device (model FLOPs), MFU {p['mfu']:.1%}",
     ]
@@ -211,6 +259,107 @@ def format_step(plan: Plan) -> list[str]:
         lines.append(f"  device times include the wait for the slowest of {used} chips: "
                      f"+{slowest_chip_delay(spread, used):.1%} (chip speed spread {spread:.1%})")
     return lines
+
+
+def _comm_parts(plan: Plan) -> str:
+    """The step's communication, each part named by the axis that pays it (none when the
+    mesh has no such axis and it costs nothing)."""
+    p, mesh = plan.predicted, plan.mesh
+    parts = ""
+    if p["tp_comm_s"] or mesh.get("tp", 1) > 1:
+        axes = [a for a in ("tp", "cp", "ep") if mesh.get(a, 1) > 1] or ["tp"]
+        parts += f"   {'/'.join(axes)} comm {format_seconds(p['tp_comm_s'])}"
+    if p["dp_comm_s"] or mesh.get("dp", 1) > 1:
+        parts += (f"   dp comm {format_seconds(p['dp_comm_s'])} (adds "
+                  f"{format_seconds(p['dp_exposed_s'])} to the step)")
+    if mesh.get("pp", 1) > 1:
+        parts += (f"   pipeline bubble {format_seconds(p['bubble_s'])}, sends "
+                  f"{format_seconds(p['p2p_s'])}")
+    return parts
+
+
+def setting_text(c: dict) -> str:
+    """A candidate's setting (``Candidate.summary()``, or a plan JSON's candidate) in a few
+    words: ``pp=2 dp=8 tp=1 ZeRO-3 microbatch 8 x 8 1f1b``."""
+    words = [f"{k}={c[k]}" for k in ("pp", "dp", "tp", "ep", "dp_replicate") if k in c]
+    words.append(f"ZeRO-{c.get('zero', 0)}")
+    words.append(f"microbatch {c.get('microbatch')} x {c.get('microbatches')}")
+    if c.get("recompute", "none") != "none":
+        words.append(f"recompute {c['recompute']}")
+    if c.get("pp", 1) > 1 and c.get("schedule"):
+        v = c.get("virtual", 1)
+        words.append(c["schedule"] + (f" v={v}" if v and v > 1 else ""))
+    return " ".join(words)
+
+
+def _mesh_of(c: dict) -> tuple[int, ...]:
+    return tuple(c.get(k, 1) for k in ("pp", "dp", "cp", "tp", "ep"))
+
+
+def _mesh_words(mesh: tuple[int, ...]) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(("pp", "dp", "cp", "tp", "ep"), mesh)
+                    if v > 1 or k in ("dp", "tp"))
+
+
+def format_alternatives(plan: Plan) -> list[str]:
+    """What the plan beat: the runner-up setting, and the best of every other mesh the
+    search tried with its step, or why it has none (modelled)."""
+    candidates = plan.solver.get("candidates", [])
+    step = plan.predicted["step_time_s"]
+    fits = [c for c in candidates if "step_time_s" in c and not c["status"].startswith("REJECTED")]
+    chosen = (plan.mesh.get("pp", 1), plan.mesh.get("dp", 1), plan.mesh.get("cp", 1),
+              plan.mesh.get("tp", 1), plan.mesh.get("ep", 1))
+    others = sorted((c for c in fits if abs(c["step_time_s"] - step) > 1e-12 * step
+                     or _mesh_of(c) != chosen), key=lambda c: c["step_time_s"])
+    if not candidates:
+        return []
+    lines = ["", "what the plan beat (modelled; the best setting of each mesh tried)"]
+    if others:
+        first = others[0]
+        lines.append(f"  runner-up    {_mesh_words(_mesh_of(first)):<16} {_rest(first)}: "
+                     f"{_lost(first, step)}")
+    by_mesh: dict[tuple, list[dict]] = {}
+    for c in candidates:
+        by_mesh.setdefault(_mesh_of(c), []).append(c)
+    for mesh, tried in sorted(by_mesh.items()):
+        if mesh == chosen:
+            continue
+        priced = [c for c in tried if c in fits]
+        if priced:
+            best = min(priced, key=lambda c: c["step_time_s"])
+            why = f"{_rest(best)}: {_lost(best, step)}"
+        else:
+            why = _none_fits(tried, plan.predicted["memory_capacity_bytes"])
+        lines.append(f"  {'':<12} {_mesh_words(mesh):<16} {why}")
+    return lines
+
+
+def _rest(c: dict) -> str:
+    """A candidate's setting without its mesh (shown beside it)."""
+    return "ZeRO-" + setting_text(c).split(" ZeRO-", 1)[1]
+
+
+def _lost(c: dict, step: float) -> str:
+    """Why a priced setting lost to the plan's ``step``: slower, or beyond validated ground."""
+    other = c["step_time_s"]
+    memory = f", {format_bytes(c['peak_memory_bytes'])}" if "peak_memory_bytes" in c else ""
+    if other >= step:
+        return f"{format_seconds(other)} a step{memory}, {other / step - 1:+.1%} (slower)"
+    return (f"{format_seconds(other)} a step{memory}, {other / step - 1:+.1%}, but beyond "
+            "validated ground: it must win by the model's error there")
+
+
+def _none_fits(tried: list[dict], capacity: float) -> str:
+    """Why no setting of one mesh was priced, from how the search ended each: a lower bound
+    first (they are proven), then what cannot run."""
+    statuses = [c["status"] for c in tried]
+    if any(st.startswith("PRUNED(time") for st in statuses):
+        return "cannot beat the plan: its compute alone (a lower bound) is slower"
+    if any(st.startswith("PRUNED(memory") for st in statuses):
+        return f"does not fit: its memory floor is above the {format_bytes(capacity)} usable"
+    if any(st.startswith(("REJECTED", "INFEASIBLE")) for st in statuses):
+        return "does not fit (no layout within the memory)"
+    return statuses[0].removeprefix("SKIPPED(").removesuffix(")") if statuses else "not tried"
 
 
 def format_ground(labels: list[dict], margin: float) -> list[str]:

@@ -84,8 +84,12 @@ def test_demo_runs_and_matches(capsys, tmp_path, monkeypatch) -> None:
     assert "measuring it first" not in text and "planned with the cpu preset" in text
     assert "single device vs 2 gloo processes" in text
     assert "predicted" in text and "measured" in text
-    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
-    assert len(rows) >= 3
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("step ") and "|diff|" in line]
+    assert len(rows) == 3 and "largest |diff| over 3 steps" in text, text
+    # predicted and measured on one basis (one step), the single device's step beside them
+    assert "step time, one step" in text and "one device" in text, text
+    assert "what the plan beat" in text and "next: " in text, text
+    assert len(text.strip().splitlines()) <= 40, text
 
 
 def test_plan_with_pipeline_shows_stages_and_keeps_them_in_json(tmp_path, capsys) -> None:

@@ -95,8 +95,11 @@ def test_quiet_and_pipes_show_no_progress() -> None:
 @pytest.mark.slow
 def test_ctrl_c_stops_with_the_best_plan_so_far(tmp_path) -> None:
     saved = tmp_path / "plan.json"
-    code, out = _run_in_pty(["plan", "llama3-8b", "--cluster", "8xH100-80GB",
-                             "--json", str(saved)], interrupt_on=b"best so far")
+    # a search that goes on for minutes after its first plan (70B on 128 GPUs, no solve
+    # budget), so that the signal always lands in it, however loaded the machine
+    code, out = _run_in_pty(["plan", "llama3-70b", "--cluster", "16x8xH100-80GB",
+                             "--max-solves", "none", "--json", str(saved)],
+                            interrupt_on=b"best so far")
     assert code == 130, out[-2000:]  # cut short, as Ctrl-C elsewhere; the plan still printed
     assert "search interrupted (Ctrl-C): the best plan found so far" in out
     assert "mesh " in out

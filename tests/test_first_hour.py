@@ -82,7 +82,9 @@ def test_the_other_meshes_are_listed_with_their_step_or_why_not(plan: Plan) -> N
     lines = str(plan).split("what the plan beat")[1].split("\n\n")[0].splitlines()[1:]
     tried = {(c["pp"], c["dp"], c["tp"]) for c in plan.solver["candidates"]}
     mine = (plan.mesh.get("pp", 1), plan.mesh["dp"], plan.mesh["tp"])
-    assert len([line for line in lines if "runner-up" not in line]) == len(tried - {mine})
+    for pp, dp, tp in tried - {mine}:  # each once, the runner-up's on its own line
+        words = (f"pp={pp} " if pp > 1 else "") + f"dp={dp} tp={tp} "
+        assert sum(words in line for line in lines) == 1, (words, lines)
     for line in lines:
         assert "slower" in line or "cannot" in line or "does not fit" in line \
             or "validated ground" in line or "runner-up" in line, line

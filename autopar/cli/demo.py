@@ -211,6 +211,9 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
              f"process(es), median of steps {steps[0] + 1}-{steps[-1] + 1}",
              f"  one device  {single[0] * 1e3:8.1f} ms   measured, one process, median of "
              f"steps {single[1]}, the same batch ({single[0] / measured:.2f}x the plan's step)"]
+    if single[0] < measured:
+        lines.append("  (one process is faster on this machine than the plan's processes, "
+                     "which the model did not predict: the refit below corrects it)")
     try:
         fit = fit_runs([run])
     except AutoparError as err:

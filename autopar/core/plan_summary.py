@@ -322,8 +322,8 @@ def format_alternatives(plan: Plan) -> list[str]:
     for c in candidates:
         by_mesh.setdefault(_mesh_of(c), []).append(c)
     for mesh, tried in sorted(by_mesh.items()):
-        if mesh == chosen:
-            continue
+        if mesh == chosen or (others and mesh == _mesh_of(others[0])):
+            continue  # (the runner-up's mesh is on its line)
         priced = [c for c in tried if c in fits]
         if priced:
             best = min(priced, key=lambda c: c["step_time_s"])

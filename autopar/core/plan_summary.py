@@ -305,26 +305,28 @@ def format_alternatives(plan: Plan) -> list[str]:
     """What the plan beat: the runner-up setting, and the best of every other mesh the
     search tried with its step, or why it has none (modelled)."""
     candidates = plan.solver.get("candidates", [])
-    step = plan.predicted["step_time_s"]
-    fits = [c for c in candidates if "step_time_s" in c and not c["status"].startswith("REJECTED")]
-    chosen = (plan.mesh.get("pp", 1), plan.mesh.get("dp", 1), plan.mesh.get("cp", 1),
-              plan.mesh.get("tp", 1), plan.mesh.get("ep", 1))
-    others = sorted((c for c in fits if abs(c["step_time_s"] - step) > 1e-12 * step
-                     or _mesh_of(c) != chosen), key=lambda c: c["step_time_s"])
     if not candidates:
         return []
+    step = plan.predicted["step_time_s"]
+    fits = [c for c in candidates if "step_time_s" in c and not c["status"].startswith("REJECTED")]
+    chosen = _mesh_of(plan.mesh)
+    others = sorted((c for c in fits if abs(c["step_time_s"] - step) > 1e-12 * step
+                     or _mesh_of(c) != chosen), key=lambda c: c["step_time_s"])
     lines = ["", "what the plan beat (modelled; the best setting of each mesh tried)"]
+    shown = {chosen}
     if others:
         first = others[0]
+        shown.add(_mesh_of(first))  # its mesh is on its line
         lines.append(f"  runner-up    {_mesh_words(_mesh_of(first)):<16} {_rest(first)}: "
                      f"{_lost(first, step)}")
     by_mesh: dict[tuple, list[dict]] = {}
     for c in candidates:
         by_mesh.setdefault(_mesh_of(c), []).append(c)
+    fitting = {id(c) for c in fits}
     for mesh, tried in sorted(by_mesh.items()):
-        if mesh == chosen or (others and mesh == _mesh_of(others[0])):
-            continue  # (the runner-up's mesh is on its line)
-        priced = [c for c in tried if c in fits]
+        if mesh in shown:
+            continue
+        priced = [c for c in tried if id(c) in fitting]
         if priced:
             best = min(priced, key=lambda c: c["step_time_s"])
             why = f"{_rest(best)}: {_lost(best, step)}"

@@ -318,7 +318,8 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     assert "modelled" in lines["predicted"] and "ms" in lines["predicted"]
     assert "measured" in lines["measured"] and "ms" in lines["measured"]
     assert "modelled" in lines["refitted"]
-    assert "why this plan" in text and "single device vs 2 gloo processes" in text
+    assert "the plan (modelled)" in text and "single device vs 2 gloo processes" in text
+    assert any(line.startswith("mesh ") for line in text.splitlines())
     # a first demo measures this machine and plans with what it measured
     assert "no profile of this machine yet: measuring it first" in text
     kept = list((tmp_path / "cache" / "autopar").glob("demo-profile-*.json"))

@@ -72,7 +72,7 @@ SECONDS = number()
 SOLVE = obj({"what": text(), "status": text(), "objective": nullable(number(-math.inf)),
              "bound": nullable(number(-math.inf)), "unit": text(),
              "gap": nullable(number(0.0, 1.0)), "wall_s": SECONDS,
-             "time_limit_s": nullable(SECONDS), "outcome": text()}, {"reused": flag})
+             "time_limit_s": nullable(SECONDS), "outcome": text()}, {"reused": flag, "stand_in": flag})
 MEMORY = obj({"total": SIZE}, extra=SIZE)
 STRATEGY = obj({"in": list_of(placement), "out": list_of(placement)},
                {"impl": one_of(LOCAL_IMPL_NAMES)})

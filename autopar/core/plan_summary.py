@@ -141,9 +141,12 @@ def format_solves(plan: Plan) -> list[str]:
     for solve in plan.solver.get("plan_solves", []):
         gap = "" if solve.get("gap") is None else f", gap {100 * solve['gap']:.2f}%"
         outcome = solve["outcome"]
-        if solve.get("reused"):
+        if solve.get("stand_in"):
             outcome += (" for the setting it was solved for (the same microbatch and "
-                        "recomputation), reused here without a solve of its own")
+                        "recomputation), reused here without a solve of its own (budget)")
+        elif solve.get("reused"):
+            outcome += (" for the setting it was solved for (the same microbatch and "
+                        "recomputation); priced here below this setting's own solve")
         lines.append(f"          {solve['what']} solve: {outcome}{gap}")
     lines.append(search_text(plan.solver.get("candidates", [])))
     if plan.solver.get("interrupted"):
@@ -166,16 +169,17 @@ def _priced(candidates: list[dict]) -> int:
 def search_text(candidates: list[dict]) -> str:
     """What the search over settings proved: which settings it priced, which it ruled out
     by a lower bound (never above what the setting solves to: benchmarks/search_audit.py),
-    which cannot run, and the one shortcut that is not proven (layouts reused)."""
+    which cannot run; each priced setting has its own layout solve unless the solve budget
+    ran out (then the plan says so)."""
     def count(*heads: str) -> int:
         return sum(1 for c in candidates if c["status"].startswith(heads))
 
     reused = sum(1 for c in candidates if "layout reused" in c["status"])
-    return (f"          search: {_priced(candidates)} settings priced ({reused} with a layout "
-            f"solved for another setting), {count('PRUNED(memory')} ruled out by their "
-            f"memory floor and {count('PRUNED(time')} by their time floor (proven lower "
-            f"bounds), {count('SKIPPED', 'INFEASIBLE')} that cannot run or fit; not proven: "
-            "that a reused layout is the best for the setting it was reused for")
+    return (f"          search: {_priced(candidates)} settings priced, each with its own "
+            f"layout solve ({reused} also with a layout solved for another setting), "
+            f"{count('PRUNED(memory')} ruled out by their memory floor and "
+            f"{count('PRUNED(time')} by their time floor (proven lower bounds), "
+            f"{count('SKIPPED', 'INFEASIBLE')} that cannot run or fit")
 
 
 def format_strategies(plan: Plan) -> list[str]:

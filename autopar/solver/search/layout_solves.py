@@ -1,10 +1,11 @@
 """Which tensor-parallel layouts a search solves, which it reuses, and which it solves ahead.
 
-A layout solved for one setting rarely changes with the mesh's ``pp`` and ``dp`` or the
-ZeRO stage (they scale memory and data-parallel traffic, not which op is split how), and
-evaluating it is far cheaper than a solve: :func:`price_layout` tries the layouts solved
-before (:func:`reusable`) and solves only when none fits, starting the solves likely next
-on the worker meanwhile (:func:`solve_next`, :mod:`autopar.solver.search.solve_ahead`).
+Every setting the bounds leave gets its own layout solve (:func:`price_layout`), the solves
+likely next started on the worker meanwhile (:func:`solve_next`,
+:mod:`autopar.solver.search.solve_ahead`). The layouts solved for the same setting on other
+(pp, dp) meshes and ZeRO stages (:func:`reusable`) are priced beside it: an evaluation is
+far cheaper than a solve, and the evaluator sometimes prices another setting's layout
+lower than the solve's own (linear) model ranked it.
 """
 
 from __future__ import annotations
@@ -74,16 +75,10 @@ def reuse_key(problem: Problem, setting: Setting) -> tuple:
 
 
 def reusable(key: tuple, zero: int) -> list[tuple]:
-    """Layout keys worth trying before a solve: this setting's, then the same one's under
-    the other ZeRO stages solved (``key[3]`` is the stage): ZeRO-0's and ZeRO-3's for stages
-    1 and 2, each other's for 0 and 3. The stage scales memory and data-parallel traffic,
-    not which op is split how; a reused layout that does not fit is solved anew (measured:
-    the same plans for the five ``benchmarks/plan_time.py`` rows, 70B on 1,024 H100s in
-    16.5 s instead of 21.2 s)."""
-    keys = [key]
-    others = {0: (3,), 1: (0, 3), 2: (0, 3), 3: (0,)}.get(zero, ())
-    keys += [(*key[:3], other, *key[4:]) for other in others]
-    return keys
+    """Layout keys priced beside a setting's own solve: the same setting's on another
+    (pp, dp) mesh, then under the other ZeRO stages (``key[3]`` is the stage), which scale
+    memory and data-parallel traffic more than they change which op is split how."""
+    return [key] + [(*key[:3], other, *key[4:]) for other in range(4) if other != zero]
 
 
 def layout_scales(setting: Setting) -> tuple[float, float]:
@@ -99,31 +94,38 @@ def price_layout(state: SearchState, problem_for: ProblemFor, local: int,
                  variants: list[tuple[str, int]], batch: dict,
                  best: tuple | None) -> tuple[float | None, tuple | None]:
     """The fastest step of ``tables``' setting under ``variants`` (None when nothing fits,
-    inf when nothing here beats ``best``), and the best so far. The tp layout solved for
-    the same problem, recomputation, microbatch and ZeRO stage on another (pp, dp) mesh is
-    tried first; only when it does not fit is the layout solved for this mesh. ``later``
+    inf when nothing here beats ``best``), and the best so far. The setting's own layout is
+    solved (the search then holds each setting's CP-SAT optimum, not a stand-in); the layouts
+    solved for the same problem, recomputation and microbatch on another (pp, dp) mesh or
+    ZeRO stage (:func:`reusable`) are priced beside it, an evaluation each, and win where
+    the evaluator prices them lower than the solve's own model did. Only with the solve
+    budget spent is a setting priced by reused layouts alone (the plan says so). ``later``
     are the (setting, microbatch sizes) the search walks next, for :func:`solve_next`."""
     options, cluster, candidates = state.options, state.cluster, state.candidates
     setting, problem = tables.setting, tables.problem
     key = reuse_key(problem, setting)
     uniform = options.recompute_layers is None or len(set(options.recompute_layers)) == 1
-    fastest = None
-    if uniform:
-        # and the layouts solved for the other ZeRO stages (reusable)
-        for other in reusable(key, setting.zero):
-            fastest, best = try_layout(state.layouts.get(other), tables, setting, variants,
-                                        cluster, candidates, best, problem, batch,
-                                        reused=True)
-            if fastest is not None:
-                break
-    if fastest is None and (uniform or key not in state.layouts):
-        result = _solve(state, problem_for, local, later, tables)
-        if result is None:
-            return None, best
-        state.layouts[key] = result
-        if uniform:
-            fastest, best = try_layout(result, tables, setting, variants, cluster,
-                                        candidates, best, problem, batch)
+    before = [state.layouts[k] for k in (reusable(key, setting.zero) if uniform else ())
+              if k in state.layouts]
+    fastest, result = None, state.layouts.get(key)
+    if uniform or key not in state.layouts:
+        result = _solve(state, problem_for, local, later, tables, bool(before))
+        if result is not None:
+            state.layouts[key] = result
+            if uniform:
+                fastest, best = try_layout(result, tables, setting, variants, cluster,
+                                            candidates, best, problem, batch)
+    if result is None and not before:
+        return None, best
+    seen = {None if result is None else tuple(result.choice)}
+    for other in before:
+        if tuple(other.choice) in seen:
+            continue  # the same layout: priced already
+        seen.add(tuple(other.choice))
+        step, best = try_layout(other, tables, setting, variants, cluster, candidates, best,
+                                problem, batch, reused=True, stand_in=result is None)
+        if step is not None:
+            fastest = step if fastest is None else min(fastest, step)
     if mixing(options, setting):
         step, best = try_mixed(state.layouts.get(key), tables, setting, variants, cluster,
                                 candidates, best, problem, batch)
@@ -133,13 +135,17 @@ def price_layout(state: SearchState, problem_for: ProblemFor, local: int,
 
 
 def _solve(state: SearchState, problem_for: ProblemFor, local: int,
-           later: list[tuple[Setting, list[int]]], tables: CostTables) -> SolveResult | None:
+           later: list[tuple[Setting, list[int]]], tables: CostTables,
+           stand_ins: bool = False) -> SolveResult | None:
     """``tables``' layout, solved (on the worker when it took it ahead); None, with the
-    candidate added as skipped or failed, when the budget is spent or no layout fits."""
+    candidate added as skipped or failed, when the budget is spent or no layout fits
+    (``stand_ins``: layouts solved for other settings will be priced instead)."""
     setting, budget, ahead = tables.setting, state.budget, state.ahead
     if budget is not None and not budget.allows():
-        state.candidates.append(Candidate(setting, f"SKIPPED(solve budget of {budget.limit} "
-                                          "CP-SAT solves spent; no solved layout fits)"))
+        if not stand_ins:
+            state.candidates.append(Candidate(
+                setting, f"SKIPPED(solve budget of {budget.limit} CP-SAT solves spent; no "
+                "layout solved for another setting to price it with)"))
         return None
     if ahead.enabled:  # the solves likely next, on the other core
         solve_next(state, problem_for, local, later)
@@ -174,9 +180,6 @@ def solve_next(state: SearchState, problem_for: ProblemFor, local: int,
             scales = layout_scales(setting)
             if lower_bounds(tables, *scales)[0] > tables.capacity:
                 continue  # pruned there; the next size may fit
-            if any(k in state.layouts for k in reusable(reuse_key(problem, tables.setting),
-                                                        setting.zero)):
-                break  # likely priced with that layout, unsolved
             key = solve_key(tables, *scales)
             if state.ahead.wants(key):
                 state.ahead.submit(key, build_layout(tables, state.options.time_limit_s,

@@ -37,10 +37,13 @@ from autopar.solver.setting import Setting
 
 
 def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting, variants,
-                cluster: Cluster, candidates: list, best, problem, batch, reused: bool = False):
+                cluster: Cluster, candidates: list, best, problem, batch, reused: bool = False,
+                stand_in: bool = False):
     """Evaluate one solved layout under every pipeline variant of ``setting``, each with its
     balanced cut; (fastest step that fits, or inf when the variants that might fit cannot
-    beat the best plan so far, or None when none fits; best so far)."""
+    beat the best plan so far, or None when none fits; best so far). ``reused``: solved for
+    another setting; ``stand_in``: and the setting has no solve of its own (never pruned by
+    its work, which bounds that layout, not the setting)."""
     if result is None or result.choice is None:
         return None, best
     pp = setting.pp
@@ -51,8 +54,7 @@ def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting,
     work, dp_floor = _work(units), _dp_floor(tables, units, setting)
     for schedule, virtual in variants:
         variant = replace(setting, schedule=schedule, virtual=virtual)
-        if not reused and _beaten(best, work, variant, cluster, tables.options, dp_floor):
-            # (a reused layout's work bounds that layout, not the setting: it is solved)
+        if not stand_in and _beaten(best, work, variant, cluster, tables.options, dp_floor):
             fastest = math.inf if fastest is None else fastest
             continue
         if pp > 1:
@@ -61,10 +63,10 @@ def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting,
                 continue
             variant = replace(variant, partition=cut)  # None: equal counts (won't fit)
         cand = Candidate(variant, status, choice=result.choice, wall_s=wall,
-                         solves=(_layout_stats(result, reused),))
+                         solves=(_layout_stats(result, reused, stand_in),))
         prediction = assemble(tables, units, variant)
         if prediction.peak_memory_bytes > tables.capacity:
-            if not reused:  # a reused layout that does not fit is simply solved anew
+            if not reused:  # another setting's layout that does not fit is simply dropped
                 cand.prediction = prediction
                 cand.status = "REJECTED(evaluated memory above capacity)"
                 candidates.append(cand)
@@ -81,9 +83,12 @@ def try_layout(result: SolveResult | None, tables: CostTables, setting: Setting,
     return fastest, best
 
 
-def _layout_stats(result: SolveResult, reused: bool) -> dict:
-    """The layout solve's figures, marked when this candidate reuses it."""
-    return {**result.stats(), "reused": True} if reused else result.stats()
+def _layout_stats(result: SolveResult, reused: bool, stand_in: bool = False) -> dict:
+    """The layout solve's figures, marked when this candidate reuses it (``stand_in``: in
+    place of a solve of its own, for want of solve budget)."""
+    if not reused:
+        return result.stats()
+    return {**result.stats(), "reused": True, **({"stand_in": True} if stand_in else {})}
 
 
 def _stage_load(units, variant: Setting, cluster: Cluster):

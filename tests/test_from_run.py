@@ -326,6 +326,11 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     assert len(kept) == 1 and f"planned with profile {kept[0]}" in lines["predicted"]
     assert read_profile(kept[0]).device["corun_slowdown"] >= 0
     read_run(tmp_path / "run")
+    # a run record (its directory or a rank file) reports as its plan beside the run
+    for given in (tmp_path / "run", tmp_path / "run" / "rank1.json"):
+        assert main(["report", str(given), "-o", str(tmp_path / "run.html")]) == 0
+        assert "wrote" in capsys.readouterr().out
+        assert "Predicted vs measured" in (tmp_path / "run.html").read_text()
 
 
 @pytest.mark.slow

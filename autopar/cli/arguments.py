@@ -71,7 +71,8 @@ def emit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="a plan JSON (autopar plan ... --json FILE)")
+    p.add_argument("plan", help="a plan JSON (autopar plan ... --json FILE), or a recorded "
+                   "run (its directory or a rank file): its plan, compared with the run")
     p.add_argument("-o", "--out", required=True, type=flags.output_file,
                    help="the HTML file to write")
     p.add_argument("--run", metavar="DIR", default=None,

@@ -108,6 +108,7 @@ def price_layout(state: SearchState, problem_for: ProblemFor, local: int,
     before = [state.layouts[k] for k in (reusable(key, setting.zero) if uniform else ())
               if k in state.layouts]
     fastest, result = None, state.layouts.get(key)
+    refused = state.budget.refused if state.budget is not None else 0
     if uniform or key not in state.layouts:
         result = _solve(state, problem_for, local, later, tables, bool(before))
         if result is not None:
@@ -117,13 +118,15 @@ def price_layout(state: SearchState, problem_for: ProblemFor, local: int,
                                             candidates, best, problem, batch)
     if result is None and not before:
         return None, best
+    # stand-ins: no solve of its own for want of budget (an infeasible solve is not that)
+    stand_in = state.budget is not None and state.budget.refused > refused
     seen = {None if result is None else tuple(result.choice)}
     for other in before:
         if tuple(other.choice) in seen:
             continue  # the same layout: priced already
         seen.add(tuple(other.choice))
         step, best = try_layout(other, tables, setting, variants, cluster, candidates, best,
-                                problem, batch, reused=True, stand_in=result is None)
+                                problem, batch, reused=True, stand_in=stand_in)
         if step is not None:
             fastest = step if fastest is None else min(fastest, step)
     if mixing(options, setting):

@@ -169,3 +169,26 @@ def test_every_package_is_installed() -> None:
     found = {name for name, path in source_modules().items() if path.name == "__init__.py"}
     assert found == listed, f"in the tree, not listed: {sorted(found - listed)}; listed, " \
         f"not in the tree: {sorted(listed - found)}"
+
+
+def test_the_top_level_kernels_folder_shadows_no_installed_package() -> None:
+    """Run from the repository root (``python -m pytest``, the demo), ``import kernels`` finds
+    the kernels/ folder first; transformers imports Hugging Face's ``kernels`` by that name, so
+    the folder must hand it the installed package (or none), never itself."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    probe = ("import importlib.util, kernels, autopar.kernels as ours\n"
+             "assert kernels is not ours and not hasattr(kernels, 'reference_attention')\n"
+             "assert ours.reference_attention\n")
+    try:
+        missing = not importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        missing = True
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    if missing:  # no Hugging Face kernels installed: the name is simply absent
+        assert "No module named 'kernels'" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0, done.stderr

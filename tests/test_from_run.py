@@ -322,6 +322,11 @@ def test_demo_prints_predicted_and_measured_step_times(tmp_path, monkeypatch, ca
     world = read_run(tmp_path / "run").world_size
     ran = "2 gloo processes" if world == 2 else f"the plan's {world} of 2 gloo processes"
     assert "the plan (modelled)" in text and f"single device vs {ran}" in text
+    if world == 2:  # the refit separates device speed and co-run slowdown with the one-process
+        # step, so the refitted profile prices one process as it measured
+        after = [line for line in text.splitlines() if "modelled after the refit" in line]
+        assert len(after) == 1 and "co-run slowdown" in lines["refitted"], text
+        assert abs(float(after[0].split("(")[1].split("%")[0])) < 2, after
     assert any(line.startswith("mesh ") for line in text.splitlines())
     # a first demo measures this machine and plans with what it measured
     assert "no profile of this machine yet: measuring it first" in text

@@ -335,8 +335,8 @@ def devices_why(used: int, total: int, pinned: bool, tried: list[dict[str, Any]]
         else:
             vs = f"no faster with all {total} (modelled)"
         return (f"uses {used} of {total} devices: predicted step {format_seconds(mine)}, {vs}; "
-                f"ranks {used} and up idle (or launch {used} process{'es' if used > 1 else ''}"
-                " with this plan)")
+                f"{f'rank {used}' if used + 1 == total else f'ranks {used} and up'} idle "
+                f"(or launch {used} process{'es' if used > 1 else ''} with this plan)")
     best_other = min(others, key=lambda t: t["step_time_s"], default=None)
     tail = (f" vs {format_seconds(best_other['step_time_s'])} with {best_other['devices']}"
             if best_other else "")

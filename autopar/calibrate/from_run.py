@@ -77,6 +77,7 @@ class RunFit:
     base_link: Mapping[str, float]
     backend: str = "gloo"
     busy_latency_s: float = 0.0  # the plan's, kept: a run's collectives cannot separate it
+    corun_slowdown: float | None = None  # None: the plan's, kept (autopar.calibrate.corun_split)
 
     def device(self) -> dict[str, Any]:
         """The profile's device section: the plan's device numbers, every time term scaled
@@ -93,6 +94,8 @@ class RunFit:
         for key in _DEVICE_KEPT_KEYS:
             if key in base and base[key] not in (None, [], ()):
                 out[key] = base[key]
+        if self.corun_slowdown is not None:
+            out["corun_slowdown"] = self.corun_slowdown
         if base.get(_OP_RATES):  # seconds per element: device time, scaled like the floor
             out[_OP_RATES] = {op: [float(t) * a for t in rates]
                               for op, rates in base[_OP_RATES].items()}
@@ -309,6 +312,8 @@ def refit_profile(runs: Sequence[Run], fit: RunFit | None = None) -> Profile:
         "from_run": {
             "runs": [str(r.directory) for r in runs],
             "device_scale": fit.device_scale,
+            **({"corun_slowdown": fit.corun_slowdown} if fit.corun_slowdown is not None
+               else {}),
             "device_fit_median_error": fit.device_residual,
             "device_points": [{"modelled_device_s_at_plan": dm, "measured_device_s": ym}
                               for dm, ym in fit.device_points],

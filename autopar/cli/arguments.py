@@ -158,6 +158,9 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="store_true",
                    help="plan with the cpu preset (another machine's numbers) where no profile "
                    "is kept, instead of measuring this machine first")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure this machine again (about 80 s) instead of planning with the "
+                   "profile the last demo refitted (say, once a busy machine is quiet again)")
 
 
 def _none(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from autopar.calibrate.corun_split import split_corun
 from autopar.calibrate.from_run import fit_runs, read_run, refit_profile
 from autopar.cli.demo_data import BATCH, SEQ, demo_batches, demo_model
 from autopar.core.cluster import usable_cores
@@ -148,6 +149,15 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
     return make_plan(demo_model(), cluster, demo_batches(1)[0], **pins)
 
 
+def one_process_prediction(cluster: str) -> Plan:
+    """The single-device run (one process, the whole batch at once, no recomputation) as
+    the cost model prices it on ``cluster``."""
+    from autopar.api.planning import plan as make_plan
+
+    return make_plan(demo_model(), cluster, demo_batches(1)[0], devices=1, dp=1, tp=1, pp=1,
+                     microbatches=1, zero=0, recompute="none")
+
+
 def plan_lines(plan: Plan) -> list[str]:
     """The plan in a few lines: its mesh, why that many devices, its modelled step, and
     what it beat (the full summary: ``autopar plan``)."""
@@ -169,7 +179,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"parameter GPT, batch {BATCH} x {SEQ} bytes, {args.steps} AdamW steps\n")
     cache = demo_profile_cache(args.nproc)
     profile = Path(args.profile) if getattr(args, "profile", None) else None
-    if profile is None and cache.exists():
+    if profile is None and cache.exists() and not getattr(args, "remeasure", False):
         try:
             read_profile(cache)
             profile = cache
@@ -199,17 +209,22 @@ def run_demo(args: argparse.Namespace) -> int:
               f"{'only' if worst < 1e-4 else 'EXCEEDED'})")
         print()
         one = _median_past(ref_s, WARMUP)
-        print("\n".join(step_time_report(plan, source, record, cache, args.nproc, tmp, one)))
+        print("\n".join(step_time_report(plan, cluster, source, record, cache, args.nproc, tmp,
+                                                one)))
         print("\nnext: `autopar plan gpt2 --cluster 8xH100-80GB` plans a real model for a "
               "real cluster;\n      `autopar demo --nproc 4` uses more processes, "
               "`autopar plan --help` lists what can be pinned")
+        if plan.world_size < args.nproc:
+            print("      on a quieter machine, `autopar demo --remeasure` measures it again "
+                  f"(the plan may then use all {args.nproc})")
     return 0 if worst < 1e-4 else 1
 
 
-def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: int,
-                     tmp: str, single: tuple[float, str]) -> list[str]:
+def step_time_report(plan: Plan, cluster: str, source: str, record: str, cache: Path,
+                     nproc: int, tmp: str, single: tuple[float, str]) -> list[str]:
     """Predicted next to measured step time (both one step, past the warm-up), the
-    single-device step measured the same way, and the prediction once refitted to this run."""
+    single-device step measured the same way, and both once refitted to this run and that
+    step (device speed and co-run slowdown apart: ``autopar.calibrate.corun_split``)."""
     try:
         run = read_run(record)
     except AutoparError as err:
@@ -222,30 +237,40 @@ def step_time_report(plan: Plan, source: str, record: str, cache: Path, nproc: i
              f"  predicted   {plan.predicted['step_time_s'] * 1e3:8.1f} ms   modelled, "
              f"planned with {source}",
              f"  measured    {measured * 1e3:8.1f} ms   measured, {plan.world_size} "
-             f"process(es), median of steps {steps[0] + 1}-{steps[-1] + 1}",
+             f"process{'es' if plan.world_size > 1 else ''}, median of steps {steps[0] + 1}-{steps[-1] + 1}",
              f"  one device  {single[0] * 1e3:8.1f} ms   measured, one process, median of "
              f"steps {single[1]}, the same batch ({single[0] / measured:.2f}x the plan's step)"]
-    if single[0] < measured:
+    if plan.world_size > 1 and single[0] < measured:
         lines.append("  (one process is faster on this machine than the plan's processes, "
                      "which the model did not predict: the refit below corrects it)")
     try:
         fit = fit_runs([run])
     except AutoparError as err:
         return lines + [f"  (no refit: {err.what})"]
+    split = split_corun(fit, run, one_process_prediction(cluster).predicted["step_time_s"],
+                        single[0])
+    fit = split or fit
     write_profile(refit_profile([run], fit), cache)
     refit_cluster, _ = demo_cluster(nproc, cache, tmp)
     again = pinned_prediction(plan, refit_cluster)
     error = (plan.predicted["step_time_s"] - measured) / measured
     after = (again.predicted["step_time_s"] - measured) / measured
     sizes = len({p.nbytes for p in fit.link_points})
-    link = ("link" if fit.link is not None else
-            f"not the link (kept: {sizes} message size{'s' if sizes != 1 else ''} recorded)")
+    link = ("the link" if fit.link is not None else "no collective ran, link kept" if not sizes
+            else f"link kept ({sizes} message size{'s' if sizes != 1 else ''} recorded)")
+    what = f"device {fit.device_scale:.2f}x the plan's"
+    if split is not None:
+        what += (f", co-run slowdown {split.corun_slowdown:.2f} a further process (was "
+                 f"{float(fit.base_device.get('corun_slowdown', 0.0)):.2f})")
     lines += [
         f"  refitted    {again.predicted['step_time_s'] * 1e3:8.1f} ms   modelled, same "
-        f"configuration; device speed ({fit.device_scale:.2f}x the plan's) and {link} "
-        "refitted to this run",
+        f"configuration, refitted to this run{' and the one-process step' if split else ''}: "
+        f"{what}; {link}",
         f"  error       {error:+8.1%} before the refit, {after:+.1%} after (predicted vs "
         "measured)",
-        f"refitted profile saved to {cache}; the next demo plans with it",
     ]
-    return lines
+    if split is not None:
+        one = one_process_prediction(refit_cluster).predicted["step_time_s"]
+        lines.append(f"  one device  {one * 1e3:8.1f} ms   modelled after the refit "
+                     f"({(one - single[0]) / single[0]:+.1%} vs measured)")
+    return lines + [f"refitted profile saved to {cache}; the next demo plans with it"]

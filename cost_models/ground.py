@@ -119,6 +119,12 @@ def schemes(mesh: Mapping[str, int], *, zero: int, schedule: str | None,
     >>> schemes({"dp": 2, "cp": 4, "tp": 2}, zero=1, schedule=None, devices_per_node=8,
     ...         cp_algorithm="ring")
     [('zero1', 2), ('cp-ring', 4), ('tp', 2)]
+
+    Expert parallelism (``ep``, carved out of ``dp``: a plan's mesh) is a scheme of its own:
+    its all-to-alls are priced by no evidence of dp's.
+
+    >>> schemes({"dp": 64, "ep": 8, "tp": 1}, zero=1, schedule=None, devices_per_node=8)
+    [('zero1', 64), ('ep', 8)]
     """
     out = []
     pp, dp, tp = mesh.get("pp", 1), mesh.get("dp", 1), mesh.get("tp", 1)
@@ -127,6 +133,8 @@ def schemes(mesh: Mapping[str, int], *, zero: int, schedule: str | None,
         out.append((f"pp-{schedule or '1f1b'}", pp))
     if dp > 1:
         out.append(("dp" if zero == 0 else f"zero{zero}", dp))
+    if mesh.get("ep", 1) > 1:
+        out.append(("ep", mesh["ep"]))
     if cp > 1:
         known = cp_algorithm not in (None, "", "auto", "none")
         out.append((f"cp-{cp_algorithm}" if known else "cp", cp))

@@ -58,6 +58,15 @@ def test_pinned_ep_is_in_the_plan() -> None:
     assert Plan.from_json(plan.to_json()) == plan
 
 
+def test_expert_parallelism_is_labelled_beyond_validated_ground() -> None:
+    """No measured run prices ep's all-to-alls: a plan with ep says so (scheme ``ep``,
+    extrapolated) beside its validated data parallelism, and carries the handicap."""
+    plan = autopar.plan(_moe(), "2xcpu", (IDX, IDX), dp=2, ep=2)
+    labels = {g["scheme"]: g for g in plan.predicted["ground"]}
+    assert labels["ep"]["degree"] == 2 and not labels["ep"]["validated"], labels
+    assert plan.predicted["ground_margin"] > 0 and "ep=2: not validated" in str(plan)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(ep=3, dp=6), ("ep=3", "does not divide the 4 experts", "h.0.moe.experts.w_in")),
     (dict(ep=8), ("ep=8", "more than the 6 devices")),

@@ -239,7 +239,7 @@ def context_entry(result: SearchResult, options: PlanOptions) -> dict:
 
 def ground_labels(setting: Setting, cluster: Cluster) -> list:
     """Each parallel scheme of the layout: validated (where, how well) or extrapolated."""
-    return load_ground().labels(setting.mesh, zero=setting.zero,
+    return load_ground().labels(setting.plan_mesh, zero=setting.zero,
                                 schedule=setting.schedule if setting.pp > 1 else None,
                                 backend=cluster.backend, devices_per_node=cluster.devices_per_node,
                                 cp_algorithm=setting.cp_algorithm)

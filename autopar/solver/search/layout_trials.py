@@ -254,7 +254,7 @@ def _dp_floor(tables: CostTables, units: UnitCosts, setting: Setting) -> float:
 def ground_margin(setting: Setting, cluster: Cluster, options: PlanOptions) -> float:
     """The handicap of ``setting`` for being beyond validated ground (see
     :mod:`autopar.cost_models.ground`)."""
-    return _margin(tuple(setting.mesh.items()), setting.zero,
+    return _margin(tuple(setting.plan_mesh.items()), setting.zero,
                    setting.schedule if setting.pp > 1 else None, cluster.backend,
                    cluster.devices_per_node, options.extrapolation_margin, setting.cp_algorithm)
 

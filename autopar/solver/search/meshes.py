@@ -54,7 +54,10 @@ def mesh_shapes(cluster: Cluster, options: PlanOptions, n_layers: int,
                 if not _mesh_allowed(options, pp, dp, cp, tp):
                     continue
                 shapes.append((pp, dp, cp, tp))
-    return sorted(shapes)
+    # the least model parallelism first (pp, then tp, then cp): where the solve budget ends
+    # the search (a large cluster), the meshes data parallelism can train are priced (their
+    # layouts are the quickest to solve, and ZeRO makes them fit), not only tp-heavy ones
+    return sorted(shapes, key=lambda s: (s[0], s[3], s[2]))
 
 
 def _mesh_allowed(options: PlanOptions, pp: int, dp: int, cp: int, tp: int) -> bool:

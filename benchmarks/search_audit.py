@@ -1,6 +1,6 @@
 """Does the search ever discard a better plan? Settings it pruned or skipped, solved pinned.
 
-For random (model, cluster) pairs (GPTs and HF Llamas of random depth, width, heads,
+For random (model, cluster) pairs (GPTs, MoE GPTs and HF Llamas of random depth, width, heads,
 sequence, vocabulary and batch; clusters of 2-16 devices of several kinds, memory from
 tight to ample, global batches up to 8x the traced one), the automatic search runs, then
 settings it did not price — every one it pruned by a bound, skipped by a rule, or never
@@ -85,7 +85,15 @@ def random_model(rng: random.Random, small: bool = False):
     width = heads * rng.choice([8, 16] if small else [8, 16, 32])
     seq, vocab, batch = rng.choice([16, 32, 64]), rng.choice([64, 128, 512]), rng.choice([2, 4, 8])
     what = f"{layers}x{width} h{heads} seq {seq} vocab {vocab} batch {batch}"
-    if rng.random() < 0.3 and _has_transformers():
+    kind = rng.random()
+    if kind < 0.2:  # experts: the search prices expert parallelism (the pinned solve too)
+        from autopar.models.moe import MoEConfig, MoEGPT
+        experts = rng.choice([2, 4, 8])
+        model = MoEGPT(MoEConfig(block_size=seq, vocab_size=vocab, n_layer=layers,
+                                 n_head=heads, n_embd=width, experts=experts,
+                                 top_k=rng.choice([1, 2]), expert_ffn=width * 2))
+        what = f"moe{experts} " + what
+    elif kind < 0.45 and _has_transformers():
         from autopar.models.hf import build_llama
         model = build_llama(layers=layers, hidden=width, heads=heads,
                             kv_heads=rng.choice([1, heads]), ffn=width * 2, vocab=vocab,

@@ -80,13 +80,16 @@ def demo_profile_cache(nproc: int) -> Path:
     return Path(root) / "autopar" / f"demo-profile-{socket.gethostname()}-{nproc}.json"
 
 
-def measure_this_machine(nproc: int, cache: Path) -> Path:
-    """Calibrate this machine for ``nproc`` processes (quick, fp32 matmuls) into ``cache``."""
+def measure_this_machine(nproc: int, cache: Path, again: bool = False) -> Path:
+    """Calibrate this machine for ``nproc`` processes (quick, fp32 matmuls) into ``cache``
+    (``again``: asked for with --remeasure, over the profile kept there)."""
     from autopar.calibrate import host_info
     from autopar.cli.calibrate_cmd import measure_profile
 
-    print("no profile of this machine yet: measuring it first (autopar calibrate --quick, "
-          "fp32 matmuls only; about 80 s) ...", flush=True)
+    why = ("--remeasure: measuring this machine again" if again else
+           "no profile of this machine yet: measuring it first")
+    print(f"{why} (autopar calibrate --quick, fp32 matmuls only; 40-80 s on 2 cores) "
+          "...", flush=True)
     started = time.perf_counter()
     profile = measure_profile("cpu", nproc, host_info("cpu", nproc, 1, True), quick=True,
                               default_dtype_only=True, say=lambda _: None,
@@ -188,7 +191,8 @@ def run_demo(args: argparse.Namespace) -> int:
     elif profile is not None:
         read_profile(profile)  # a bad --profile fails here, with its own message
     if profile is None and not getattr(args, "preset", False):
-        profile = measure_this_machine(args.nproc, cache)
+        profile = measure_this_machine(args.nproc, cache,
+                                       again=getattr(args, "remeasure", False) and cache.exists())
     reference, ref_s = single_device_losses(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         cluster, source = demo_cluster(args.nproc, profile, tmp)

@@ -74,17 +74,21 @@ def test_pinned_degrees_must_match_the_cluster(capsys) -> None:
     assert "tp x pp x dp x cp = 2 x 1 x 2 x 1 = 4" in err and "8" in err
 
 
-def test_a_layout_megatron_cannot_place_names_the_layout_and_the_way_out(capsys) -> None:
-    """Megatron's layout (every weight matrix split) has no placement for MoE experts at
-    tp2 x ep8: the error says it is the layout, and that the solver's own layout prices it
-    (a bare "INFEASIBLE ... try another --tp" it was)."""
-    args = ["estimate", "mixtral:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,experts=8,"
-            "vocab=256,seq=128", "--cluster", "8x8xH100-80GB", "--tp", "2", "--ep", "8",
-            "--dp", "32", "--precision", "bf16"]
-    assert main([*args, "--layout", "megatron"]) == 2
-    err = capsys.readouterr().err
-    assert "Megatron-LM's layout" in err and "--layout auto" in err and "tp=2" in err
-    assert main([*args, "--layout", "auto"]) == 0
+def test_megatron_layout_under_ep_keeps_each_expert_whole(tmp_path) -> None:
+    """Megatron's layout at tp2 x ep8 (Mixtral-style): the dense weight matrices split across
+    tp, each ep rank's experts whole (Megatron-Core's expert tensor parallel size 1), so a
+    device holds more than half of the tp1 weights and less than all of them. (Splitting the
+    experts over tp too had no placement: "INFEASIBLE", it was.)"""
+    model = ("mixtral:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,experts=8,vocab=256,"
+             "seq=128")
+    params = {}
+    for name, extra in (("tp1", ["--tp", "1", "--dp", "64"]),
+                        ("megatron", ["--tp", "2", "--dp", "32", "--layout", "megatron"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["estimate", model, "--cluster", "8x8xH100-80GB", "--ep", "8",
+                     "--precision", "bf16", *extra, "--json", str(out)]) == 0
+        params[name] = json.loads(out.read_text())["predicted"]["memory"]["params"]
+    assert params["tp1"] / 2 < params["megatron"] < params["tp1"], params
 
 
 def test_pipeline_estimate_reports_stages(tmp_path, capsys) -> None:

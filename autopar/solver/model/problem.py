@@ -336,14 +336,18 @@ def pair_row_parallel(problem: Problem) -> None:
             linear.candidates = row or linear.candidates
 
 
-def shard_weight_matrices(problem: Problem) -> None:
+def shard_weight_matrices(problem: Problem, keep: frozenset[str] = frozenset()) -> None:
     """Megatron-LM's weights: every matrix (a parameter of two dims or more: linear weights,
     the vocabulary-parallel embedding) is split across tp — by columns or rows, as its
     consumers allow — never kept whole on every device. Vectors (norm weights, row-parallel
     biases) stay as the solver places them. A parameter no consumer can use split keeps its
-    candidates."""
+    candidates, and so do the parameters named in ``keep`` (expert weights under expert
+    parallelism, which keeps each expert whole on its ep rank: Megatron-Core's expert tensor
+    parallel size 1)."""
     for d in problem.decisions:
         if d.kind != "param" or not d.facts.shapes or len(d.facts.shapes[0]) < 2:
+            continue
+        if any(n.name in keep for n in d.nodes):
             continue
         split = [s for s in d.candidates if any(isinstance(p, Shard) for p in s.outputs)]
         d.candidates = split or d.candidates

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from autopar.analysis.attention_sites import find_attention_sites
 from autopar.analysis.batch_axis import batch_strategies, propagate_input_dim
+from autopar.analysis.expert_sites import regions_of
 from autopar.core.cluster import Cluster
 from autopar.core.errors import AutoparError
 from autopar.core.graph_facts import META_KEY, graph_facts
@@ -332,5 +333,7 @@ def _pinned_problem(gm: fx.GraphModule, config: PinnedConfig, traced: int) -> Pr
         if config.layout == "megatron":
             keep_residual_stream_whole(problem, sequence if config.sp else {})
             pair_row_parallel(problem)
-            shard_weight_matrices(problem)
+            experts = frozenset(w.name for r in regions_of(gm) for w in r.weights
+                                ) if config.ep > 1 else frozenset()
+            shard_weight_matrices(problem, keep=experts)
     return problem

@@ -241,7 +241,8 @@ def step_time_report(plan: Plan, cluster: str, source: str, record: str, cache: 
              f"  predicted   {plan.predicted['step_time_s'] * 1e3:8.1f} ms   modelled, "
              f"planned with {source}",
              f"  measured    {measured * 1e3:8.1f} ms   measured, {plan.world_size} "
-             f"process{'es' if plan.world_size > 1 else ''}, median of steps {steps[0] + 1}-{steps[-1] + 1}",
+             f"process{'es' if plan.world_size > 1 else ''}, median of steps "
+             f"{steps[0] + 1}-{steps[-1] + 1}",
              f"  one device  {single[0] * 1e3:8.1f} ms   measured, one process, median of "
              f"steps {single[1]}, the same batch ({single[0] / measured:.2f}x the plan's step)"]
     if plan.world_size > 1 and single[0] < measured:

@@ -159,7 +159,7 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan with the cpu preset (another machine's numbers) where no profile "
                    "is kept, instead of measuring this machine first")
     p.add_argument("--remeasure", action="store_true",
-                   help="measure this machine again (about 80 s) instead of planning with the "
+                   help="measure this machine again (40-80 s) instead of planning with the "
                    "profile the last demo refitted (say, once a busy machine is quiet again)")
 
 

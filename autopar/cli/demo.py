@@ -137,8 +137,6 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
     """The plan autopar makes on ``cluster`` with every choice of ``plan`` pinned (mesh,
     microbatches, schedule, ZeRO, recomputation, and the devices of a plan that uses fewer
     than the cluster has): its modelled step under other numbers."""
-    from autopar.api.planning import plan as make_plan
-
     pins: dict = {"dp": plan.mesh.get("dp", 1), "tp": plan.mesh.get("tp", 1),
                   "pp": plan.mesh.get("pp", 1), "microbatches": plan.batch["microbatches"],
                   "zero": plan.training["zero"], "recompute": plan.training["recompute"],
@@ -149,16 +147,21 @@ def pinned_prediction(plan: Plan, cluster: str) -> Plan:
         pins["schedule"] = plan.pipeline["schedule"]
         if plan.pipeline["schedule"] == "interleaved":
             pins["virtual_stages"] = plan.pipeline["virtual_stages"]
-    return make_plan(demo_model(), cluster, demo_batches(1)[0], **pins)
+    return _pinned_demo_plan(cluster, pins)
 
 
 def one_process_prediction(cluster: str) -> Plan:
     """The single-device run (one process, the whole batch at once, no recomputation) as
     the cost model prices it on ``cluster``."""
+    return _pinned_demo_plan(cluster, {"devices": 1, "dp": 1, "tp": 1, "pp": 1,
+                                       "microbatches": 1, "zero": 0, "recompute": "none"})
+
+
+def _pinned_demo_plan(cluster: str, pins: dict) -> Plan:
+    """The demo model's plan on ``cluster`` with ``pins`` (keyword arguments of ``plan``)."""
     from autopar.api.planning import plan as make_plan
 
-    return make_plan(demo_model(), cluster, demo_batches(1)[0], devices=1, dp=1, tp=1, pp=1,
-                     microbatches=1, zero=0, recompute="none")
+    return make_plan(demo_model(), cluster, demo_batches(1)[0], **pins)
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -182,7 +185,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"parameter GPT, batch {BATCH} x {SEQ} bytes, {args.steps} AdamW steps\n")
     cache = demo_profile_cache(args.nproc)
     profile = Path(args.profile) if getattr(args, "profile", None) else None
-    if profile is None and cache.exists() and not getattr(args, "remeasure", False):
+    remeasure = getattr(args, "remeasure", False)
+    if profile is None and cache.exists() and not remeasure:
         try:
             read_profile(cache)
             profile = cache
@@ -191,8 +195,7 @@ def run_demo(args: argparse.Namespace) -> int:
     elif profile is not None:
         read_profile(profile)  # a bad --profile fails here, with its own message
     if profile is None and not getattr(args, "preset", False):
-        profile = measure_this_machine(args.nproc, cache,
-                                       again=getattr(args, "remeasure", False) and cache.exists())
+        profile = measure_this_machine(args.nproc, cache, again=remeasure and cache.exists())
     reference, ref_s = single_device_losses(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         cluster, source = demo_cluster(args.nproc, profile, tmp)

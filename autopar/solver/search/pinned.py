@@ -333,7 +333,7 @@ def _pinned_problem(gm: fx.GraphModule, config: PinnedConfig, traced: int) -> Pr
         if config.layout == "megatron":
             keep_residual_stream_whole(problem, sequence if config.sp else {})
             pair_row_parallel(problem)
-            experts = frozenset(w.name for r in regions_of(gm) for w in r.weights
-                                ) if config.ep > 1 else frozenset()
+            experts = (frozenset(w.name for r in regions_of(gm) for w in r.weights)
+                       if config.ep > 1 else frozenset())
             shard_weight_matrices(problem, keep=experts)
     return problem
